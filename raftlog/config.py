@@ -1,0 +1,336 @@
+"""Typed node configuration, loaded from TOML and validated with clear errors.
+
+Every key is a dataclass field with a default, a unit in its name and a one-line doc; the docs
+feed `raftlog node --help` and docs/operations.md, so a key is documented where it is defined.
+Keys are flat (one TOML table) and spelled like Kafka's with underscores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raftlog.errors import ConfigError
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+ROLES = ("controller", "broker")
+FLUSH_POLICIES = ("always", "interval")
+CLEANUP_POLICIES = ("delete", "compact")
+
+
+def _key(
+    default: Any,
+    doc: str,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def parse_host_port(value: str, what: str) -> tuple[str, int]:
+    """Split "host:port" (IPv6 as "[::1]:9092") with a clear error naming the key."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"{what}: expected HOST:PORT, got {value!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{what}: port {port} is outside 0..65535")
+    return host.strip("[]"), port
+
+
+def parse_voters(value: str) -> dict[int, tuple[str, int]]:
+    """Parse Kafka's `controller.quorum.voters` form: "1@host:port,2@host:port"."""
+    voters: dict[int, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        node_text, at, address = item.partition("@")
+        if not at or not node_text.isdigit():
+            raise ConfigError(
+                f"controller_quorum_voters: expected ID@HOST:PORT entries, got {item!r}"
+            )
+        node_id = int(node_text)
+        if node_id in voters:
+            raise ConfigError(f"controller_quorum_voters: node {node_id} is listed twice")
+        voters[node_id] = parse_host_port(address, f"controller_quorum_voters[{node_id}]")
+    return voters
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    # -- identity and layout
+    node_id: int = _key(
+        1, "This node's id, unique in the cluster; fixed at format time.", lo=0, hi=2**31 - 1
+    )
+    roles: list[str] = _key(
+        ["controller", "broker"],
+        "Roles of this node: 'controller' (metadata voter), 'broker', or both.",
+    )
+    data_dir: str = _key(
+        "./data",
+        "Directory holding the metadata log, partition logs and "
+        "checkpoints (created on first start).",
+    )
+    cluster_id: str = _key(
+        "",
+        "Cluster id; empty means generated on first start. A data dir "
+        "formatted for another cluster id refuses to start.",
+    )
+    # -- listeners
+    client_listener: str = _key("127.0.0.1:9092", "HOST:PORT of the Kafka protocol listener.")
+    advertised_client_listener: str = _key(
+        "", "HOST:PORT clients are told to use; empty means client_listener."
+    )
+    internal_listener: str = _key(
+        "127.0.0.1:19092", "HOST:PORT of the internal (Raft and replication, msgpack) listener."
+    )
+    controller_quorum_voters: str = _key(
+        "1@127.0.0.1:19092",
+        "Metadata quorum voters as ID@HOST:PORT,... using their internal listeners.",
+    )
+    # -- metadata quorum (Raft)
+    election_timeout_ms: int = _key(
+        1000, "Follower timeout before a (pre-)vote starts.", lo=10, hi=600_000
+    )
+    fetch_timeout_ms: int = _key(
+        2000,
+        "A leader that has not heard fetches from a majority for this long resigns (check-quorum).",
+        lo=20,
+        hi=600_000,
+    )
+    election_backoff_max_ms: int = _key(
+        1000, "Upper bound of the random back-off after a failed election.", lo=1, hi=600_000
+    )
+    raft_fetch_max_wait_ms: int = _key(
+        500,
+        "How long the Raft leader parks a follower fetch that has nothing new.",
+        lo=0,
+        hi=60_000,
+    )
+    metadata_snapshot_max_records: int = _key(
+        20_000, "Write a metadata snapshot after this many committed records.", lo=10, hi=10**9
+    )
+    broker_session_timeout_ms: int = _key(
+        9000, "A broker whose heartbeats stop for this long is fenced.", lo=100, hi=3_600_000
+    )
+    broker_heartbeat_interval_ms: int = _key(
+        2000, "Interval between broker heartbeats.", lo=10, hi=600_000
+    )
+    # -- log
+    segment_bytes: int = _key(
+        1 * GIB, "Roll a segment when it reaches this size.", lo=14, hi=2 * GIB - 1
+    )
+    segment_ms: int = _key(
+        7 * DAY_MS, "Roll a segment this old even if it is small.", lo=1, hi=2**62
+    )
+    index_interval_bytes: int = _key(
+        4096, "Bytes of log between two offset-index entries.", lo=0, hi=2**31 - 1
+    )
+    retention_ms: int = _key(
+        7 * DAY_MS, "Delete segments older than this (-1: forever).", lo=-1, hi=2**62
+    )
+    retention_bytes: int = _key(
+        -1, "Delete oldest segments above this size per partition (-1: unlimited).", lo=-1, hi=2**62
+    )
+    cleanup_policy: str = _key(
+        "delete", "Default cleanup policy of new topics.", choices=CLEANUP_POLICIES
+    )
+    delete_retention_ms: int = _key(DAY_MS, "How long compaction keeps tombstones.", lo=0, hi=2**62)
+    flush_policy: str = _key(
+        "always",
+        "'always': fsync (group commit) before acknowledging; "
+        "'interval': trust replication and fsync every flush_interval_ms.",
+        choices=FLUSH_POLICIES,
+    )
+    flush_interval_ms: int = _key(
+        1000, "fsync interval under flush_policy='interval'.", lo=1, hi=2**31 - 1
+    )
+    # -- topics and replication
+    num_partitions: int = _key(1, "Partitions of auto-created topics.", lo=1, hi=100_000)
+    default_replication_factor: int = _key(
+        1, "Replication factor of auto-created topics.", lo=1, hi=32
+    )
+    min_insync_replicas: int = _key(1, "Default min.insync.replicas of new topics.", lo=1, hi=32)
+    unclean_leader_election: bool = _key(
+        False, "Allow a replica outside the ISR to become leader (may lose acknowledged data)."
+    )
+    auto_create_topics_enable: bool = _key(
+        True, "Create a topic when a client asks for its metadata."
+    )
+    replica_lag_time_max_ms: int = _key(
+        30_000,
+        "Drop a follower from the ISR when it has not caught up for this long.",
+        lo=10,
+        hi=2**31 - 1,
+    )
+    replica_fetch_max_bytes: int = _key(
+        1 * MIB, "Max bytes per partition in a replica fetch.", lo=1024, hi=2**31 - 1
+    )
+    replica_fetch_wait_max_ms: int = _key(
+        500, "How long a leader parks a replica fetch that has nothing new.", lo=0, hi=60_000
+    )
+    # -- requests and limits
+    socket_request_max_bytes: int = _key(
+        100 * MIB, "Largest Kafka request frame accepted.", lo=1024, hi=2**31 - 1
+    )
+    internal_frame_max_bytes: int = _key(
+        64 * MIB, "Largest internal RPC frame accepted.", lo=1024, hi=2**31 - 1
+    )
+    max_inflight_requests_per_connection: int = _key(
+        16, "Requests read from one connection before its responses are sent.", lo=1, hi=1024
+    )
+    request_timeout_ms: int = _key(
+        30_000, "Upper bound for a parked produce (acks=all).", lo=1, hi=2**31 - 1
+    )
+    fetch_max_bytes: int = _key(
+        50 * MIB, "Max bytes in one consumer fetch response.", lo=1024, hi=2**31 - 1
+    )
+    # -- groups
+    offsets_topic_num_partitions: int = _key(6, "Partitions of __consumer_offsets.", lo=1, hi=1000)
+    offsets_topic_replication_factor: int = _key(
+        3, "Replication factor of __consumer_offsets (capped by brokers).", lo=1, hi=32
+    )
+    group_initial_rebalance_delay_ms: int = _key(
+        0, "Delay before the first rebalance of a new group.", lo=0, hi=600_000
+    )
+    # -- quotas
+    quota_window_num: int = _key(11, "Samples kept per quota rate.", lo=2, hi=1000)
+    quota_window_size_s: int = _key(1, "Length of one quota sample.", lo=1, hi=3600)
+
+    # ---------------------------------------------------------------- derived views
+    @property
+    def is_controller(self) -> bool:
+        return "controller" in self.roles
+
+    @property
+    def is_broker(self) -> bool:
+        return "broker" in self.roles
+
+    @property
+    def client_address(self) -> tuple[str, int]:
+        return parse_host_port(self.client_listener, "client_listener")
+
+    @property
+    def advertised_client_address(self) -> tuple[str, int]:
+        value = self.advertised_client_listener or self.client_listener
+        return parse_host_port(value, "advertised_client_listener")
+
+    @property
+    def internal_address(self) -> tuple[str, int]:
+        return parse_host_port(self.internal_listener, "internal_listener")
+
+    @property
+    def voters(self) -> dict[int, tuple[str, int]]:
+        return parse_voters(self.controller_quorum_voters)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> NodeConfig:
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for name in values:
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+                raise ConfigError(f"{source}: unknown key {name!r}{suggestion}")
+        for name, value in values.items():
+            _check_value(known[name], value, source)
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path) -> NodeConfig:
+        path = Path(path)
+        try:
+            with path.open("rb") as handle:
+                values = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {str(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        return cls.from_dict(values, source=str(path))
+
+    def validate(self, source: str = "config") -> None:
+        """Cross-key checks; single-key types and bounds are checked in from_dict."""
+        if not self.roles or any(role not in ROLES for role in self.roles):
+            raise ConfigError(
+                f"{source}: roles must be a non-empty subset of {list(ROLES)}, got {self.roles!r}"
+            )
+        self.client_address  # noqa: B018 - parse for the error
+        self.internal_address  # noqa: B018
+        voters = self.voters
+        if not voters:
+            raise ConfigError(f"{source}: controller_quorum_voters names no voter")
+        if self.is_controller and self.node_id not in voters:
+            raise ConfigError(
+                f"{source}: node {self.node_id} has the controller role but is "
+                f"not in controller_quorum_voters {sorted(voters)}"
+            )
+        if self.fetch_timeout_ms <= self.election_timeout_ms // 2:
+            raise ConfigError(
+                f"{source}: fetch_timeout_ms ({self.fetch_timeout_ms}) must be "
+                f"more than half of election_timeout_ms"
+            )
+        if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
+            raise ConfigError(
+                f"{source}: broker_heartbeat_interval_ms must be below broker_session_timeout_ms"
+            )
+
+    def to_toml(self) -> str:
+        """Render as TOML (used by `raftlog cluster up` to write node configs)."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            lines.append(f"{f.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _check_value(f: dataclasses.Field[Any], value: Any, source: str) -> None:
+    expected = type(f.default) if f.default is not dataclasses.MISSING else list
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{source}: {f.name} must be an integer, got {value!r}")
+    if expected is not int and not isinstance(value, expected):
+        raise ConfigError(f"{source}: {f.name} must be a {expected.__name__}, got {value!r}")
+    lo, hi, choices = f.metadata["lo"], f.metadata["hi"], f.metadata["choices"]
+    if lo is not None and value < lo:
+        raise ConfigError(f"{source}: {f.name} = {value} is below the minimum {lo}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{source}: {f.name} = {value} is above the maximum {hi}")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{source}: {f.name} must be one of {list(choices)}, got {value!r}")
+
+
+def config_docs() -> list[tuple[str, str, str]]:
+    """(key, default as TOML, doc) for every key, in definition order."""
+    rows = []
+    for f in dataclasses.fields(NodeConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((f.name, _toml_value(default), f.metadata["doc"]))
+    return rows

@@ -1,0 +1,42 @@
+"""Kafka error codes and the project's exception types.
+
+Error codes come from kio's generated enum (the Kafka protocol's own table); this module only
+adds exceptions that carry one, so a layer deep in the broker can raise and the protocol layer
+can answer with the right code.
+"""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+__all__ = [
+    "ConfigError",
+    "CorruptRecordError",
+    "ErrorCode",
+    "KafkaError",
+    "RaftlogError",
+]
+
+
+class RaftlogError(Exception):
+    """Base class of every error raised by raftlog itself."""
+
+
+class ConfigError(RaftlogError):
+    """A node or cluster configuration value is missing or invalid (message says which)."""
+
+
+class KafkaError(RaftlogError):
+    """An error that maps onto a Kafka protocol error code."""
+
+    def __init__(self, code: ErrorCode, message: str = "") -> None:
+        super().__init__(f"{code.name}: {message}" if message else code.name)
+        self.code = code
+        self.message = message
+
+
+class CorruptRecordError(KafkaError):
+    """A record batch failed validation (magic, size, CRC); nothing from it was stored."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.corrupt_message, message)

@@ -1,0 +1,34 @@
+import pytest
+import trio
+import trio.testing
+
+from raftlog.net.framing import FrameReader, FrameTooLarge, frame
+
+
+async def test_frames_split_across_reads():
+    send, receive = trio.testing.memory_stream_pair()
+    reader = FrameReader(receive, max_frame_bytes=1024)
+    data = frame(b"hello") + frame(b"") + frame(b"x" * 300)
+    for i in range(0, len(data), 7):
+        await send.send_all(data[i : i + 7])
+    await send.aclose()
+    assert await reader.read_frame() == b"hello"
+    assert await reader.read_frame() == b""
+    assert await reader.read_frame() == b"x" * 300
+    assert await reader.read_frame() is None
+
+
+async def test_oversized_and_negative_sizes_are_refused():
+    for prefix in (b"\x00\x01\x00\x00", b"\xff\xff\xff\xff"):
+        send, receive = trio.testing.memory_stream_pair()
+        await send.send_all(prefix)
+        with pytest.raises(FrameTooLarge):
+            await FrameReader(receive, max_frame_bytes=1024).read_frame()
+
+
+async def test_truncated_frame_is_an_error():
+    send, receive = trio.testing.memory_stream_pair()
+    await send.send_all(frame(b"abcdef")[:-2])
+    await send.aclose()
+    with pytest.raises(trio.BrokenResourceError):
+        await FrameReader(receive, max_frame_bytes=1024).read_frame()
