@@ -1,0 +1,333 @@
+"""Internal RPC between nodes: length-prefixed msgpack frames over TCP.
+
+Two kinds of traffic share one connection per peer:
+- casts: one-way messages (Raft's Vote/Fetch/... and their answers), fire-and-forget. The Raft
+  core tolerates loss, so a full send queue drops the cast instead of blocking the caller.
+- calls: request/response with a correlation id (controller requests, partition fetches).
+
+Every frame is msgpack of a list: [kind, correlation_id, sender_id, method, body]. Bodies are
+plain msgpack values; no pickle ever crosses a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import trio
+
+from raftlog.net.framing import FrameReader, FrameTooLarge, frame
+
+log = logging.getLogger("raftlog.rpc")
+
+KIND_CAST = 0
+KIND_REQUEST = 1
+KIND_RESPONSE = 2
+KIND_ERROR = 3
+
+Handler = Callable[[int, str, Any], Awaitable[Any]]
+"""handler(sender_id, method, body) -> response body (ignored for casts)."""
+
+
+class RpcError(Exception):
+    """A call failed: the peer was unreachable, closed the connection, timed out or raised."""
+
+
+@dataclass(frozen=True)
+class RpcLimits:
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_inflight_per_connection: int = 64
+    send_queue_frames: int = 1024
+    connect_timeout_s: float = 2.0
+    reconnect_backoff_min_s: float = 0.05
+    reconnect_backoff_max_s: float = 1.0
+
+
+def _encode(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> bytes:
+    return frame(msgpack.packb([kind, correlation_id, sender_id, method, body], use_bin_type=True))
+
+
+def _decode(payload: bytes) -> tuple[int, int, int, str, Any]:
+    value = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    if not isinstance(value, list) or len(value) != 5:
+        raise ValueError("frame is not a 5-element envelope")
+    kind, correlation_id, sender_id, method, body = value
+    if not (
+        isinstance(kind, int)
+        and isinstance(correlation_id, int)
+        and isinstance(sender_id, int)
+        and isinstance(method, str)
+    ):
+        raise ValueError("envelope fields have the wrong types")
+    return kind, correlation_id, sender_id, method, body
+
+
+async def serve_rpc(
+    handler: Handler,
+    host: str,
+    port: int,
+    *,
+    limits: RpcLimits = RpcLimits(),
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Accept internal connections and dispatch frames to `handler` until cancelled."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    task_status.started(listeners)
+    await trio.serve_listeners(lambda stream: _serve_connection(stream, handler, limits), listeners)
+
+
+async def _serve_connection(stream: trio.SocketStream, handler: Handler, limits: RpcLimits) -> None:
+    peer = _peer_name(stream)
+    reader = FrameReader(stream, limits.max_frame_bytes)
+    send_lock = trio.Lock()
+    inflight = trio.Semaphore(limits.max_inflight_per_connection)
+
+    async def answer(
+        kind: int, correlation_id: int, sender_id: int, method: str, body: Any
+    ) -> None:
+        try:
+            result = await handler(sender_id, method, body)
+            if kind == KIND_REQUEST:
+                out = _encode(KIND_RESPONSE, correlation_id, 0, method, result)
+        except Exception as exc:  # a bad request must not kill the connection or the node
+            log.exception("rpc %s from %s (node %s) failed", method, peer, sender_id)
+            if kind != KIND_REQUEST:
+                return
+            out = _encode(KIND_ERROR, correlation_id, 0, method, f"{type(exc).__name__}: {exc}")
+        finally:
+            inflight.release()
+        if kind == KIND_REQUEST:
+            async with send_lock:
+                await stream.send_all(out)
+
+    async with trio.open_nursery() as nursery:
+        try:
+            await _read_requests(reader, peer, inflight, nursery, answer)
+        except FrameTooLarge as exc:
+            log.warning("closing internal connection from %s: %s", peer, exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            nursery.cancel_scope.cancel()
+            await trio.aclose_forcefully(stream)
+
+
+async def _read_requests(
+    reader: FrameReader,
+    peer: str,
+    inflight: trio.Semaphore,
+    nursery: trio.Nursery,
+    answer: Callable[..., Awaitable[None]],
+) -> None:
+    while True:
+        payload = await reader.read_frame()
+        if payload is None:
+            return
+        try:
+            kind, correlation_id, sender_id, method, body = _decode(payload)
+        except (ValueError, msgpack.UnpackException) as exc:
+            log.warning("closing internal connection from %s: malformed frame (%s)", peer, exc)
+            return
+        if kind not in (KIND_CAST, KIND_REQUEST):
+            log.warning("closing internal connection from %s: unexpected kind %s", peer, kind)
+            return
+        await inflight.acquire()
+        nursery.start_soon(answer, kind, correlation_id, sender_id, method, body)
+
+
+def _peer_name(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+class PeerClient:
+    """One outgoing connection to a peer, re-established with jittered backoff.
+
+    Run `await nursery.start(peer.run)` once; then `cast` and `call` from any task.
+    """
+
+    def __init__(
+        self,
+        sender_id: int,
+        peer_id: int,
+        host: str,
+        port: int,
+        *,
+        limits: RpcLimits = RpcLimits(),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.sender_id = sender_id
+        self.peer_id = peer_id
+        self.address = (host, port)
+        self.limits = limits
+        self._rng = rng or random.Random()
+        self._send_in, self._send_out = trio.open_memory_channel[bytes](limits.send_queue_frames)
+        self._pending: dict[int, trio.MemorySendChannel[tuple[int, Any]]] = {}
+        self._next_correlation_id = 0
+        self._connected = trio.Event()
+        self._cancel_scope = trio.CancelScope()
+        self.dropped_casts = 0
+
+    def close(self) -> None:
+        """Stop reconnecting and fail every pending call."""
+        self._cancel_scope.cancel()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def cast(self, method: str, body: Any) -> bool:
+        """Queue a one-way message; False (and counted) if the queue is full or unconnected."""
+        if not self._connected.is_set():
+            self.dropped_casts += 1
+            return False
+        try:
+            self._send_in.send_nowait(_encode(KIND_CAST, 0, self.sender_id, method, body))
+            return True
+        except trio.WouldBlock:
+            self.dropped_casts += 1
+            return False
+
+    async def call(self, method: str, body: Any, *, timeout_s: float = 5.0) -> Any:
+        """Send a request and wait for its response; raises RpcError on any failure."""
+        self._next_correlation_id += 1
+        correlation_id = self._next_correlation_id
+        response_in, response_out = trio.open_memory_channel[tuple[int, Any]](1)
+        self._pending[correlation_id] = response_in
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                await self._connected.wait()
+                await self._send_in.send(
+                    _encode(KIND_REQUEST, correlation_id, self.sender_id, method, body)
+                )
+                kind, result = await response_out.receive()
+            if scope.cancelled_caught:
+                raise RpcError(f"{method} to node {self.peer_id} timed out after {timeout_s}s")
+        except trio.EndOfChannel:
+            raise RpcError(f"connection to node {self.peer_id} closed during {method}") from None
+        finally:
+            self._pending.pop(correlation_id, None)
+        if kind == KIND_ERROR:
+            raise RpcError(f"node {self.peer_id} failed {method}: {result}")
+        return result
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        with self._cancel_scope:
+            await self._reconnect_forever()
+
+    async def _reconnect_forever(self) -> None:
+        backoff_s = self.limits.reconnect_backoff_min_s
+        while True:
+            stream = None
+            with trio.move_on_after(self.limits.connect_timeout_s):
+                try:
+                    stream = await trio.open_tcp_stream(*self.address)
+                except OSError:
+                    stream = None
+            if stream is None:
+                await trio.sleep(backoff_s * (0.5 + self._rng.random()))
+                backoff_s = min(backoff_s * 2, self.limits.reconnect_backoff_max_s)
+                continue
+            backoff_s = self.limits.reconnect_backoff_min_s
+            try:
+                await self._session(stream)
+            finally:
+                self._connected = trio.Event()
+                await trio.aclose_forcefully(stream)
+                self._fail_pending()
+                self._drain_queue()
+
+    def _fail_pending(self) -> None:
+        for channel in list(self._pending.values()):
+            channel.close()
+        self._pending.clear()
+
+    def _drain_queue(self) -> None:
+        # Frames queued for a dead connection are stale (Raft re-sends on its own timers).
+        while True:
+            try:
+                self._send_out.receive_nowait()
+            except trio.WouldBlock:
+                return
+
+    async def _session(self, stream: trio.SocketStream) -> None:
+        reader = FrameReader(stream, self.limits.max_frame_bytes)
+
+        async def sender() -> None:
+            async for data in self._send_out:
+                await stream.send_all(data)
+
+        async def receiver() -> None:
+            while True:
+                payload = await reader.read_frame()
+                if payload is None:
+                    return
+                kind, correlation_id, _sender, _method, body = _decode(payload)
+                channel = self._pending.get(correlation_id)
+                if channel is not None:
+                    channel.send_nowait((kind, body))
+
+        try:
+            async with trio.open_nursery() as nursery:
+                self._connected.set()
+
+                async def run_then_cancel(fn: Callable[[], Awaitable[None]]) -> None:
+                    await fn()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(run_then_cancel, sender)
+                nursery.start_soon(run_then_cancel, receiver)
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            OSError,
+            FrameTooLarge,
+            ValueError,
+            msgpack.UnpackException,
+        ) as exc:
+            log.info("connection to node %s at %s:%s lost: %s", self.peer_id, *self.address, exc)
+
+
+class PeerSet:
+    """Outgoing clients to every known peer, keyed by node id."""
+
+    def __init__(
+        self, sender_id: int, limits: RpcLimits = RpcLimits(), rng: random.Random | None = None
+    ) -> None:
+        self.sender_id = sender_id
+        self.limits = limits
+        self._rng = rng or random.Random()
+        self._peers: dict[int, PeerClient] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep(math.inf)
+
+    def peer(self, node_id: int, host: str, port: int) -> PeerClient:
+        """The client for a node, started on first use (or re-created when it moved)."""
+        client = self._peers.get(node_id)
+        if client is not None and client.address == (host, port):
+            return client
+        if self._nursery is None:
+            raise RuntimeError("PeerSet.run must be started before peers are used")
+        if client is not None:
+            client.close()
+        client = PeerClient(self.sender_id, node_id, host, port, limits=self.limits, rng=self._rng)
+        self._peers[node_id] = client
+        self._nursery.start_soon(client.run)
+        return client
+
+    def get(self, node_id: int) -> PeerClient | None:
+        return self._peers.get(node_id)

@@ -1,0 +1,134 @@
+import functools
+import socket
+
+import msgpack
+import pytest
+import trio
+
+from raftlog.net.framing import frame
+from raftlog.net.rpc import PeerSet, RpcError, RpcLimits, serve_rpc
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _start_server(nursery, handler, **limits):
+    listeners = await nursery.start(
+        functools.partial(serve_rpc, handler, "127.0.0.1", 0, limits=RpcLimits(**limits))
+    )
+    return listeners[0].socket.getsockname()[1]
+
+
+async def test_calls_casts_and_errors():
+    casts = trio.Event()
+    seen = []
+
+    async def handler(sender_id, method, body):
+        if method == "echo":
+            return {"from": sender_id, "body": body}
+        if method == "boom":
+            raise ValueError("bad thing")
+        seen.append((sender_id, method, body))
+        casts.set()
+        return None
+
+    async with trio.open_nursery() as nursery:
+        port = await _start_server(nursery, handler)
+        peers = PeerSet(sender_id=7)
+        await nursery.start(peers.run)
+        peer = peers.peer(1, "127.0.0.1", port)
+        assert await peer.call("echo", [1, b"x"]) == {"from": 7, "body": [1, b"x"]}
+        assert peer.cast("note", {"a": 1})
+        with trio.fail_after(5):
+            await casts.wait()
+        assert seen == [(7, "note", {"a": 1})]
+        with pytest.raises(RpcError, match="ValueError: bad thing"):
+            await peer.call("boom", None)
+        # The connection survives a failed handler.
+        assert (await peer.call("echo", 2))["body"] == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_calls_are_correlated():
+    async def handler(sender_id, method, body):
+        await trio.sleep(0.001 * (10 - body))  # answer out of order
+        return body * 10
+
+    async with trio.open_nursery() as nursery:
+        port = await _start_server(nursery, handler)
+        peers = PeerSet(sender_id=1)
+        await nursery.start(peers.run)
+        peer = peers.peer(2, "127.0.0.1", port)
+        results = {}
+
+        async def one(i):
+            results[i] = await peer.call("x", i)
+
+        async with trio.open_nursery() as calls:
+            for i in range(10):
+                calls.start_soon(one, i)
+        assert results == {i: i * 10 for i in range(10)}
+        nursery.cancel_scope.cancel()
+
+
+async def test_unreachable_peer_times_out_then_reconnects():
+    port = _free_port()
+
+    async def handler(sender_id, method, body):
+        return "up"
+
+    async with trio.open_nursery() as nursery:
+        peers = PeerSet(sender_id=1, limits=RpcLimits(reconnect_backoff_max_s=0.05))
+        await nursery.start(peers.run)
+        peer = peers.peer(2, "127.0.0.1", port)
+        with pytest.raises(RpcError, match="timed out"):
+            await peer.call("x", None, timeout_s=0.2)
+        assert not peer.cast("x", None)
+        await nursery.start(serve_rpc, handler, "127.0.0.1", port)
+        assert await peer.call("x", None, timeout_s=10) == "up"
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "bad_bytes",
+    [
+        frame(b"\xc1garbage"),  # not msgpack
+        frame(msgpack.packb([1, 2])),  # wrong envelope
+        b"\x7f\xff\xff\xff",  # absurd size
+    ],
+)
+async def test_malformed_frames_close_only_that_connection(bad_bytes):
+    async def handler(sender_id, method, body):
+        return "ok"
+
+    async with trio.open_nursery() as nursery:
+        port = await _start_server(nursery, handler, max_frame_bytes=1 << 20)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(bad_bytes)
+        with trio.fail_after(5):
+            assert await stream.receive_some(100) == b""  # server closed it
+        peers = PeerSet(sender_id=1)
+        await nursery.start(peers.run)
+        assert await peers.peer(1, "127.0.0.1", port).call("x", None) == "ok"
+        nursery.cancel_scope.cancel()
+
+
+async def test_peer_set_replaces_moved_peer():
+    async def handler_a(sender_id, method, body):
+        return "a"
+
+    async def handler_b(sender_id, method, body):
+        return "b"
+
+    async with trio.open_nursery() as nursery:
+        port_a = await _start_server(nursery, handler_a)
+        port_b = await _start_server(nursery, handler_b)
+        peers = PeerSet(sender_id=1)
+        await nursery.start(peers.run)
+        assert await peers.peer(3, "127.0.0.1", port_a).call("x", None) == "a"
+        assert await peers.peer(3, "127.0.0.1", port_b).call("x", None) == "b"
+        assert peers.get(3).address == ("127.0.0.1", port_b)
+        nursery.cancel_scope.cancel()
