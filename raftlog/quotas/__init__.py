@@ -1,0 +1,46 @@
+"""Client quotas: entities and precedence, windowed rates, per-broker throttling (sans-IO)."""
+
+from raftlog.quotas.entity import (
+    CLIENT_ID,
+    CONSUMER_BYTE_RATE,
+    CONTROLLER_MUTATION_RATE,
+    PRODUCER_BYTE_RATE,
+    QUOTA_KEYS,
+    REQUEST_PERCENTAGE,
+    USER,
+    QuotaConfig,
+    QuotaEntity,
+    QuotaValidationError,
+    precedence,
+    sensor_tags,
+    validate_alteration,
+    validate_entity,
+    validate_quota_value,
+)
+from raftlog.quotas.manager import MutationOutcome, QuotaLimits, QuotaManager, QuotaUsage
+from raftlog.quotas.rate import SampledRate, TokenBucket, throttle_time_ms
+
+__all__ = [
+    "CLIENT_ID",
+    "CONSUMER_BYTE_RATE",
+    "CONTROLLER_MUTATION_RATE",
+    "PRODUCER_BYTE_RATE",
+    "QUOTA_KEYS",
+    "REQUEST_PERCENTAGE",
+    "USER",
+    "MutationOutcome",
+    "QuotaConfig",
+    "QuotaEntity",
+    "QuotaLimits",
+    "QuotaManager",
+    "QuotaUsage",
+    "QuotaValidationError",
+    "SampledRate",
+    "TokenBucket",
+    "precedence",
+    "sensor_tags",
+    "throttle_time_ms",
+    "validate_alteration",
+    "validate_entity",
+    "validate_quota_value",
+]
