@@ -1,0 +1,296 @@
+"""The controller: the Raft leader's request handling, as a sans-IO state machine.
+
+The trio driver feeds it requests and the clock; the controller answers with a
+ControllerResult: records to append through Raft as one atomic batch, and the reply to send
+once they commit (at once when there are no records). It never touches a socket or a clock.
+
+The controller applies its own records to `self.image` as soon as it hands them out, so the
+next request already sees them (KRaft does the same). That image is therefore ahead of the
+committed one. If this node loses Raft leadership the driver must drop the controller; the
+next leader builds a fresh one from its committed image (`Controller.from_image`), so records
+that never committed leave no trace.
+
+The driver's duties:
+- append `result.records` atomically, send `result.reply` after they commit;
+- call `committed(offset)` when the metadata high watermark advances (brokers are caught up,
+  and may be unfenced, only when their metadata offset reaches it);
+- call `tick(now_ms)` every broker_heartbeat_interval_ms or so (session expiry, periodic
+  preferred-leader and offline-partition elections);
+- on a standby controller, `replay(records, offset, now_ms)` committed records so the
+  in-memory state (image, heartbeat times) is warm for a failover.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode
+from raftlog.metadata import records as r
+from raftlog.metadata.controller_configs import alter_client_quotas, alter_configs
+from raftlog.metadata.controller_elections import (
+    Batch,
+    alter_partition,
+    leave_changes,
+    offline_changes,
+    preferred_leader_changes,
+)
+from raftlog.metadata.controller_messages import (
+    AllocateProducerIds,
+    AllocateProducerIdsReply,
+    AlterClientQuotas,
+    AlterConfigs,
+    AlterPartition,
+    BrokerHeartbeat,
+    BrokerHeartbeatReply,
+    ControllerResult,
+    CreatePartitions,
+    CreateTopics,
+    DeleteTopics,
+    IncrementalAlterConfigs,
+    RegisterBroker,
+    RegisterBrokerReply,
+)
+from raftlog.metadata.controller_topics import (
+    create_partitions,
+    create_topics,
+    delete_topics,
+    new_topic_id_factory,
+)
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+
+__all__ = ["PREFERRED_LEADER_CHECK_INTERVAL_MS", "PRODUCER_ID_BLOCK_SIZE", "Controller"]
+
+# Kafka's leader.imbalance.check.interval.seconds default; the same pass elects leaders for
+# offline partitions that became electable (e.g. unclean election was switched on).
+PREFERRED_LEADER_CHECK_INTERVAL_MS = 300_000
+PRODUCER_ID_BLOCK_SIZE = 1000
+MAX_PRODUCER_ID = 2**63 - 1
+
+
+class Controller:
+    def __init__(
+        self,
+        image: MetadataImage,
+        config: NodeConfig,
+        now_ms: int,
+        *,
+        topic_id_source: Callable[[], uuid.UUID] = uuid.uuid4,
+        preferred_leader_check_interval_ms: int = PREFERRED_LEADER_CHECK_INTERVAL_MS,
+    ) -> None:
+        self.image = image
+        self.config = config
+        self.committed_offset = image.last_applied_offset
+        self.preferred_leader_check_interval_ms = preferred_leader_check_interval_ms
+        # Every known broker gets a fresh session on a new controller: the old leader's
+        # heartbeat times died with it, and fencing everyone at once would be worse.
+        self._last_contact_ms: dict[int, int] = {b: now_ms for b in image.brokers}
+        self._next_periodic_check_ms = now_ms + preferred_leader_check_interval_ms
+        # Rotates placement so single-partition topics do not all land on one leader; seeded
+        # from the topic count so a new controller continues roughly where the last stopped.
+        self._placement_start = len(image.topics_by_id)
+        self._new_topic_id = new_topic_id_factory(topic_id_source)
+        self._handlers: dict[type, Callable[[Batch, Any, int], Any]] = {
+            RegisterBroker: self._register_broker,
+            BrokerHeartbeat: self._heartbeat,
+            AllocateProducerIds: self._allocate_producer_ids,
+            CreateTopics: self._create_topics,
+            DeleteTopics: lambda batch, req, now_ms: delete_topics(batch, req),
+            CreatePartitions: self._create_partitions,
+            AlterPartition: lambda batch, req, now_ms: alter_partition(batch, req),
+            AlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
+            IncrementalAlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
+            AlterClientQuotas: lambda batch, req, now_ms: alter_client_quotas(batch, req),
+        }
+
+    @classmethod
+    def from_image(
+        cls, image: MetadataImage, config: NodeConfig, now_ms: int, **kw: Any
+    ) -> Controller:
+        """A controller for a node that just became Raft leader, from its committed image."""
+        return cls(image, config, now_ms, **kw)
+
+    # ---------------------------------------------------------------- driver events
+    def handle(self, request: Any, now_ms: int) -> ControllerResult:
+        handler = self._handlers.get(type(request))
+        if handler is None:
+            raise TypeError(f"the controller does not handle {type(request).__name__}")
+        batch = Batch(self.image)
+        reply = handler(batch, request, now_ms)
+        self.image = batch.image
+        return ControllerResult(tuple(batch.records), reply)
+
+    def tick(self, now_ms: int) -> ControllerResult:
+        """Fence brokers whose session expired; run the periodic election pass when due."""
+        batch = Batch(self.image)
+        timeout_ms = self.config.broker_session_timeout_ms
+        for broker_id, reg in sorted(batch.image.brokers.items()):
+            last_ms = self._last_contact_ms.setdefault(broker_id, now_ms)
+            if not reg.fenced and now_ms - last_ms >= timeout_ms:
+                self._fence(batch, broker_id)
+        if now_ms >= self._next_periodic_check_ms:
+            self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
+            batch.add(*offline_changes(batch.image, self.config.unclean_leader_election))
+            batch.add(*preferred_leader_changes(batch.image))
+        self.image = batch.image
+        return ControllerResult(tuple(batch.records), None)
+
+    def rebalance_preferred_leaders(self) -> ControllerResult:
+        """Preferred-leader election now (the periodic pass also does this)."""
+        batch = Batch(self.image)
+        batch.add(*preferred_leader_changes(batch.image))
+        self.image = batch.image
+        return ControllerResult(tuple(batch.records), None)
+
+    def committed(self, offset: int) -> None:
+        """The metadata log's high watermark advanced to `offset`."""
+        self.committed_offset = max(self.committed_offset, offset)
+
+    def replay(self, records: Iterable[r.Record], offset: int, now_ms: int) -> MetadataDelta:
+        """Standby controller: apply committed records and note broker liveness from them."""
+        records = tuple(records)
+        self.image, delta = self.image.apply(records, offset)
+        self.committed_offset = max(self.committed_offset, offset)
+        for rec in records:
+            if isinstance(rec, r.RegisterBroker | r.UnfenceBroker):
+                self._last_contact_ms[rec.broker_id] = now_ms
+            elif isinstance(rec, r.Topic):
+                self._placement_start += 1
+        return delta
+
+    def become_leader(self, now_ms: int) -> None:
+        """This standby just became Raft leader: everyone gets a fresh session (grace)."""
+        self._last_contact_ms = {b: now_ms for b in self.image.brokers}
+        self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
+
+    def last_contact_ms(self, broker_id: int) -> int | None:
+        return self._last_contact_ms.get(broker_id)
+
+    # ---------------------------------------------------------------- broker lifecycle
+    def _fence(self, batch: Batch, broker_id: int) -> None:
+        reg = batch.image.brokers[broker_id]
+        batch.add(r.FenceBroker(broker_id, reg.epoch))
+        batch.add(*leave_changes(batch.image, broker_id, self.config.unclean_leader_election))
+
+    def _register_broker(
+        self, batch: Batch, req: RegisterBroker, now_ms: int
+    ) -> RegisterBrokerReply:
+        image = batch.image
+        if req.cluster_id is not None and image.cluster_id and req.cluster_id != image.cluster_id:
+            return RegisterBrokerReply(
+                ErrorCode.inconsistent_cluster_id,
+                f"broker belongs to cluster {req.cluster_id!r}, this is {image.cluster_id!r}",
+            )
+        existing = image.brokers.get(req.broker_id)
+        if existing is not None and existing.incarnation_id != req.incarnation_id:
+            last_ms = self._last_contact_ms.get(req.broker_id)
+            session_alive = (
+                last_ms is not None
+                and now_ms - last_ms < self.config.broker_session_timeout_ms
+                and not existing.fenced
+            )
+            if session_alive:
+                return RegisterBrokerReply(
+                    ErrorCode.duplicate_broker_registration,
+                    f"broker {req.broker_id} is registered by another live incarnation "
+                    f"{existing.incarnation_id}",
+                )
+        epoch = existing.epoch + 1 if existing is not None else 1
+        batch.add(
+            r.RegisterBroker(
+                req.broker_id,
+                req.incarnation_id,
+                epoch,
+                req.client_host,
+                req.client_port,
+                req.internal_host,
+                req.internal_port,
+                req.rack,
+            )
+        )
+        # A re-registration means the old process is gone: it may have lost unflushed data,
+        # so it gives up its leaderships and ISR places until it catches up again.
+        if existing is not None:
+            batch.add(
+                *leave_changes(batch.image, req.broker_id, self.config.unclean_leader_election)
+            )
+        self._last_contact_ms[req.broker_id] = now_ms
+        return RegisterBrokerReply(broker_epoch=epoch)
+
+    def _heartbeat(self, batch: Batch, req: BrokerHeartbeat, now_ms: int) -> BrokerHeartbeatReply:
+        reg = batch.image.brokers.get(req.broker_id)
+        if reg is None:
+            return BrokerHeartbeatReply(
+                ErrorCode.broker_id_not_registered, f"broker {req.broker_id} is not registered"
+            )
+        if reg.epoch != req.broker_epoch:
+            return BrokerHeartbeatReply(
+                ErrorCode.stale_broker_epoch,
+                f"broker {req.broker_id} epoch is {reg.epoch}, heartbeat has {req.broker_epoch}",
+            )
+        self._last_contact_ms[req.broker_id] = now_ms
+        caught_up = req.current_metadata_offset >= self.committed_offset
+        unclean = self.config.unclean_leader_election
+
+        if reg.fenced:
+            if req.want_shutdown or reg.in_controlled_shutdown:
+                # Nothing to hand over: a fenced broker leads nothing.
+                return BrokerHeartbeatReply(
+                    is_caught_up=caught_up, is_fenced=True, should_shutdown=req.want_shutdown
+                )
+            if req.want_fence or not caught_up:
+                return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=True)
+            batch.add(r.UnfenceBroker(req.broker_id, reg.epoch))
+            batch.add(*offline_changes(batch.image, unclean, broker_id=req.broker_id))
+            return BrokerHeartbeatReply(is_caught_up=True, is_fenced=False)
+
+        if req.want_fence:
+            self._fence(batch, req.broker_id)
+            return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=True)
+        if req.want_shutdown and not reg.in_controlled_shutdown:
+            # Step 1: stop electing it, move its leaderships away, take it out of ISRs.
+            batch.add(r.BrokerShutdownBegin(req.broker_id, reg.epoch))
+            batch.add(*leave_changes(batch.image, req.broker_id, unclean))
+            return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=False)
+        if reg.in_controlled_shutdown and caught_up:
+            # Step 2: it has seen the leadership moves (its offset reached the committed
+            # offset, which covers them), so it may stop; partitions only it could lead go
+            # offline now rather than when its session expires.
+            self._fence(batch, req.broker_id)
+            return BrokerHeartbeatReply(is_caught_up=True, is_fenced=True, should_shutdown=True)
+        return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=False)
+
+    def _allocate_producer_ids(
+        self, batch: Batch, req: AllocateProducerIds, now_ms: int
+    ) -> AllocateProducerIdsReply:
+        reg = batch.image.brokers.get(req.broker_id)
+        if reg is None:
+            return AllocateProducerIdsReply(
+                ErrorCode.broker_id_not_registered, f"broker {req.broker_id} is not registered"
+            )
+        if reg.epoch != req.broker_epoch:
+            return AllocateProducerIdsReply(
+                ErrorCode.stale_broker_epoch,
+                f"broker {req.broker_id} epoch is {reg.epoch}, request has {req.broker_epoch}",
+            )
+        start = batch.image.next_producer_id
+        if start > MAX_PRODUCER_ID - PRODUCER_ID_BLOCK_SIZE:
+            return AllocateProducerIdsReply(
+                ErrorCode.unknown_server_error, "producer ids are exhausted"
+            )
+        batch.add(r.ProducerIds(req.broker_id, reg.epoch, start + PRODUCER_ID_BLOCK_SIZE))
+        return AllocateProducerIdsReply(
+            producer_id_start=start, producer_id_len=PRODUCER_ID_BLOCK_SIZE
+        )
+
+    # ---------------------------------------------------------------- topics
+    def _create_topics(self, batch: Batch, req: CreateTopics, now_ms: int) -> Any:
+        reply, self._placement_start = create_topics(
+            batch, req, self.config, self._new_topic_id, self._placement_start
+        )
+        return reply
+
+    def _create_partitions(self, batch: Batch, req: CreatePartitions, now_ms: int) -> Any:
+        return create_partitions(batch, req, self._placement_start)

@@ -1,0 +1,222 @@
+"""Leader election and ISR rules, as pure functions over a MetadataImage.
+
+Rules (KRaft's):
+- A leader must be an ISR member that is eligible: registered, unfenced, not in controlled
+  shutdown. Candidates are tried in replica order, so the preferred replica wins when it can.
+- A broker that is fenced or shutting down is removed from every ISR it is in, unless it is the
+  last member: an ISR is never empty, so the partition remembers who has all the data and
+  comes back clean when that broker returns.
+- With no eligible ISR member the partition goes offline (leader -1), unless unclean leader
+  election is enabled for the topic (topic config, else cluster config, else the node config);
+  then the first eligible replica leads and the ISR shrinks to it (acknowledged data may be
+  lost, which is why it is off by default).
+- A leader change bumps leader_epoch (the image does that when it applies PartitionChange).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+
+from raftlog.errors import ErrorCode
+from raftlog.metadata import records as r
+from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
+from raftlog.metadata.image import MetadataImage, PartitionState
+from raftlog.metadata.records import NO_LEADER
+
+UNCLEAN_KEY = "unclean.leader.election.enable"
+
+
+class Batch:
+    """Records being built for one request, applied as they are added.
+
+    Later checks in the same request see the effect of earlier records (a fenced broker is
+    not elected a few lines later). The image offset is left alone: these records have no
+    log offset until Raft appends them.
+    """
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.image = image
+        self.records: list[r.Record] = []
+
+    def add(self, *records: r.Record) -> None:
+        if records:
+            self.image, _ = self.image.apply(records, self.image.last_applied_offset)
+            self.records.extend(records)
+
+
+def unclean_allowed(image: MetadataImage, topic_name: str, default: bool) -> bool:
+    value = image.configs.get(("topic", topic_name), {}).get(UNCLEAN_KEY)
+    if value is None:
+        value = image.cluster_config(UNCLEAN_KEY)
+    return default if value is None else value.strip().lower() == "true"
+
+
+def eligible_fn(image: MetadataImage) -> Callable[[int], bool]:
+    brokers = image.brokers
+
+    def eligible(broker_id: int) -> bool:
+        reg = brokers.get(broker_id)
+        return reg is not None and reg.eligible_leader
+
+    return eligible
+
+
+def elect(
+    topic_id: uuid.UUID,
+    index: int,
+    state: PartitionState,
+    eligible: Callable[[int], bool],
+    unclean: bool,
+    drop: int | None = None,
+) -> r.PartitionChange | None:
+    """The change that makes `state` obey the rules above, or None when it already does.
+
+    `drop` is a broker leaving the ISR (being fenced or shutting down).
+    """
+    isr = state.isr
+    if drop is not None and drop in isr:
+        rest = tuple(b for b in isr if b != drop)
+        isr = rest or isr  # never empty: the last member stays as the record of who has data
+    leader = state.leader
+    if leader == NO_LEADER or leader not in isr or not eligible(leader):
+        candidates = [b for b in state.replicas if b in isr and eligible(b)]
+        if candidates:
+            leader = candidates[0]
+        else:
+            live = [b for b in state.replicas if eligible(b)] if unclean else []
+            leader = live[0] if live else NO_LEADER
+            if live:
+                isr = (leader,)
+    if leader == state.leader and isr == state.isr:
+        return None
+    return r.PartitionChange(
+        topic_id,
+        index,
+        leader=None if leader == state.leader else leader,
+        isr=None if isr == state.isr else isr,
+    )
+
+
+def _changes(
+    image: MetadataImage,
+    default_unclean: bool,
+    wanted: Callable[[PartitionState], bool],
+    drop: int | None,
+) -> list[r.PartitionChange]:
+    eligible = eligible_fn(image)
+    changes = []
+    for topic, index, state in image.iter_partitions():
+        if wanted(state):
+            unclean = unclean_allowed(image, topic.name, default_unclean)
+            change = elect(topic.topic_id, index, state, eligible, unclean, drop)
+            if change is not None:
+                changes.append(change)
+    return changes
+
+
+def leave_changes(
+    image: MetadataImage, broker_id: int, default_unclean: bool
+) -> list[r.PartitionChange]:
+    """After `broker_id` became fenced or began shutting down in `image`: move its leaderships
+    and take it out of ISRs."""
+    return _changes(
+        image,
+        default_unclean,
+        lambda s: s.leader == broker_id or broker_id in s.isr,
+        drop=broker_id,
+    )
+
+
+def offline_changes(
+    image: MetadataImage, default_unclean: bool, broker_id: int | None = None
+) -> list[r.PartitionChange]:
+    """Elect leaders for offline partitions (only those `broker_id` replicates, if given)."""
+    return _changes(
+        image,
+        default_unclean,
+        lambda s: s.leader == NO_LEADER and (broker_id is None or broker_id in s.replicas),
+        drop=None,
+    )
+
+
+def preferred_leader_changes(image: MetadataImage) -> list[r.PartitionChange]:
+    """Move leadership back to the first replica where it is in the ISR and eligible."""
+    eligible = eligible_fn(image)
+    changes = []
+    for topic, index, state in image.iter_partitions():
+        preferred = state.replicas[0]
+        if state.leader != preferred and preferred in state.isr and eligible(preferred):
+            changes.append(r.PartitionChange(topic.topic_id, index, leader=preferred))
+    return changes
+
+
+def initial_state(replicas: Iterable[int], eligible: Callable[[int], bool]) -> PartitionState:
+    """State of a new partition: ISR = eligible replicas, leader = first of them."""
+    replicas = tuple(replicas)
+    isr = tuple(b for b in replicas if eligible(b))
+    return PartitionState(replicas, isr, isr[0] if isr else NO_LEADER)
+
+
+def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
+    """A partition leader's ISR change, fenced by leader epoch and partition epoch."""
+    image = batch.image
+
+    def refuse(code: ErrorCode, message: str) -> AlterPartitionReply:
+        return AlterPartitionReply(code, message)
+
+    reg = image.brokers.get(req.broker_id)
+    if reg is None:
+        return refuse(ErrorCode.broker_id_not_registered, f"broker {req.broker_id} unknown")
+    if reg.epoch != req.broker_epoch:
+        return refuse(
+            ErrorCode.stale_broker_epoch,
+            f"broker {req.broker_id} epoch is {reg.epoch}, request has {req.broker_epoch}",
+        )
+    topic = image.topics_by_id.get(req.topic_id)
+    if topic is None:
+        return refuse(ErrorCode.unknown_topic_id, f"no topic with id {req.topic_id}")
+    state = topic.partitions.get(req.partition)
+    if state is None:
+        return refuse(
+            ErrorCode.unknown_topic_or_partition, f"{topic.name} has no partition {req.partition}"
+        )
+    if req.leader_epoch != state.leader_epoch:
+        return refuse(
+            ErrorCode.fenced_leader_epoch,
+            f"leader epoch is {state.leader_epoch}, request has {req.leader_epoch}",
+        )
+    if req.broker_id != state.leader:
+        return refuse(
+            ErrorCode.invalid_request,
+            f"broker {req.broker_id} is not the leader of {topic.name}-{req.partition}",
+        )
+    if req.partition_epoch != state.partition_epoch:
+        return refuse(
+            ErrorCode.invalid_update_version,
+            f"partition epoch is {state.partition_epoch}, request has {req.partition_epoch}",
+        )
+    new_isr = tuple(req.new_isr)
+    if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(state.replicas):
+        return refuse(
+            ErrorCode.invalid_request,
+            f"ISR {list(new_isr)} must be distinct members of replicas {list(state.replicas)}",
+        )
+    if state.leader not in new_isr:
+        return refuse(ErrorCode.invalid_request, f"ISR {list(new_isr)} must contain the leader")
+    eligible = eligible_fn(image)
+    ineligible = [b for b in new_isr if b != state.leader and not eligible(b)]
+    if ineligible:
+        return refuse(
+            ErrorCode.ineligible_replica,
+            f"replicas {ineligible} are fenced or shutting down and cannot join the ISR",
+        )
+    if new_isr != state.isr:
+        batch.add(r.PartitionChange(req.topic_id, req.partition, isr=new_isr))
+        state = batch.image.topics_by_id[req.topic_id].partitions[req.partition]
+    return AlterPartitionReply(
+        leader=state.leader,
+        leader_epoch=state.leader_epoch,
+        isr=state.isr,
+        partition_epoch=state.partition_epoch,
+    )

@@ -1,0 +1,262 @@
+"""Requests the controller handles and the replies it returns (plain dataclasses).
+
+The protocol layers (Kafka admin APIs on the client listener, broker lifecycle RPC on the
+internal listener) translate their wire messages into these and back. Every reply carries a
+Kafka error code; requests that name several items (topics, resources, quota entities) answer
+with one result per item, as Kafka does, so one bad item does not fail the others.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raftlog.errors import ErrorCode
+from raftlog.metadata.records import Record
+
+NONE = ErrorCode.none
+QuotaEntity = tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerResult:
+    """Records to append atomically through Raft, and the reply to send once they commit.
+
+    With no records the reply can be sent at once (errors, validate_only, no-op changes).
+    """
+
+    records: tuple[Record, ...]
+    reply: Any
+
+    @property
+    def error_code(self) -> ErrorCode:
+        return getattr(self.reply, "error_code", NONE)
+
+
+# ---------------------------------------------------------------- broker lifecycle
+@dataclass(frozen=True, slots=True)
+class RegisterBroker:
+    broker_id: int
+    incarnation_id: uuid.UUID
+    client_host: str
+    client_port: int
+    internal_host: str
+    internal_port: int
+    rack: str | None = None
+    cluster_id: str | None = None  # None skips the check (tests, single-node bootstrap)
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBrokerReply:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeat:
+    broker_id: int
+    broker_epoch: int
+    current_metadata_offset: int
+    want_fence: bool = False
+    want_shutdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeatReply:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    is_caught_up: bool = False
+    is_fenced: bool = True
+    should_shutdown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateProducerIds:
+    broker_id: int
+    broker_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateProducerIdsReply:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    producer_id_start: int = -1
+    producer_id_len: int = 0
+
+
+# ---------------------------------------------------------------- topics
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    name: str
+    num_partitions: int = -1  # -1: the cluster default (NodeConfig.num_partitions)
+    replication_factor: int = -1  # -1: NodeConfig.default_replication_factor
+    # Explicit placement {partition: replicas}; then both counts above must be -1.
+    assignments: Mapping[int, tuple[int, ...]] | None = None
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopics:
+    topics: tuple[NewTopic, ...]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResult:
+    name: str
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    topic_id: uuid.UUID | None = None
+    num_partitions: int = -1
+    replication_factor: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicsReply:
+    results: tuple[CreateTopicResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopics:
+    names: tuple[str, ...] = ()
+    topic_ids: tuple[uuid.UUID, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicResult:
+    name: str | None
+    topic_id: uuid.UUID | None
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicsReply:
+    results: tuple[DeleteTopicResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    name: str
+    count: int  # the new total number of partitions
+    assignments: tuple[tuple[int, ...], ...] | None = None  # one per added partition
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitions:
+    topics: tuple[NewPartitions, ...]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsResult:
+    name: str
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsReply:
+    results: tuple[CreatePartitionsResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartition:
+    broker_id: int
+    broker_epoch: int
+    topic_id: uuid.UUID
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReply:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    leader: int = -1
+    leader_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    partition_epoch: int = -1
+
+
+# ---------------------------------------------------------------- configs and quotas
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResource:
+    """Legacy AlterConfigs: `configs` replaces the resource's whole config set."""
+
+    resource_type: str  # "topic", "broker" (name = broker id) or "cluster" (name "")
+    resource_name: str
+    configs: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigs:
+    resources: tuple[AlterConfigsResource, ...]
+    validate_only: bool = False
+
+
+CONFIG_OPS = ("set", "delete", "append", "subtract")  # Kafka's op codes 0..3, in order
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigOp:
+    key: str
+    op: str  # one of CONFIG_OPS
+    value: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalAlterConfigsResource:
+    resource_type: str
+    resource_name: str
+    ops: tuple[ConfigOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalAlterConfigs:
+    resources: tuple[IncrementalAlterConfigsResource, ...]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigResourceResult:
+    resource_type: str
+    resource_name: str
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsReply:
+    results: tuple[ConfigResourceResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntry:
+    """Changes to one entity; entity pairs are (type, name or None for the default)."""
+
+    entity: QuotaEntity
+    ops: tuple[tuple[str, float | None], ...]  # (key, value or None = remove)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotas:
+    entries: tuple[QuotaEntry, ...]
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaEntryResult:
+    entity: QuotaEntity
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterClientQuotasReply:
+    results: tuple[QuotaEntryResult, ...]
