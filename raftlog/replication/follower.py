@@ -1,0 +1,179 @@
+"""Sans-IO follower state of one partition: build fetches, act on the leader's answers.
+
+The follower's fetch offset is its LEO and its last fetched epoch the epoch of its last
+batch, both read from the log. Under flush_policy=always it sends the next fetch only once
+everything it appended is fsynced, because that fetch offset is what the leader counts as
+durable (persist before you promise). Divergence after a leader change is repaired with the
+leader's (epoch, end offset) as in KIP-320/KIP-279.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from raftlog.errors import ErrorCode
+from raftlog.replication.partition import (
+    FLUSH_ALWAYS,
+    UNDEFINED_EPOCH,
+    DivergingEpoch,
+    PartitionState,
+    ReplicaLog,
+    ReplicationSettings,
+)
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One replica fetch for this partition (the driver batches them per leader)."""
+
+    request_id: int
+    replica_id: int
+    leader_id: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    current_leader_epoch: int
+
+
+@dataclass(frozen=True)
+class FetchResponse:
+    """The leader's answer; `has_records` says the response carries batches at fetch_offset."""
+
+    request_id: int
+    error: ErrorCode
+    high_watermark: int
+    log_start_offset: int
+    diverging_epoch: DivergingEpoch | None = None
+    has_records: bool = False
+
+
+class FollowerAction(enum.Enum):
+    APPEND = "append"  # append the response's records, then flush and call on_flushed
+    TRUNCATED = "truncated"  # the follower truncated its log (diverging epoch); fetch again
+    RESET = "reset"  # call truncate_fully_and_start_at(reset_to_offset) on the log
+    NOTHING = "nothing"  # an empty answer: fetch again
+    BACKOFF = "backoff"  # an error: wait (fetch after the backoff or new metadata)
+    IGNORED = "ignored"  # an answer to a request we no longer wait for
+
+
+@dataclass(frozen=True)
+class FollowerStep:
+    action: FollowerAction
+    error: ErrorCode = ErrorCode.none
+    reset_to_offset: int | None = None
+    truncated_to_offset: int | None = None
+
+
+class FollowerState:
+    """The follower's half of a partition for one leader epoch."""
+
+    def __init__(
+        self,
+        replica_id: int,
+        log: ReplicaLog,
+        state: PartitionState,
+        settings: ReplicationSettings,
+        high_watermark: int,
+    ) -> None:
+        self.replica_id = replica_id
+        self.log = log
+        self.state = state
+        self.settings = settings
+        self._leader_high_watermark = high_watermark
+        self._next_request_id = 1
+        self.in_flight: FetchRequest | None = None
+        self._in_flight_since_ms = 0
+        self._backoff_until_ms = 0
+
+    @property
+    def leader_id(self) -> int:
+        return self.state.leader_id
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    @property
+    def fetch_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def last_fetched_epoch(self) -> int:
+        return self.log.latest_epoch()
+
+    @property
+    def high_watermark(self) -> int:
+        # The leader's HW may be ahead of what we have; ours never is.
+        return min(self._leader_high_watermark, self.log.log_end_offset)
+
+    @property
+    def awaiting_flush(self) -> bool:
+        return (
+            self.settings.flush_policy == FLUSH_ALWAYS
+            and self.log.flushed_offset < self.log.log_end_offset
+        )
+
+    def fetch_request(self, now_ms: int) -> FetchRequest | None:
+        """The next fetch to send, or None (one in flight, unflushed data, backing off)."""
+        if self.in_flight is not None:
+            if now_ms - self._in_flight_since_ms < self.settings.replica_fetch_timeout_ms:
+                return None
+            self.in_flight = None  # lost on the way: ask again
+        if now_ms < self._backoff_until_ms or self.awaiting_flush:
+            return None
+        request = FetchRequest(
+            request_id=self._next_request_id,
+            replica_id=self.replica_id,
+            leader_id=self.leader_id,
+            fetch_offset=self.fetch_offset,
+            last_fetched_epoch=self.last_fetched_epoch,
+            current_leader_epoch=self.leader_epoch,
+        )
+        self._next_request_id += 1
+        self.in_flight = request
+        self._in_flight_since_ms = now_ms
+        return request
+
+    def on_flushed(self, now_ms: int) -> bool:
+        """The driver fsynced; True when the next fetch may go out (nothing left unflushed)."""
+        return not self.awaiting_flush
+
+    def on_fetch_response(self, now_ms: int, response: FetchResponse) -> FollowerStep:
+        request = self.in_flight
+        if request is None or response.request_id != request.request_id:
+            return FollowerStep(FollowerAction.IGNORED)
+        self.in_flight = None
+        if response.error == ErrorCode.offset_out_of_range:
+            # Our offset is not in the leader's log (below its start, or past its end with no
+            # epoch to compare): drop everything and restart at the leader's log start.
+            return FollowerStep(
+                FollowerAction.RESET,
+                error=response.error,
+                reset_to_offset=response.log_start_offset,
+            )
+        if response.error != ErrorCode.none:
+            # Fenced or unknown epoch, or not the leader: new metadata will sort it out.
+            self._backoff_until_ms = now_ms + self.settings.replica_fetch_backoff_ms
+            return FollowerStep(FollowerAction.BACKOFF, error=response.error)
+        if response.diverging_epoch is not None:
+            offset = self.truncation_offset(response.diverging_epoch)
+            self.log.truncate_to(offset)
+            return FollowerStep(FollowerAction.TRUNCATED, truncated_to_offset=offset)
+        # A valid answer: our log matches the leader's up to request.fetch_offset.
+        self._leader_high_watermark = response.high_watermark
+        if response.has_records:
+            return FollowerStep(FollowerAction.APPEND)
+        return FollowerStep(FollowerAction.NOTHING)
+
+    def truncation_offset(self, diverging: DivergingEpoch) -> int:
+        """KIP-279: min(leader's end offset for the epoch, our own end offset for it)."""
+        log = self.log
+        own_epoch, own_end = (
+            log.end_offset_for_epoch(diverging.epoch)
+            if diverging.epoch != UNDEFINED_EPOCH
+            else (UNDEFINED_EPOCH, log.log_start_offset)
+        )
+        if own_epoch == UNDEFINED_EPOCH:
+            own_end = log.log_start_offset
+        target = min(diverging.end_offset, own_end) if diverging.end_offset >= 0 else own_end
+        return max(log.log_start_offset, min(target, log.log_end_offset))

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import pytest
+
+from raftlog.replication.partition import (
+    Partition,
+    PartitionState,
+    ReplicationSettings,
+    ReplicationStateError,
+    Transition,
+)
+from tests.replication.memory_log import MemoryLog
+
+
+def state(leader: int, leader_epoch: int, partition_epoch: int, isr=(1, 2, 3)) -> PartitionState:
+    return PartitionState(leader, leader_epoch, partition_epoch, (1, 2, 3), frozenset(isr))
+
+
+def test_transitions_follow_epochs_and_refuse_stale_ones() -> None:
+    log = MemoryLog()
+    log.append(1, ["a", "b", "c"])
+    log.flush_to(3)
+    partition = Partition(1, log, ReplicationSettings(), high_watermark=2)
+    result = partition.apply_metadata(0, state(2, 1, 1))
+    assert result.transition is Transition.BECAME_FOLLOWER
+    assert partition.follower is not None and partition.high_watermark == 2
+    assert partition.apply_metadata(0, state(2, 1, 1)).transition is Transition.UNCHANGED
+    result = partition.apply_metadata(0, state(1, 2, 2))
+    assert result.transition is Transition.BECAME_LEADER
+    leader = partition.leader
+    assert leader is not None and leader.high_watermark == 2
+    assert all(p.fetch_offset == -1 for p in leader.followers.values())
+    assert partition.apply_metadata(0, state(2, 1, 5)).transition is Transition.STALE
+    assert partition.apply_metadata(0, state(1, 2, 1)).transition is Transition.STALE
+    result = partition.apply_metadata(0, state(1, 2, 3, isr=(1, 2)))
+    assert result.transition is Transition.UPDATED
+    assert partition.leader is leader and leader.isr == {1, 2}
+    result = partition.apply_metadata(0, state(3, 3, 4))
+    assert result.transition is Transition.BECAME_FOLLOWER and result.lost_leadership
+    assert partition.leader is None and partition.follower.leader_id == 3
+
+
+def test_same_epoch_with_another_leader_is_a_bug() -> None:
+    partition = Partition(1, MemoryLog(), ReplicationSettings())
+    partition.apply_metadata(0, state(2, 4, 4))
+    with pytest.raises(ReplicationStateError, match="without an epoch bump"):
+        partition.apply_metadata(0, state(3, 4, 5))
+
+
+def test_no_leader_means_no_role() -> None:
+    partition = Partition(1, MemoryLog(), ReplicationSettings())
+    partition.apply_metadata(0, state(-1, 4, 4))
+    assert partition.leader is None and partition.follower is None

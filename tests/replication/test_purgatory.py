@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import pytest
+
+from raftlog.errors import ErrorCode
+from raftlog.replication.leader import PartitionProgress
+from raftlog.replication.purgatory import (
+    DelayedFetch,
+    DelayedProduce,
+    FetchCompletion,
+    FetchIsolation,
+    ProduceCompletion,
+    ProduceWait,
+    Purgatory,
+    PurgatoryFullError,
+)
+
+KEY = ("topic", 0)
+BYTES_PER_OFFSET = 100
+
+
+def size(key, start: int, end: int) -> int:
+    return max(0, end - start) * BYTES_PER_OFFSET
+
+
+def progress(hw: int, leo: int | None = None, flushed: int | None = None, isr: int = 3):
+    leo = hw if leo is None else leo
+    return PartitionProgress(hw, leo, leo if flushed is None else flushed, isr)
+
+
+def produce(required: int, deadline: int = 1000, token: str = "p", **kw) -> DelayedProduce:
+    return DelayedProduce(KEY, required, deadline, 2, token, **kw)
+
+
+def test_acks_all_completes_when_hw_covers_the_batch() -> None:
+    purgatory = Purgatory()
+    assert purgatory.add_produce(produce(5), progress(2, 5)) is None
+    assert purgatory.on_progress(KEY, progress(4, 5), size) == []
+    assert purgatory.on_progress(("other", 0), progress(9), size) == []
+    done = purgatory.on_progress(KEY, progress(5), size)
+    assert done == [ProduceCompletion("p", ErrorCode.none)]
+    assert len(purgatory) == 0
+    assert purgatory.next_deadline_ms() is None
+
+
+def test_isr_below_min_insync_when_hw_arrives_is_an_error() -> None:
+    purgatory = Purgatory()
+    purgatory.add_produce(produce(5), progress(2, 5))
+    done = purgatory.on_progress(KEY, progress(5, isr=1), size)
+    assert done == [ProduceCompletion("p", ErrorCode.not_enough_replicas_after_append)]
+
+
+def test_already_covered_produce_completes_at_once() -> None:
+    purgatory = Purgatory()
+    assert purgatory.add_produce(produce(5), progress(6)) == ProduceCompletion("p", ErrorCode.none)
+
+
+def test_acks_one_waits_for_the_local_flush() -> None:
+    purgatory = Purgatory()
+    waiter = produce(5, wait_for=ProduceWait.FLUSHED)
+    assert purgatory.add_produce(waiter, progress(0, 5, flushed=3)) is None
+    assert purgatory.on_progress(KEY, progress(0, 5, flushed=5), size) == [
+        ProduceCompletion("p", ErrorCode.none)
+    ]
+
+
+def test_deadline_times_out_produce_and_answers_fetch_with_what_is_readable() -> None:
+    purgatory = Purgatory()
+    purgatory.add_produce(produce(5, deadline=100, token="slow"), progress(0, 5))
+    fetch = DelayedFetch(KEY, 2, 1000, 150, "f")
+    assert purgatory.add_fetch(fetch, progress(3, 5), size) is None
+    assert purgatory.next_deadline_ms() == 100
+    assert purgatory.on_deadline(99, lambda key: progress(3, 5)) == []
+    assert purgatory.on_deadline(100, lambda key: progress(3, 5)) == [
+        ProduceCompletion("slow", ErrorCode.request_timed_out)
+    ]
+    assert purgatory.on_deadline(200, lambda key: progress(4, 5)) == [
+        FetchCompletion("f", ErrorCode.none, 4)
+    ]
+    assert len(purgatory) == 0
+
+
+def test_consumer_fetch_sees_only_data_below_hw_and_waits_for_min_bytes() -> None:
+    purgatory = Purgatory()
+    fetch = DelayedFetch(KEY, 10, 3 * BYTES_PER_OFFSET, 500, "c")
+    assert purgatory.add_fetch(fetch, progress(10, 20), size) is None
+    assert purgatory.on_progress(KEY, progress(12, 20), size) == []
+    assert purgatory.on_progress(KEY, progress(13, 20), size) == [
+        FetchCompletion("c", ErrorCode.none, 13)
+    ]
+
+
+def test_replica_fetch_waits_for_leo() -> None:
+    purgatory = Purgatory()
+    fetch = DelayedFetch(KEY, 10, 1, 500, "r", isolation=FetchIsolation.LOG_END)
+    assert purgatory.add_fetch(fetch, progress(5, 10), size) is None
+    assert purgatory.on_progress(KEY, progress(5, 11), size) == [
+        FetchCompletion("r", ErrorCode.none, 11)
+    ]
+
+
+def test_leadership_loss_fails_everything_and_limit_is_enforced() -> None:
+    purgatory = Purgatory(max_waiters=2)
+    purgatory.add_produce(produce(5, token="a"), progress(0, 5))
+    purgatory.add_fetch(DelayedFetch(KEY, 5, 1, 500, "b"), progress(5, 5), size)
+    with pytest.raises(PurgatoryFullError):
+        purgatory.add_produce(produce(6, token="c"), progress(0, 6))
+    done = purgatory.fail_partition(KEY, ErrorCode.not_leader_or_follower)
+    assert done == [
+        ProduceCompletion("a", ErrorCode.not_leader_or_follower),
+        FetchCompletion("b", ErrorCode.not_leader_or_follower, -1),
+    ]
+    assert len(purgatory) == 0 and purgatory.next_deadline_ms() is None
