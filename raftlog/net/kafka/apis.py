@@ -1,0 +1,115 @@
+"""Request dispatch: the one table of API versions this server implements.
+
+`VERSION_TABLE` is what ApiVersions advertises, so it must list exactly the versions the
+handlers implement and the tests exercise. docs/protocol.md explains each range. Other
+packages add APIs (e.g. consumer groups) with `ApiRegistry.register` on the registry they
+pass to `serve`, without editing this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kio.schema.index import api_key_map, schema_name_map
+
+from raftlog.net.kafka import handlers_admin, handlers_cluster, handlers_core, handlers_fetch
+from raftlog.net.kafka.context import Handler
+
+
+class ApiKey:
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
+    DESCRIBE_QUORUM = 55
+    DESCRIBE_CLUSTER = 60
+
+
+# api key -> (min version, max version, handler). Why each range: docs/protocol.md.
+VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
+    # v3 (flexible) is what librdkafka asks for; v4 is left out until a client needs it.
+    ApiKey.API_VERSIONS: (0, 3, handlers_core.handle_api_versions),
+    # v3 is the first with record batch v2 (headers); librdkafka enables zstd only with
+    # Produce 7 + Fetch 10; v10 carries KIP-951 current_leader/node_endpoints. v11+
+    # (KIP-890 transactions, topic ids) not implemented.
+    ApiKey.PRODUCE: (3, 10, handlers_core.handle_produce),
+    # v12 is the last version addressing topics by name; v13+ needs topic ids in fetch.
+    ApiKey.FETCH: (4, 12, handlers_fetch.handle_fetch),
+    # v7 adds MAX_TIMESTAMP (KIP-734); v8+ are tiered-storage offsets.
+    ApiKey.LIST_OFFSETS: (1, 7, handlers_fetch.handle_list_offsets),
+    # v12 has topic ids and nullable topic names; v13 (KIP-1102 top-level error) left out.
+    ApiKey.METADATA: (0, 12, handlers_core.handle_metadata),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4, handlers_fetch.handle_offset_for_leader_epoch),
+    # v5+ return the created topic's configs and counts; v7 its topic id.
+    ApiKey.CREATE_TOPICS: (2, 7, handlers_admin.handle_create_topics),
+    ApiKey.DELETE_TOPICS: (1, 6, handlers_admin.handle_delete_topics),
+    ApiKey.CREATE_PARTITIONS: (0, 3, handlers_admin.handle_create_partitions),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4, handlers_admin.handle_describe_configs),
+    ApiKey.ALTER_CONFIGS: (0, 2, handlers_admin.handle_alter_configs),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1, handlers_admin.handle_incremental_alter_configs),
+    ApiKey.DESCRIBE_CLUSTER: (0, 1, handlers_cluster.handle_describe_cluster),
+    ApiKey.DESCRIBE_QUORUM: (0, 1, handlers_cluster.handle_describe_quorum),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_describe_client_quotas),
+    ApiKey.ALTER_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_alter_client_quotas),
+    # v0-4: idempotent producer (librdkafka's IDEMPOTENT_PRODUCER feature needs v0);
+    # v5+ (KIP-890/939 transactions) not implemented.
+    ApiKey.INIT_PRODUCER_ID: (0, 4, handlers_core.handle_init_producer_id),
+}
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    api_key: int
+    min_version: int
+    max_version: int
+    handler: Handler
+
+    def supports(self, version: int) -> bool:
+        return self.min_version <= version <= self.max_version
+
+
+class ApiRegistry:
+    """api key -> ApiSpec. The server answers only what is registered here."""
+
+    def __init__(self) -> None:
+        self._specs: dict[int, ApiSpec] = {}
+
+    def register(self, api_key: int, min_version: int, max_version: int, handler: Handler) -> None:
+        """Add (or replace) an API. Every version in the range must be one kio models."""
+        if api_key not in api_key_map:
+            raise ValueError(f"api key {api_key} is unknown to kio")
+        modelled = schema_name_map[api_key_map[api_key]]
+        missing = [v for v in range(min_version, max_version + 1) if v not in modelled]
+        if min_version > max_version or missing:
+            raise ValueError(
+                f"{api_key_map[api_key]} v{min_version}-{max_version}: kio lacks {missing}"
+            )
+        self._specs[api_key] = ApiSpec(api_key, min_version, max_version, handler)
+
+    def get(self, api_key: int) -> ApiSpec | None:
+        return self._specs.get(api_key)
+
+    def __iter__(self) -> Iterator[ApiSpec]:
+        return iter(sorted(self._specs.values(), key=lambda s: s.api_key))
+
+    def table(self) -> list[tuple[int, int, int]]:
+        return [(s.api_key, s.min_version, s.max_version) for s in self]
+
+
+def default_registry() -> ApiRegistry:
+    registry = ApiRegistry()
+    for api_key, (lo, hi, handler) in VERSION_TABLE.items():
+        registry.register(api_key, lo, hi, handler)
+    return registry

@@ -1,0 +1,258 @@
+"""Kafka request/response coding on top of kio.
+
+kio owns every byte of the protocol. This module only adds three things kio leaves to the
+caller:
+
+* peeking the api key and version of a frame, so dispatch can refuse a request before kio
+  is asked to parse a version it does not model;
+* `build()`, which turns plain nested dicts (keys are kio field names, values plain ints and
+  strings) into the frozen dataclass of whichever API version the client speaks. Fields the
+  version does not have are dropped, so one handler serves every version;
+* `encode_response()`, which writes the response through a segment-collecting buffer, so a
+  `RecordSet` (record bytes still on disk as file regions) is passed through by reference and
+  can later be written with sendfile, never copied into the response.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map, schema_name_map
+from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    classify_field,
+)
+from kio.static.constants import EntityType
+
+from raftlog.net.kafka.backend import FileRegion
+
+_API_KEY_VERSION = struct.Struct(">hh")
+_FRAME_SIZE = struct.Struct(">i")
+
+
+class MalformedRequest(Exception):
+    """A frame that kio cannot parse as the request it claims to be."""
+
+
+# --------------------------------------------------------------------------- record sets
+class RecordSet:
+    """Record bytes of one fetched partition: in-memory chunks and file regions, in order.
+
+    kio's bytes writers only call len() and buffer.write() on a records value, so passing a
+    RecordSet in place of bytes lets the response be encoded without reading the file
+    regions; `SegmentBuffer.write` recognises it and keeps it as a separate segment.
+    """
+
+    __slots__ = ("_length_bytes", "chunks")
+
+    def __init__(self, chunks: Iterable[bytes | FileRegion]) -> None:
+        self.chunks: tuple[bytes | FileRegion, ...] = tuple(c for c in chunks if _length(c))
+        self._length_bytes = sum(_length(c) for c in self.chunks)
+
+    def __len__(self) -> int:
+        return self._length_bytes
+
+    def to_bytes(self) -> bytes:
+        """Materialise (tests and the non-sendfile fallback for small sets)."""
+        out = bytearray()
+        for chunk in self.chunks:
+            out += chunk.read() if isinstance(chunk, FileRegion) else chunk
+        return bytes(out)
+
+
+def _length(chunk: bytes | FileRegion) -> int:
+    return chunk.length_bytes if isinstance(chunk, FileRegion) else len(chunk)
+
+
+Segment = bytes | FileRegion
+
+
+class SegmentBuffer:
+    """A kio `Writable` that collects bytes, keeping RecordSet file regions as references."""
+
+    def __init__(self) -> None:
+        self._segments: list[Segment] = []
+        self._current = bytearray()
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, RecordSet):
+            for chunk in data.chunks:
+                if isinstance(chunk, FileRegion):
+                    self._flush()
+                    self._segments.append(chunk)
+                else:
+                    self._current += chunk
+            return len(data)
+        self._current += data
+        return len(data)
+
+    def _flush(self) -> None:
+        if self._current:
+            self._segments.append(bytes(self._current))
+            self._current = bytearray()
+
+    def segments(self) -> list[Segment]:
+        self._flush()
+        return self._segments
+
+
+def segments_length(segments: Sequence[Segment]) -> int:
+    return sum(_length(s) for s in segments)
+
+
+# --------------------------------------------------------------------------- schema lookup
+def api_name(api_key: int) -> str:
+    return api_key_map.get(api_key, f"unknown({api_key})")
+
+
+@cache
+def entity_class(api_key: int, version: int, kind: EntityType) -> type[Any]:
+    """The kio dataclass of one API/version/kind; KeyError if kio does not model it."""
+    path = schema_name_map[api_key_map[api_key]][version][kind]
+    module_name, _, class_name = path.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def request_class(api_key: int, version: int) -> type[Any]:
+    return entity_class(api_key, version, EntityType.request)
+
+
+def response_class(api_key: int, version: int) -> type[Any]:
+    return entity_class(api_key, version, EntityType.response)
+
+
+def peek_api(frame: bytes) -> tuple[int, int]:
+    """(api_key, api_version) from the first four bytes every request header starts with."""
+    if len(frame) < _API_KEY_VERSION.size:
+        raise MalformedRequest(f"frame of {len(frame)} bytes is shorter than a request header")
+    return _API_KEY_VERSION.unpack_from(frame, 0)
+
+
+def parse_request(frame: bytes, api_key: int, version: int) -> tuple[Any, Any]:
+    """Parse header and body with kio; MalformedRequest on anything kio rejects."""
+    cls = request_class(api_key, version)
+    try:
+        header, header_size = entity_reader(cls.__header_schema__)(frame, 0)
+        body, body_size = entity_reader(cls)(frame, header_size)
+    except Exception as exc:
+        raise MalformedRequest(f"cannot parse {cls.__name__} v{version}: {exc!r}") from exc
+    if header_size + body_size != len(frame):
+        raise MalformedRequest(
+            f"{cls.__name__} v{version}: {len(frame) - header_size - body_size} trailing bytes"
+        )
+    return header, body
+
+
+def parse_header_only(frame: bytes) -> Any:
+    """Header v1 (api key, version, correlation id, client id) is a prefix of every request
+    header, so it can be read from a request whose version kio does not model."""
+    from kio.schema.request_header.v1 import RequestHeader
+
+    try:
+        header, _ = entity_reader(RequestHeader)(frame, 0)
+    except Exception as exc:
+        raise MalformedRequest(f"cannot parse request header: {exc!r}") from exc
+    return header
+
+
+def encode_response(response: Any, correlation_id: int) -> list[Segment]:
+    """Header + body as segments; bytes segments are coalesced, file regions kept apart."""
+    header_cls = type(response).__header_schema__
+    buffer = SegmentBuffer()
+    entity_writer(header_cls)(buffer, header_cls(correlation_id=correlation_id))
+    entity_writer(type(response))(buffer, response)
+    return buffer.segments()
+
+
+# --------------------------------------------------------------------------- building
+def _convert(field: dataclasses.Field[Any], value: Any) -> Any:
+    kafka_type = field.metadata.get("kafka_type")
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    if kafka_type == "datetime_i64" and isinstance(value, int):
+        if value < 0:
+            return None
+        return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
+    if kafka_type == "error_code" and isinstance(value, int):
+        return ErrorCode(value)
+    return value
+
+
+def build(cls: type[Any], values: Mapping[str, Any]) -> Any:
+    """Build kio entity `cls` from a dict; nested entities from nested dicts/lists of dicts.
+
+    Keys the version does not have are ignored (older versions lack newer fields). A field
+    the version requires and the dict lacks raises TypeError naming it.
+    """
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if field.name not in values:
+            continue
+        value = values[field.name]
+        kind = classify_field(field)
+        if isinstance(kind, EntityTupleField) and value is not None:
+            value = tuple(v if dataclasses.is_dataclass(v) else build(kind.type_, v) for v in value)
+        elif isinstance(kind, EntityField) and isinstance(value, Mapping):
+            value = build(kind.type_, value)
+        elif kind.is_array and value is not None:
+            value = tuple(value)
+        else:
+            value = _convert(field, value)
+        kwargs[field.name] = value
+    return cls(**kwargs)
+
+
+def zero_response(cls: type[Any], error: ErrorCode) -> Any:
+    """A response of `cls` with every required field zero/empty and every error_code `error`.
+
+    Used when a handler fails unexpectedly: the client gets a well-formed response carrying
+    UNKNOWN_SERVER_ERROR (at the top level where the API has one) instead of a dead
+    connection.
+    """
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        kind = classify_field(field)
+        if field.name == "error_code":
+            values[field.name] = error
+        elif field.default is not dataclasses.MISSING:
+            continue
+        elif kind.is_array:
+            values[field.name] = ()
+        elif isinstance(kind, EntityField):
+            values[field.name] = zero_response(kind.type_, error)
+        else:
+            values[field.name] = _zero_primitive(field)
+    return cls(**values)
+
+
+def _zero_primitive(field: dataclasses.Field[Any]) -> Any:
+    kafka_type = field.metadata.get("kafka_type", "")
+    if kafka_type in ("string",):
+        return ""
+    if kafka_type in ("bytes", "records"):
+        return b""
+    if kafka_type == "bool":
+        return False
+    if kafka_type == "uuid":
+        return None
+    if kafka_type.startswith("timedelta"):
+        return datetime.timedelta(0)
+    if kafka_type.startswith("datetime"):
+        return None
+    if kafka_type == "float64":
+        return 0.0
+    return 0
+
+
+def frame_header(segments: Sequence[Segment]) -> bytes:
+    """The 4-byte size prefix of a response made of `segments`."""
+    return _FRAME_SIZE.pack(segments_length(segments))

@@ -1,0 +1,79 @@
+"""What a handler gets besides its request: the backend, the connection and the quota seam."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from raftlog.config import NodeConfig
+from raftlog.net.kafka.backend import KafkaBackend
+
+
+class QuotaHook(Protocol):
+    """Quota policy seam (raftlog.quotas fills it in). Each method records usage and returns
+    how long the client must be throttled, in ms (0: not throttled). `user` is the
+    authenticated principal, "ANONYMOUS" on plaintext listeners."""
+
+    def record_produce(self, client_id: str, user: str, produced_bytes: int) -> int: ...
+
+    def record_fetch(self, client_id: str, user: str, fetched_bytes: int) -> int: ...
+
+    def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int: ...
+
+
+class NoQuotas:
+    """Default QuotaHook: never throttles."""
+
+    def record_produce(self, client_id: str, user: str, produced_bytes: int) -> int:
+        return 0
+
+    def record_fetch(self, client_id: str, user: str, fetched_bytes: int) -> int:
+        return 0
+
+    def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int:
+        return 0
+
+
+class ConnectionHandle(Protocol):
+    """The parts of a client connection a handler may use."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def user(self) -> str: ...
+
+    def mute(self, duration_ms: int) -> None:
+        """Stop reading requests from this connection for duration_ms (quota throttling)."""
+        ...
+
+
+@dataclass
+class RequestContext:
+    backend: KafkaBackend
+    config: NodeConfig
+    quotas: QuotaHook
+    connection: ConnectionHandle
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str
+    # The largest throttle any quota asked for while handling this request; the server
+    # puts it in the response's throttle_time field and mutes the connection for it.
+    throttle_ms: int = 0
+    # (api_key, min_version, max_version) of every API this server answers; ApiVersions
+    # returns it.
+    api_table: Sequence[tuple[int, int, int]] = ()
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def throttle(self, throttle_ms: int) -> None:
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
+
+
+# A handler turns a parsed kio request into a response dict (kio field names; `codec.build`
+# makes it the right version) or None when Kafka sends no response (produce with acks=0).
+Handler = Callable[[RequestContext, Any], Awaitable[dict[str, Any] | None]]

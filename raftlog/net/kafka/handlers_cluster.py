@@ -1,0 +1,128 @@
+"""DescribeCluster, DescribeQuorum, DescribeClientQuotas and AlterClientQuotas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
+from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_util import log
+
+METADATA_TOPIC = "__cluster_metadata"
+NO_AUTHORIZED_OPERATIONS = -2147483648
+
+
+async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    backend = ctx.backend
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "endpoint_type": 1,  # brokers
+        "cluster_id": backend.cluster_id,
+        "controller_id": backend.controller_id(),
+        "brokers": [
+            {"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in backend.brokers()
+        ],
+        "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+    }
+
+
+def _replica_dict(r: Any) -> dict[str, Any]:
+    return {
+        "replica_id": r.replica_id,
+        "log_end_offset": r.log_end_offset,
+        "last_fetch_timestamp": r.last_fetch_timestamp_ms,
+        "last_caught_up_timestamp": r.last_caught_up_timestamp_ms,
+    }
+
+
+async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            entry: dict[str, Any] = {
+                "partition_index": p.partition_index,
+                "error_code": ErrorCode.none,
+                "leader_id": -1,
+                "leader_epoch": -1,
+                "high_watermark": -1,
+                "current_voters": [],
+                "observers": [],
+            }
+            if topic.topic_name != METADATA_TOPIC or p.partition_index != 0:
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+            else:
+                try:
+                    q = await ctx.backend.describe_quorum()
+                except KafkaError as exc:
+                    entry["error_code"] = exc.code
+                else:
+                    entry.update(
+                        leader_id=q.leader_id,
+                        leader_epoch=q.leader_epoch,
+                        high_watermark=q.high_watermark,
+                        current_voters=[_replica_dict(v) for v in q.voters],
+                        observers=[_replica_dict(o) for o in q.observers],
+                    )
+            partitions.append(entry)
+        topics.append({"topic_name": topic.topic_name, "partitions": partitions})
+    return {"error_code": ErrorCode.none, "topics": topics}
+
+
+async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    filters = [QuotaFilter(c.entity_type, c.match_type, c.match) for c in request.components]
+    try:
+        entries = await ctx.backend.describe_client_quotas(filters, bool(request.strict))
+    except KafkaError as exc:
+        return {
+            "throttle_time": 0,
+            "error_code": exc.code,
+            "error_message": exc.message or None,
+            "entries": None,
+        }
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "entries": [
+            {
+                "entity": [{"entity_type": t, "entity_name": n} for t, n in entity],
+                "values": [{"key": k, "value": float(v)} for k, v in values.items()],
+            }
+            for entity, values in entries
+        ],
+    }
+
+
+async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    alterations = [
+        QuotaAlteration(
+            tuple((e.entity_type, e.entity_name) for e in entry.entity),
+            [(op.key, float(op.value), bool(op.remove)) for op in entry.ops],
+        )
+        for entry in request.entries
+    ]
+    try:
+        results = list(
+            await ctx.backend.alter_client_quotas(alterations, bool(request.validate_only))
+        )
+    except KafkaError as exc:
+        results = [QuotaAlterResult(a.entity, exc.code, exc.message) for a in alterations]
+    except Exception:
+        log.exception("alter_client_quotas failed")
+        results = [QuotaAlterResult(a.entity, ErrorCode.unknown_server_error) for a in alterations]
+    return {
+        "throttle_time": 0,
+        "entries": [
+            {
+                "error_code": r.error,
+                "error_message": r.message,
+                "entity": [{"entity_type": t, "entity_name": n} for t, n in r.entity],
+            }
+            for r in results
+        ],
+    }

@@ -1,0 +1,221 @@
+"""ApiVersions, Metadata, Produce and InitProducerId."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from raftlog.errors import ErrorCode
+from raftlog.net.kafka.backend import (
+    NewTopic,
+    ProduceResult,
+    ProducerIdResult,
+    ProducerInfo,
+    TopicInfo,
+)
+from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_util import guarded, leader_dict, log, to_ms
+
+VALID_ACKS = (-1, 0, 1)
+
+
+# ------------------------------------------------------------------------------ ApiVersions
+async def handle_api_versions(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    return {
+        "error_code": ErrorCode.none,
+        "api_keys": [
+            {"api_key": key, "min_version": lo, "max_version": hi} for key, lo, hi in ctx.api_table
+        ],
+        "throttle_time": 0,
+    }
+
+
+# ------------------------------------------------------------------------------ Metadata
+def _partition_dict(p: Any) -> dict[str, Any]:
+    error = p.error
+    if error == ErrorCode.none and p.leader_id < 0:
+        error = ErrorCode.leader_not_available
+    return {
+        "error_code": error,
+        "partition_index": p.partition,
+        "leader_id": p.leader_id,
+        "leader_epoch": p.leader_epoch,
+        "replica_nodes": list(p.replicas),
+        "isr_nodes": list(p.isr),
+        "offline_replicas": list(p.offline_replicas),
+    }
+
+
+def _topic_dict(t: TopicInfo) -> dict[str, Any]:
+    return {
+        "error_code": ErrorCode.none,
+        "name": t.name,
+        "topic_id": t.topic_id,
+        "is_internal": t.is_internal,
+        "partitions": [_partition_dict(p) for p in t.partitions],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+def _missing_topic(name: str | None, error: ErrorCode, topic_id: Any = None) -> dict[str, Any]:
+    return {
+        "error_code": error,
+        "name": name,
+        "topic_id": topic_id,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": -2147483648,
+    }
+
+
+async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    backend = ctx.backend
+    requested = request.topics
+    # v0 has no null array: an empty list there means "all topics", as in Kafka.
+    all_topics = requested is None or (ctx.api_version == 0 and not requested)
+    topics: list[dict[str, Any]] = []
+    if all_topics:
+        topics = [_topic_dict(t) for t in backend.topics(None)]
+    else:
+        names: list[str] = []
+        for item in requested:
+            name = getattr(item, "name", None)
+            topic_id = getattr(item, "topic_id", None)
+            if name is None and topic_id is not None:
+                name = backend.topic_name(topic_id)
+                if name is None:
+                    topics.append(_missing_topic(None, ErrorCode.unknown_topic_id, topic_id))
+                    continue
+            if name is not None:
+                names.append(name)
+        known = {t.name: t for t in backend.topics(names)}
+        missing = [n for n in dict.fromkeys(names) if n not in known]
+        allow = getattr(request, "allow_auto_topic_creation", True)
+        created: dict[str, ErrorCode] = {}
+        if missing and allow and backend.auto_create_topics():
+            created = await _auto_create(ctx, missing)
+            known.update({t.name: t for t in backend.topics(missing)})
+        for name in dict.fromkeys(names):
+            if name in known:
+                topics.append(_topic_dict(known[name]))
+            elif name in created:
+                topics.append(_missing_topic(name, created[name]))
+            else:
+                topics.append(_missing_topic(name, ErrorCode.unknown_topic_or_partition))
+    return {
+        "throttle_time": 0,
+        "brokers": [
+            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in backend.brokers()
+        ],
+        "cluster_id": backend.cluster_id,
+        "controller_id": backend.controller_id(),
+        "topics": topics,
+        "cluster_authorized_operations": -2147483648,
+    }
+
+
+async def _auto_create(ctx: RequestContext, names: Sequence[str]) -> dict[str, ErrorCode]:
+    """Create topics named in a Metadata request. Kafka answers LEADER_NOT_AVAILABLE for a
+    topic it just created (clients retry); so do we until the backend reports a leader."""
+    try:
+        results = await ctx.backend.create_topics(
+            [NewTopic(name) for name in names], ctx.config.request_timeout_ms, False
+        )
+    except Exception:
+        log.exception("auto-creating topics %s failed", list(names))
+        return {}
+    out: dict[str, ErrorCode] = {}
+    for r in results:
+        if r.error in (ErrorCode.none, ErrorCode.topic_already_exists):
+            out[r.name] = ErrorCode.leader_not_available
+        elif r.error == ErrorCode.invalid_topic_exception:
+            out[r.name] = ErrorCode.invalid_topic_exception
+    return out
+
+
+# ------------------------------------------------------------------------------ Produce
+async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
+    acks = request.acks
+    timeout_ms = to_ms(request.timeout)
+    producer = ProducerInfo(client_id=ctx.client_id, transactional_id=request.transactional_id)
+    jobs: list[tuple[str, int, bytes | None]] = [
+        (topic.name, p.index, p.records)
+        for topic in request.topic_data
+        for p in topic.partition_data
+    ]
+    results: list[ProduceResult] = [ProduceResult()] * len(jobs)
+    produced_bytes = sum(len(r) for _, _, r in jobs if r is not None)
+
+    async def one(i: int, topic: str, partition: int, records: bytes | None) -> None:
+        if acks not in VALID_ACKS:
+            results[i] = ProduceResult(ErrorCode.invalid_required_acks)
+        elif not records:
+            results[i] = ProduceResult(ErrorCode.corrupt_message, error_message="no records")
+        else:
+            results[i] = await guarded(
+                f"produce {topic}-{partition}",
+                lambda: ctx.backend.produce(
+                    topic, partition, bytes(records), acks, timeout_ms, producer
+                ),
+                lambda code, msg: ProduceResult(code, error_message=msg),
+            )
+
+    # Partitions are independent (acks=all waits per partition): run them concurrently.
+    async with trio.open_nursery() as nursery:
+        for i, (topic, partition, records) in enumerate(jobs):
+            nursery.start_soon(one, i, topic, partition, records)
+
+    ctx.throttle(ctx.quotas.record_produce(ctx.client_id, ctx.connection.user, produced_bytes))
+    if acks == 0:
+        return None  # Kafka never answers acks=0
+
+    leaders = {r.current_leader.leader_id for r in results if r.current_leader is not None}
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition, _), r in zip(jobs, results, strict=True):
+        entry: dict[str, Any] = {
+            "index": partition,
+            "error_code": r.error,
+            "base_offset": r.base_offset,
+            "log_append_time": r.log_append_time_ms,
+            "log_start_offset": r.log_start_offset,
+            "record_errors": [],
+            "error_message": r.error_message,
+        }
+        if r.current_leader is not None:
+            entry["current_leader"] = leader_dict(r.current_leader)
+        by_topic.setdefault(topic, []).append(entry)
+    response: dict[str, Any] = {
+        "responses": [{"name": t, "partition_responses": ps} for t, ps in by_topic.items()],
+        "throttle_time": 0,
+    }
+    if leaders:
+        # KIP-951: endpoints of the new leaders, so the client need not refresh metadata.
+        response["node_endpoints"] = [
+            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in ctx.backend.brokers()
+            if b.node_id in leaders
+        ]
+    return response
+
+
+# ------------------------------------------------------------------------------ InitProducerId
+async def handle_init_producer_id(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    result = await guarded(
+        "init_producer_id",
+        lambda: ctx.backend.init_producer_id(
+            request.transactional_id,
+            to_ms(request.transaction_timeout),
+            getattr(request, "producer_id", -1),
+            getattr(request, "producer_epoch", -1),
+        ),
+        lambda code, msg: ProducerIdResult(code),
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "producer_id": result.producer_id,
+        "producer_epoch": result.producer_epoch,
+    }

@@ -1,0 +1,211 @@
+"""Fetch, ListOffsets and OffsetForLeaderEpoch."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import trio
+
+from raftlog.errors import ErrorCode
+from raftlog.net.kafka.backend import (
+    EpochEndOffset,
+    FetchResult,
+    IsolationLevel,
+    ListOffsetsResult,
+)
+from raftlog.net.kafka.codec import RecordSet
+from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_util import guarded, leader_dict, to_ms
+
+# ------------------------------------------------------------------------------ Fetch
+
+
+async def _wait_any(events: list[trio.Event]) -> None:
+    """Return when any of the events is set."""
+    if any(e.is_set() for e in events):
+        return
+    async with trio.open_nursery() as nursery:
+
+        async def waiter(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(waiter, event)
+
+
+async def _read_all(
+    ctx: RequestContext,
+    wanted: list[tuple[str, int, int, int, int]],
+    max_bytes: int,
+    isolation: IsolationLevel,
+) -> tuple[list[FetchResult], int]:
+    """One pass over the requested partitions. The response limit max_bytes is soft in the
+    Kafka sense: the first non-empty partition always returns at least one batch, so a
+    consumer can make progress past a batch larger than its limits."""
+    results: list[FetchResult] = []
+    remaining_bytes = max_bytes
+    total_bytes = 0
+    for topic, partition, offset, partition_max_bytes, leader_epoch in wanted:
+        limit = min(partition_max_bytes, remaining_bytes) if total_bytes else partition_max_bytes
+        result = await guarded(
+            f"fetch {topic}-{partition}",
+            partial(
+                ctx.backend.fetch, topic, partition, offset, max(1, limit), leader_epoch, isolation
+            ),
+            lambda code, msg: FetchResult(code),
+        )
+        size = result.records_bytes
+        if total_bytes and size > remaining_bytes:
+            # Over the response limit: keep the partition's offsets, drop its records.
+            result = FetchResult(
+                result.error,
+                result.high_watermark,
+                result.last_stable_offset,
+                result.log_start_offset,
+                (),
+                result.diverging_epoch,
+                result.current_leader,
+                result.preferred_read_replica,
+            )
+            size = 0
+        total_bytes += size
+        remaining_bytes -= size
+        results.append(result)
+    return results, total_bytes
+
+
+async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    # Fetch sessions (KIP-227) are optional for a broker: we never create one (session id
+    # 0 in every answer), so a client only ever sends full fetches. A client that names a
+    # session anyway gets FETCH_SESSION_ID_NOT_FOUND and falls back to a full fetch.
+    if getattr(request, "session_id", 0) != 0:
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.fetch_session_id_not_found,
+            "session_id": 0,
+            "responses": [],
+        }
+    isolation = IsolationLevel(getattr(request, "isolation_level", 0))
+    max_bytes = min(
+        getattr(request, "max_bytes", ctx.config.fetch_max_bytes), ctx.config.fetch_max_bytes
+    )
+    max_wait_ms = min(to_ms(request.max_wait), ctx.config.request_timeout_ms)
+    min_bytes = request.min_bytes
+    wanted = [
+        (
+            topic.topic,
+            p.partition,
+            p.fetch_offset,
+            p.partition_max_bytes,
+            getattr(p, "current_leader_epoch", -1),
+        )
+        for topic in request.topics
+        for p in topic.partitions
+    ]
+    deadline = trio.current_time() + max_wait_ms / 1000
+    while True:
+        # Take the events before reading so an append between read and wait wakes us.
+        events = [ctx.backend.data_event(t, p) for t, p, _, _, _ in wanted]
+        results, total_bytes = await _read_all(ctx, wanted, max_bytes, isolation)
+        done = (
+            total_bytes >= min_bytes
+            or not wanted
+            or any(r.error != ErrorCode.none for r in results)
+            or trio.current_time() >= deadline
+        )
+        if done:
+            break
+        with trio.move_on_at(deadline):
+            await _wait_any(events)
+
+    ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition, _, _, _), r in zip(wanted, results, strict=True):
+        entry: dict[str, Any] = {
+            "partition_index": partition,
+            "error_code": r.error,
+            "high_watermark": r.high_watermark,
+            "last_stable_offset": r.last_stable_offset,
+            "log_start_offset": r.log_start_offset,
+            "aborted_transactions": [],
+            "preferred_read_replica": r.preferred_read_replica,
+            "records": RecordSet(r.records),
+        }
+        if r.diverging_epoch is not None:
+            entry["diverging_epoch"] = {
+                "epoch": r.diverging_epoch[0],
+                "end_offset": r.diverging_epoch[1],
+            }
+        if r.current_leader is not None:
+            entry["current_leader"] = leader_dict(r.current_leader)
+        by_topic.setdefault(topic, []).append(entry)
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": [{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+    }
+
+
+# ------------------------------------------------------------------------------ ListOffsets
+async def handle_list_offsets(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    isolation = IsolationLevel(getattr(request, "isolation_level", 0))
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            leader_epoch = getattr(p, "current_leader_epoch", -1)
+            result = await guarded(
+                f"list_offset {topic.name}-{p.partition_index}",
+                partial(
+                    ctx.backend.list_offset,
+                    topic.name,
+                    p.partition_index,
+                    p.timestamp,
+                    leader_epoch,
+                    isolation,
+                ),
+                lambda code, msg: ListOffsetsResult(code),
+            )
+            partitions.append(
+                {
+                    "partition_index": p.partition_index,
+                    "error_code": result.error,
+                    "timestamp": result.timestamp_ms,
+                    "offset": result.offset,
+                    "leader_epoch": result.leader_epoch,
+                }
+            )
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
+
+
+# ------------------------------------------------------------------- OffsetForLeaderEpoch
+async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    topics = []
+    for topic in request.topics:
+        partitions = []
+        for p in topic.partitions:
+            result = await guarded(
+                f"offset_for_leader_epoch {topic.topic}-{p.partition}",
+                partial(
+                    ctx.backend.offset_for_leader_epoch,
+                    topic.topic,
+                    p.partition,
+                    getattr(p, "current_leader_epoch", -1),
+                    p.leader_epoch,
+                ),
+                lambda code, msg: EpochEndOffset(code),
+            )
+            partitions.append(
+                {
+                    "error_code": result.error,
+                    "partition": p.partition,
+                    "leader_epoch": result.leader_epoch,
+                    "end_offset": result.end_offset,
+                }
+            )
+        topics.append({"topic": topic.topic, "partitions": partitions})
+    return {"throttle_time": 0, "topics": topics}
