@@ -1,0 +1,223 @@
+"""Trio driver of the GroupCoordinator: parks callers, performs appends, fires timers.
+
+The coordinator is pure; this shell owns everything with time or I/O in it:
+- each request gets a token; the caller waits until an effect delivers that token's reply
+  (immediately, or when its rebalance completes);
+- appends go to one writer task per offsets partition, which drains its queue in order
+  (ordering is what makes a replay equal the in-memory state) and batches everything queued
+  into one append call (group commit: many commits per acks=all round trip);
+- one timer task sleeps until the coordinator's next deadline, or until woken by a change.
+
+The node gives it `append(partition, [(key, value)])` (acks=all; raises KafkaError on failure)
+and `read_all(partition) -> iterable of (key, value)` (the committed log; may block on disk,
+so it runs in a worker thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import trio
+
+from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
+from raftlog.groups.coordinator import Append, Effects, GroupCoordinator
+from raftlog.groups.group import Token
+from raftlog.groups.messages import (
+    DeleteGroupResult,
+    DescribedGroup,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+from raftlog.groups.offsets_format import Record
+
+log = logging.getLogger(__name__)
+
+AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
+ReadAllFn = Callable[[int], Iterable[Record]]
+
+
+def wall_clock_ms() -> int:
+    # Kafka's coordinator runs on wall-clock time too: commit timestamps are stored and
+    # compared across restarts, which a monotonic clock cannot do.
+    return time.time_ns() // 1_000_000
+
+
+class _Slot:
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: Any = None
+
+
+class GroupCoordinatorShell:
+    def __init__(
+        self,
+        coordinator: GroupCoordinator,
+        append: AppendFn,
+        read_all: ReadAllFn,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.coordinator = coordinator
+        self._append_fn = append
+        self._read_all = read_all
+        self._clock_ms = clock_ms
+        self._slots: dict[Token, _Slot] = {}
+        self._next_token = 0
+        self._queues: dict[int, deque[Append]] = {}
+        self._writing: set[int] = set()
+        self._nursery: trio.Nursery | None = None
+        self._wakeup = trio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; start with `await nursery.start(shell.run)`."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._timer_loop)
+            task_status.started()
+
+    async def become_coordinator(self, partition: int) -> None:
+        """This broker now leads offsets partition `partition`: load it, then serve it."""
+        self._apply(self.coordinator.begin_load(partition, self._clock_ms()))
+        epoch = self.coordinator.epoch_of(partition)
+        records = await trio.to_thread.run_sync(lambda: list(self._read_all(partition)))
+        if self.coordinator.epoch_of(partition) != epoch:
+            return  # resigned (or reloaded) while reading: this load is stale
+        try:
+            self.coordinator.complete_load(partition, records, self._clock_ms())
+        except CorruptRecordError as exc:
+            log.error("cannot load offsets partition %d, not serving it: %s", partition, exc)
+            self.resign(partition)
+        self._wakeup.set()
+
+    def resign(self, partition: int) -> None:
+        """Leadership of `partition` moved away: its callers get NOT_COORDINATOR."""
+        self._apply(self.coordinator.resign(partition, self._clock_ms()))
+        # Appends not yet started must never be written after a later re-election loaded
+        # the partition, so they fail here; one already in flight fails or is ignored.
+        queue = self._queues.pop(partition, deque())
+        now_ms = self._clock_ms()
+        for append in queue:
+            self._apply(
+                self.coordinator.on_append_done(
+                    append.append_id, ErrorCode.not_leader_or_follower, now_ms
+                )
+            )
+
+    # ------------------------------------------------------------------ requests
+    async def join_group(self, req: JoinGroupRequest) -> JoinGroupResponse:
+        return await self._call(lambda token, now: self.coordinator.join_group(token, req, now))
+
+    async def sync_group(self, req: SyncGroupRequest) -> SyncGroupResponse:
+        return await self._call(lambda token, now: self.coordinator.sync_group(token, req, now))
+
+    async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
+        return self.coordinator.heartbeat(req, self._clock_ms())
+
+    async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
+        response, fx = self.coordinator.leave_group(req, self._clock_ms())
+        self._apply(fx)
+        return response
+
+    async def offset_commit(self, req: OffsetCommitRequest) -> OffsetCommitResponse:
+        return await self._call(lambda token, now: self.coordinator.offset_commit(token, req, now))
+
+    async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
+        return self.coordinator.offset_fetch(req)
+
+    async def describe_groups(self, group_ids: Iterable[str]) -> list[DescribedGroup]:
+        return self.coordinator.describe_groups(group_ids)
+
+    async def list_groups(self, states_filter: Iterable[str] = ()) -> ListGroupsResponse:
+        return self.coordinator.list_groups(states_filter)
+
+    async def delete_groups(self, group_ids: Iterable[str]) -> list[DeleteGroupResult]:
+        ids = list(group_ids)
+        return await self._call(lambda token, now: self.coordinator.delete_groups(token, ids, now))
+
+    # ------------------------------------------------------------------ plumbing
+    async def _call(self, request: Callable[[Token, int], Effects]) -> Any:
+        if self._nursery is None:
+            raise RuntimeError("GroupCoordinatorShell.run() is not running")
+        self._next_token += 1
+        token = self._next_token
+        slot = self._slots[token] = _Slot()
+        try:
+            self._apply(request(token, self._clock_ms()))
+            await slot.done.wait()
+        finally:
+            # A cancelled caller (closed connection) leaves nothing behind; a reply that
+            # arrives later for its token is dropped.
+            self._slots.pop(token, None)
+        return slot.value
+
+    def _apply(self, fx: Effects) -> None:
+        for token, response in fx.replies:
+            slot = self._slots.pop(token, None)
+            if slot is not None:
+                slot.value = response
+                slot.done.set()
+        for append in fx.appends:
+            self._queues.setdefault(append.partition, deque()).append(append)
+            if append.partition not in self._writing:
+                if self._nursery is None:
+                    raise RuntimeError("GroupCoordinatorShell.run() is not running")
+                self._writing.add(append.partition)
+                self._nursery.start_soon(self._writer, append.partition)
+        self._wakeup.set()
+
+    async def _writer(self, partition: int) -> None:
+        try:
+            while queue := self._queues.get(partition):
+                batch: list[Append] = []
+                records: list[Record] = []
+                limit = self.coordinator.config.append_max_records
+                while queue and (not batch or len(records) + len(queue[0].records) <= limit):
+                    append = queue.popleft()
+                    batch.append(append)
+                    records.extend(append.records)
+                code = ErrorCode.none
+                try:
+                    await self._append_fn(partition, records)
+                except KafkaError as exc:
+                    code = exc.code
+                except Exception:
+                    # A failed write must still answer its callers, never kill the node.
+                    log.exception("append to offsets partition %d failed", partition)
+                    code = ErrorCode.unknown_server_error
+                now_ms = self._clock_ms()
+                for append in batch:
+                    self._apply(self.coordinator.on_append_done(append.append_id, code, now_ms))
+        finally:
+            self._writing.discard(partition)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wakeup = trio.Event()
+            deadline_ms = self.coordinator.next_deadline_ms()
+            if deadline_ms is None:
+                await self._wakeup.wait()
+            else:
+                delay_ms = deadline_ms - self._clock_ms()
+                if delay_ms > 0:
+                    with trio.move_on_after(delay_ms / 1000):
+                        await self._wakeup.wait()
+            fx = self.coordinator.tick(self._clock_ms())
+            self._apply(fx)

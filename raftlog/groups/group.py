@@ -1,0 +1,616 @@
+"""One consumer group's membership state machine (Kafka's classic group protocol), sans-IO.
+
+Inputs are requests plus `now_ms`; outputs are GroupEffects: replies to deliver (join and
+sync replies are parked under the caller's token until the rebalance completes) and requests
+to persist the group's metadata. Deadlines are not timers here: `next_deadline_ms()` says when
+the driver must call `tick(now_ms)` next. No clock, no I/O, no randomness (new member ids are
+passed in), so a test can drive it step by step.
+
+States and their legal predecessors follow Kafka's GroupMetadata (see docs/groups.md):
+  Empty ──join──▶ PreparingRebalance ──all joined / timeout──▶ CompletingRebalance
+  CompletingRebalance ──leader's assignment stored──▶ Stable
+  Stable / CompletingRebalance ──join, leave, expiry──▶ PreparingRebalance
+  PreparingRebalance ──nobody rejoined──▶ Empty;  any ──deleted / unloaded──▶ Dead
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from raftlog.errors import ErrorCode
+from raftlog.groups.messages import (
+    UNKNOWN_MEMBER_ID,
+    DescribedGroup,
+    DescribedMember,
+    HeartbeatRequest,
+    JoinGroupMember,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+from raftlog.groups.settings import GroupConfig
+
+Token = Hashable
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+S = GroupState
+# Kafka's table of valid previous states; anything else is a bug and raises.
+VALID_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
+    S.EMPTY: frozenset({S.PREPARING_REBALANCE}),
+    S.PREPARING_REBALANCE: frozenset({S.STABLE, S.COMPLETING_REBALANCE, S.EMPTY}),
+    S.COMPLETING_REBALANCE: frozenset({S.PREPARING_REBALANCE}),
+    S.STABLE: frozenset({S.COMPLETING_REBALANCE}),
+    S.DEAD: frozenset(GroupState),
+}
+
+
+@dataclass
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    assignment: bytes = b""
+    last_heartbeat_ms: int = 0
+    join_token: Token | None = None  # parked JoinGroup reply
+    sync_token: Token | None = None  # parked SyncGroup reply
+
+    def metadata_for(self, protocol: str | None) -> bytes:
+        for name, metadata in self.protocols:
+            if name == protocol:
+                return metadata
+        return b""
+
+    def protocol_names(self) -> list[str]:
+        return [name for name, _ in self.protocols]
+
+
+@dataclass(frozen=True)
+class StoreGroup:
+    """Persist this group's metadata; the coordinator answers with Group.on_stored().
+
+    `assignments` is the leader's SyncGroup: it is handed out only once stored, so a member
+    never acts on an assignment a new coordinator would not know after a failover.
+    """
+
+    generation_id: int
+    assignments: dict[str, bytes] | None = None
+
+
+@dataclass
+class GroupEffects:
+    replies: list[tuple[Token, object]] = field(default_factory=list)
+    stores: list[StoreGroup] = field(default_factory=list)
+
+    def reply(self, token: Token | None, response: object) -> None:
+        if token is not None:
+            self.replies.append((token, response))
+
+
+class Group:
+    def __init__(self, group_id: str, config: GroupConfig, now_ms: int) -> None:
+        self.group_id = group_id
+        self.config = config
+        self.state = GroupState.EMPTY
+        self.state_time_ms = now_ms
+        self.generation_id = 0
+        self.protocol_type: str | None = None
+        self.protocol_name: str | None = None
+        self.leader_id: str | None = None
+        self.members: dict[str, Member] = {}  # insertion order = join order
+        # KIP-394 members that got MEMBER_ID_REQUIRED and must rejoin by this deadline.
+        self.pending_members: dict[str, int] = {}
+        # Members of this generation that have not sent SyncGroup yet (Kafka 3.x
+        # pendingSyncMembers): removed if they stay silent past sync_deadline_ms.
+        self.pending_sync: set[str] = set()
+        self.join_deadline_ms: int | None = None
+        self.sync_deadline_ms: int | None = None
+        # Initial rebalance delay (Kafka's InitialDelayedJoin): extended while members arrive.
+        self.initial_delay_remaining_ms: int | None = None
+        self.new_member_added = False
+        self.storing_generation: int | None = None  # leader's assignment being persisted
+
+    # ------------------------------------------------------------------ state helpers
+    def transition(self, target: GroupState, now_ms: int) -> None:
+        if self.state not in VALID_PREVIOUS_STATES[target]:
+            raise AssertionError(
+                f"group {self.group_id!r}: illegal transition {self.state.value} -> "
+                f"{target.value} (generation {self.generation_id}, members {list(self.members)})"
+            )
+        self.state = target
+        self.state_time_ms = now_ms
+
+    def is_empty(self) -> bool:
+        return not self.members and not self.pending_members
+
+    def has_member(self, member_id: str) -> bool:
+        return member_id in self.members
+
+    def rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def _supports_protocols(self, protocol_type: str, names: list[str]) -> bool:
+        if self.state is GroupState.EMPTY:
+            return bool(protocol_type) and bool(names)
+        if protocol_type != self.protocol_type:
+            return False
+        counts = self._protocol_support()
+        return any(counts.get(name, 0) == len(self.members) for name in names)
+
+    def _protocol_support(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for member in self.members.values():
+            for name in set(member.protocol_names()):
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    def select_protocol(self) -> str:
+        """Kafka's vote: candidates are protocols every member supports; each member votes
+        for its most preferred candidate; most votes wins (ties: the leader's preference)."""
+        counts = self._protocol_support()
+        candidates = {name for name, count in counts.items() if count == len(self.members)}
+        if not candidates:
+            raise AssertionError(f"group {self.group_id!r}: no protocol common to all members")
+        votes = dict.fromkeys(candidates, 0)
+        for member in self.members.values():
+            choice = next(n for n in member.protocol_names() if n in candidates)
+            votes[choice] += 1
+        leader = self.members.get(self.leader_id or "") or next(iter(self.members.values()))
+        preference = {name: i for i, name in enumerate(leader.protocol_names())}
+        return min(candidates, key=lambda name: (-votes[name], preference.get(name, 0), name))
+
+    def _all_joined(self) -> bool:
+        return not self.pending_members and all(
+            m.join_token is not None for m in self.members.values()
+        )
+
+    def _error_join(self, member_id: str, code: ErrorCode) -> JoinGroupResponse:
+        return JoinGroupResponse(error_code=code, member_id=member_id)
+
+    def _join_result(self, member: Member) -> JoinGroupResponse:
+        members: tuple[JoinGroupMember, ...] = ()
+        protocol = self.protocol_name
+        if member.member_id == self.leader_id:
+            members = tuple(
+                JoinGroupMember(m.member_id, m.group_instance_id, m.metadata_for(protocol))
+                for m in self.members.values()
+            )
+        return JoinGroupResponse(
+            error_code=ErrorCode.none,
+            member_id=member.member_id,
+            generation_id=self.generation_id,
+            protocol_type=self.protocol_type,
+            protocol_name=self.protocol_name,
+            leader=self.leader_id or "",
+            members=members,
+        )
+
+    def _sync_reply(self, code: ErrorCode, assignment: bytes = b"") -> SyncGroupResponse:
+        return SyncGroupResponse(code, assignment, self.protocol_type, self.protocol_name)
+
+    def _instance_owner(self, group_instance_id: str | None) -> Member | None:
+        if group_instance_id is None:
+            return None
+        for member in self.members.values():
+            if member.group_instance_id == group_instance_id:
+                return member
+        return None
+
+    def validate_member(
+        self, member_id: str, group_instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
+        """Kafka's validateCurrentMember: known member, not fenced, current generation."""
+        owner = self._instance_owner(group_instance_id)
+        if owner is not None and owner.member_id != member_id:
+            return ErrorCode.fenced_instance_id
+        if member_id not in self.members:
+            return ErrorCode.unknown_member_id
+        if generation_id != self.generation_id:
+            return ErrorCode.illegal_generation
+        return ErrorCode.none
+
+    def touch(self, member_id: str, now_ms: int) -> None:
+        member = self.members.get(member_id)
+        if member is not None:
+            member.last_heartbeat_ms = now_ms
+
+    # ------------------------------------------------------------------ JoinGroup
+    def join(
+        self, token: Token, req: JoinGroupRequest, now_ms: int, new_member_id: str
+    ) -> GroupEffects:
+        fx = GroupEffects()
+        if self.state is GroupState.DEAD:
+            # The group was deleted or unloaded under us; the client looks the coordinator up
+            # again and retries.
+            fx.reply(token, self._error_join(req.member_id, ErrorCode.coordinator_not_available))
+            return fx
+        names = [name for name, _ in req.protocols]
+        if not self._supports_protocols(req.protocol_type, names):
+            fx.reply(token, self._error_join(req.member_id, ErrorCode.inconsistent_group_protocol))
+            return fx
+        if req.member_id == UNKNOWN_MEMBER_ID:
+            self._join_new_member(fx, token, req, now_ms, new_member_id)
+        else:
+            self._join_known_member(fx, token, req, now_ms)
+        return fx
+
+    def _is_full(self) -> bool:
+        return len(self.members) + len(self.pending_members) >= self.config.group_max_size
+
+    def _join_new_member(
+        self, fx: GroupEffects, token: Token, req: JoinGroupRequest, now_ms: int, member_id: str
+    ) -> None:
+        previous = self._instance_owner(req.group_instance_id)
+        if previous is not None:
+            # A restarted static member: fence the old incarnation and take its place. Kafka
+            # can skip the rebalance here (KIP-345); we rebalance, which is always safe.
+            self._remove_member(fx, previous.member_id, ErrorCode.fenced_instance_id, now_ms)
+        elif self._is_full():
+            fx.reply(token, self._error_join(UNKNOWN_MEMBER_ID, ErrorCode.group_max_size_reached))
+            return
+        if req.require_known_member_id and req.group_instance_id is None:
+            self.pending_members[member_id] = now_ms + req.session_timeout_ms
+            fx.reply(token, self._error_join(member_id, ErrorCode.member_id_required))
+            return
+        self._add_member_and_rebalance(fx, token, req, member_id, now_ms)
+
+    def _join_known_member(
+        self, fx: GroupEffects, token: Token, req: JoinGroupRequest, now_ms: int
+    ) -> None:
+        member_id = req.member_id
+        if member_id in self.pending_members:
+            del self.pending_members[member_id]
+            self._add_member_and_rebalance(fx, token, req, member_id, now_ms)
+            return
+        owner = self._instance_owner(req.group_instance_id)
+        if owner is not None and owner.member_id != member_id:
+            fx.reply(token, self._error_join(member_id, ErrorCode.fenced_instance_id))
+            return
+        member = self.members.get(member_id)
+        if member is None or self.state in (GroupState.EMPTY, GroupState.DEAD):
+            fx.reply(token, self._error_join(member_id, ErrorCode.unknown_member_id))
+            return
+        same = req.protocols == tuple(member.protocols)
+        if self.state is GroupState.COMPLETING_REBALANCE and same:
+            # A retried join of this generation: answer it again, nothing changed.
+            member.last_heartbeat_ms = now_ms
+            fx.reply(token, self._join_result(member))
+            return
+        if self.state is GroupState.STABLE and same and member_id != self.leader_id:
+            # A follower rejoining with unchanged metadata gets the current generation; the
+            # leader rejoining means it wants a new assignment, so it rebalances.
+            member.last_heartbeat_ms = now_ms
+            fx.reply(token, self._join_result(member))
+            return
+        self._update_member_and_rebalance(fx, token, req, member, now_ms)
+
+    def _add_member_and_rebalance(
+        self, fx: GroupEffects, token: Token, req: JoinGroupRequest, member_id: str, now_ms: int
+    ) -> None:
+        member = Member(
+            member_id=member_id,
+            group_instance_id=req.group_instance_id,
+            client_id=req.client_id,
+            client_host=req.client_host,
+            session_timeout_ms=req.session_timeout_ms,
+            rebalance_timeout_ms=req.rebalance_timeout_ms,
+            protocol_type=req.protocol_type,
+            protocols=list(req.protocols),
+            last_heartbeat_ms=now_ms,
+            join_token=token,
+        )
+        if not self.members:
+            self.protocol_type = req.protocol_type
+        self.members[member_id] = member
+        if self.leader_id is None:
+            self.leader_id = member_id
+        if self.state is GroupState.PREPARING_REBALANCE and self.generation_id == 0:
+            self.new_member_added = True
+        self._maybe_prepare_rebalance(fx, now_ms)
+
+    def _update_member_and_rebalance(
+        self, fx: GroupEffects, token: Token, req: JoinGroupRequest, member: Member, now_ms: int
+    ) -> None:
+        member.protocols = list(req.protocols)
+        member.session_timeout_ms = req.session_timeout_ms
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.client_id, member.client_host = req.client_id, req.client_host
+        member.last_heartbeat_ms = now_ms
+        # A second join while one is parked: the client gave up on the first; answer it so
+        # no parked reply is ever leaked.
+        fx.reply(
+            member.join_token, self._error_join(member.member_id, ErrorCode.rebalance_in_progress)
+        )
+        member.join_token = token
+        self._maybe_prepare_rebalance(fx, now_ms)
+
+    # ------------------------------------------------------------------ rebalance phases
+    def _maybe_prepare_rebalance(self, fx: GroupEffects, now_ms: int) -> None:
+        if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE, GroupState.EMPTY):
+            self._prepare_rebalance(fx, now_ms)
+        elif self.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(fx, now_ms)
+
+    def _prepare_rebalance(self, fx: GroupEffects, now_ms: int) -> None:
+        if self.state is GroupState.COMPLETING_REBALANCE:
+            for member in self.members.values():
+                fx.reply(member.sync_token, self._sync_reply(ErrorCode.rebalance_in_progress))
+                member.sync_token = None
+        self.pending_sync.clear()
+        self.sync_deadline_ms = None
+        self.storing_generation = None
+        rebalance_timeout_ms = self.rebalance_timeout_ms()
+        delay_ms = self.config.group_initial_rebalance_delay_ms
+        if self.state is GroupState.EMPTY and delay_ms > 0:
+            first_ms = min(delay_ms, rebalance_timeout_ms)
+            self.join_deadline_ms = now_ms + first_ms
+            self.initial_delay_remaining_ms = max(rebalance_timeout_ms - delay_ms, 0)
+            self.new_member_added = False
+        else:
+            self.join_deadline_ms = now_ms + rebalance_timeout_ms
+            self.initial_delay_remaining_ms = None
+        self.transition(GroupState.PREPARING_REBALANCE, now_ms)
+        self._maybe_complete_join(fx, now_ms)
+
+    def _maybe_complete_join(self, fx: GroupEffects, now_ms: int) -> None:
+        # During the initial delay Kafka waits out the delay even if everyone is in.
+        if self.initial_delay_remaining_ms is None and self._all_joined():
+            self._complete_join(fx, now_ms)
+
+    def _complete_join(self, fx: GroupEffects, now_ms: int) -> None:
+        assert self.state is GroupState.PREPARING_REBALANCE, self.state
+        # Members that did not rejoin in time are out of the new generation.
+        for member_id in [m.member_id for m in self.members.values() if m.join_token is None]:
+            self._drop(member_id)
+        self.pending_members.clear()
+        self.join_deadline_ms = None
+        self.initial_delay_remaining_ms = None
+        self.generation_id += 1
+        if not self.members:
+            self.protocol_name = None
+            self.leader_id = None
+            self.transition(GroupState.EMPTY, now_ms)
+            fx.stores.append(StoreGroup(self.generation_id))
+            return
+        self.protocol_name = self.select_protocol()
+        self.transition(GroupState.COMPLETING_REBALANCE, now_ms)
+        self.pending_sync = set(self.members)
+        self.sync_deadline_ms = now_ms + self.rebalance_timeout_ms()
+        for member in self.members.values():
+            fx.reply(member.join_token, self._join_result(member))
+            member.join_token = None
+            member.last_heartbeat_ms = now_ms
+
+    def _drop(self, member_id: str) -> None:
+        """Forget a member (its parked replies must already be answered)."""
+        del self.members[member_id]
+        self.pending_sync.discard(member_id)
+        if member_id == self.leader_id:
+            # Prefer a member that is already waiting in the join phase: it will get the
+            # member list and can compute the assignment.
+            waiting = [m.member_id for m in self.members.values() if m.join_token is not None]
+            self.leader_id = (waiting or list(self.members) or [None])[0]
+
+    def _remove_member(
+        self, fx: GroupEffects, member_id: str, code: ErrorCode, now_ms: int
+    ) -> None:
+        member = self.members[member_id]
+        fx.reply(member.join_token, self._error_join(member_id, code))
+        fx.reply(member.sync_token, self._sync_reply(code))
+        member.join_token = member.sync_token = None
+        self._drop(member_id)
+        if self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(fx, now_ms)
+        elif self.state is GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(fx, now_ms)
+
+    # ------------------------------------------------------------------ SyncGroup
+    def sync(self, token: Token, req: SyncGroupRequest, now_ms: int) -> GroupEffects:
+        fx = GroupEffects()
+        if self.state is GroupState.DEAD:
+            fx.reply(token, self._sync_reply(ErrorCode.coordinator_not_available))
+            return fx
+        code = self.validate_member(req.member_id, req.group_instance_id, req.generation_id)
+        if code is ErrorCode.none and (
+            (req.protocol_type is not None and req.protocol_type != self.protocol_type)
+            or (req.protocol_name is not None and req.protocol_name != self.protocol_name)
+        ):
+            code = ErrorCode.inconsistent_group_protocol
+        if code is not ErrorCode.none:
+            fx.reply(token, self._sync_reply(code))
+            return fx
+        member = self.members[req.member_id]
+        if self.state is GroupState.EMPTY:
+            fx.reply(token, self._sync_reply(ErrorCode.unknown_member_id))
+        elif self.state is GroupState.PREPARING_REBALANCE:
+            fx.reply(token, self._sync_reply(ErrorCode.rebalance_in_progress))
+        elif self.state is GroupState.STABLE:
+            self.pending_sync.discard(member.member_id)
+            member.last_heartbeat_ms = now_ms
+            fx.reply(token, self._sync_reply(ErrorCode.none, member.assignment))
+        else:  # CompletingRebalance: park until the leader's assignment is stored
+            self.pending_sync.discard(member.member_id)
+            member.last_heartbeat_ms = now_ms
+            fx.reply(member.sync_token, self._sync_reply(ErrorCode.rebalance_in_progress))
+            member.sync_token = token
+            if member.member_id == self.leader_id and self.storing_generation is None:
+                given = dict(req.assignments)
+                assignments = {m: given.get(m, b"") for m in self.members}
+                self.storing_generation = self.generation_id
+                fx.stores.append(StoreGroup(self.generation_id, assignments))
+        return fx
+
+    def on_stored(self, store: StoreGroup, code: ErrorCode, now_ms: int) -> GroupEffects:
+        """The persist requested by `store` finished with `code` (none = replicated)."""
+        fx = GroupEffects()
+        if (
+            store.assignments is None
+            or self.state is not GroupState.COMPLETING_REBALANCE
+            or self.storing_generation != store.generation_id
+            or self.generation_id != store.generation_id
+        ):
+            return fx  # the group moved on; this store is history
+        self.storing_generation = None
+        if code is not ErrorCode.none:
+            for member in self.members.values():
+                fx.reply(member.sync_token, self._sync_reply(code))
+                member.sync_token = None
+            self._prepare_rebalance(fx, now_ms)
+            return fx
+        for member in self.members.values():
+            member.assignment = store.assignments.get(member.member_id, b"")
+            fx.reply(member.sync_token, self._sync_reply(ErrorCode.none, member.assignment))
+            member.sync_token = None
+        self.transition(GroupState.STABLE, now_ms)
+        return fx
+
+    # ------------------------------------------------------------------ Heartbeat / Leave
+    def heartbeat(self, req: HeartbeatRequest, now_ms: int) -> ErrorCode:
+        if self.state is GroupState.DEAD:
+            return ErrorCode.coordinator_not_available
+        if self.state is GroupState.EMPTY:
+            return ErrorCode.unknown_member_id
+        code = self.validate_member(req.member_id, req.group_instance_id, req.generation_id)
+        if code is not ErrorCode.none:
+            return code
+        self.members[req.member_id].last_heartbeat_ms = now_ms
+        if self.state is GroupState.PREPARING_REBALANCE:
+            return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def leave(
+        self, member_id: str, group_instance_id: str | None, now_ms: int
+    ) -> tuple[ErrorCode, GroupEffects]:
+        fx = GroupEffects()
+        if self.state is GroupState.DEAD:
+            return ErrorCode.coordinator_not_available, fx
+        if member_id in self.pending_members:
+            del self.pending_members[member_id]
+            if self.state is GroupState.PREPARING_REBALANCE:
+                self._maybe_complete_join(fx, now_ms)
+            return ErrorCode.none, fx
+        if group_instance_id is not None:
+            # KIP-345: a static member leaves by instance id; a member id that disagrees
+            # with the instance's current owner is a fenced zombie.
+            owner = self._instance_owner(group_instance_id)
+            if owner is None:
+                return ErrorCode.unknown_member_id, fx
+            if member_id not in (UNKNOWN_MEMBER_ID, owner.member_id):
+                return ErrorCode.fenced_instance_id, fx
+            member_id = owner.member_id
+        if member_id not in self.members:
+            return ErrorCode.unknown_member_id, fx
+        self._remove_member(fx, member_id, ErrorCode.unknown_member_id, now_ms)
+        return ErrorCode.none, fx
+
+    # ------------------------------------------------------------------ timers
+    def _session_expired(self, member: Member, now_ms: int) -> bool:
+        # Kafka's shouldKeepAlive: a member parked in join or sync is covered by the
+        # rebalance timeout, not its session.
+        if member.join_token is not None or member.sync_token is not None:
+            return False
+        return member.last_heartbeat_ms + member.session_timeout_ms <= now_ms
+
+    def next_deadline_ms(self) -> int | None:
+        if self.state is GroupState.DEAD:
+            return None
+        deadlines = [d for d in (self.join_deadline_ms, self.sync_deadline_ms) if d is not None]
+        deadlines.extend(self.pending_members.values())
+        for member in self.members.values():
+            if member.join_token is None and member.sync_token is None:
+                deadlines.append(member.last_heartbeat_ms + member.session_timeout_ms)
+        return min(deadlines, default=None)
+
+    def tick(self, now_ms: int) -> GroupEffects:
+        fx = GroupEffects()
+        if self.state is GroupState.DEAD:
+            return fx
+        for member_id, deadline_ms in list(self.pending_members.items()):
+            if deadline_ms <= now_ms:
+                del self.pending_members[member_id]
+        if self.state is GroupState.PREPARING_REBALANCE:
+            if self.join_deadline_ms is not None and self.join_deadline_ms <= now_ms:
+                self._on_join_deadline(fx, now_ms)
+            else:
+                self._maybe_complete_join(fx, now_ms)  # a pending member may have expired
+        if (
+            self.state in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE)
+            and self.sync_deadline_ms is not None
+            and self.sync_deadline_ms <= now_ms
+        ):
+            self.sync_deadline_ms = None
+            silent = [m for m in self.members if m in self.pending_sync]
+            if silent:
+                for member_id in silent:
+                    self._answer_and_drop(fx, member_id)
+                self._prepare_rebalance(fx, now_ms)
+        for member in list(self.members.values()):
+            if member.member_id in self.members and self._session_expired(member, now_ms):
+                self._remove_member(fx, member.member_id, ErrorCode.unknown_member_id, now_ms)
+        return fx
+
+    def _answer_and_drop(self, fx: GroupEffects, member_id: str) -> None:
+        member = self.members[member_id]
+        fx.reply(member.join_token, self._error_join(member_id, ErrorCode.unknown_member_id))
+        fx.reply(member.sync_token, self._sync_reply(ErrorCode.unknown_member_id))
+        self._drop(member_id)
+
+    def _on_join_deadline(self, fx: GroupEffects, now_ms: int) -> None:
+        remaining_ms = self.initial_delay_remaining_ms
+        if remaining_ms is not None and self.new_member_added and remaining_ms > 0:
+            delay_ms = min(self.config.group_initial_rebalance_delay_ms, remaining_ms)
+            self.initial_delay_remaining_ms = max(remaining_ms - delay_ms, 0)
+            self.new_member_added = False
+            self.join_deadline_ms = now_ms + delay_ms
+            return
+        self._complete_join(fx, now_ms)
+
+    # ------------------------------------------------------------------ shutdown / describe
+    def shutdown(self, code: ErrorCode, now_ms: int) -> GroupEffects:
+        """Unloaded or deleted: answer every parked reply with `code`, become Dead."""
+        fx = GroupEffects()
+        for member in self.members.values():
+            fx.reply(member.join_token, self._error_join(member.member_id, code))
+            fx.reply(member.sync_token, self._sync_reply(code))
+            member.join_token = member.sync_token = None
+        self.pending_members.clear()
+        self.join_deadline_ms = self.sync_deadline_ms = None
+        self.transition(GroupState.DEAD, now_ms)
+        return fx
+
+    def describe(self) -> DescribedGroup:
+        stable = self.state is GroupState.STABLE
+        members = tuple(
+            DescribedMember(
+                member_id=m.member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=m.client_id,
+                client_host=m.client_host,
+                metadata=m.metadata_for(self.protocol_name) if stable else b"",
+                assignment=m.assignment if stable else b"",
+            )
+            for m in self.members.values()
+        )
+        return DescribedGroup(
+            group_id=self.group_id,
+            error_code=ErrorCode.none,
+            state=self.state.value,
+            protocol_type=self.protocol_type or "",
+            protocol_data=(self.protocol_name or "") if stable else "",
+            members=members,
+        )
