@@ -1,0 +1,502 @@
+"""Kafka RecordBatch v2 (magic 2): the one module that knows the batch format.
+
+Layout of the 61-byte batch header (big endian), per Kafka's DefaultRecordBatch:
+
+    0  baseOffset i64        21 attributes i16       43 producerId i64
+    8  batchLength i32       23 lastOffsetDelta i32  51 producerEpoch i16
+    12 partitionLeaderEpoch  27 baseTimestamp i64    53 baseSequence i32
+    16 magic i8              35 maxTimestamp i64     57 recordCount i32
+    17 crc u32 (CRC32C over attributes..end of batch)
+
+batchLength counts the bytes after the batchLength field, so a batch is 12 + batchLength
+bytes long. baseOffset and partitionLeaderEpoch sit before the CRC'd range: the broker
+rewrites them in place without re-encoding or re-checksumming anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import cramjam
+import crc32c
+
+from raftlog.errors import CorruptRecordError
+
+HEADER_STRUCT = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE_BYTES = HEADER_STRUCT.size  # 61
+assert HEADER_SIZE_BYTES == 61
+# baseOffset + batchLength: what must be read to learn a batch's full size.
+LOG_OVERHEAD_BYTES = 12
+MAGIC_V2 = 2
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21
+PARTITION_LEADER_EPOCH_OFFSET = 12
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+NO_TIMESTAMP = -1
+# Hard upper bound on one batch; a size field above it is corruption, not a real batch
+# (a flipped high bit in batchLength must not make us try to read 2 GiB).
+MAX_BATCH_SIZE_BYTES = 2**31 - 1
+
+_OFFSET_AND_EPOCH = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+_SIZE = struct.Struct(">qi")
+
+
+class Compression(enum.IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(enum.IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+
+
+def make_attributes(
+    compression: Compression = Compression.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    *,
+    is_transactional: bool = False,
+    is_control: bool = False,
+) -> int:
+    attrs = int(compression) & COMPRESSION_MASK
+    if timestamp_type == TimestampType.LOG_APPEND_TIME:
+        attrs |= TIMESTAMP_TYPE_BIT
+    if is_transactional:
+        attrs |= TRANSACTIONAL_BIT
+    if is_control:
+        attrs |= CONTROL_BIT
+    return attrs
+
+
+def compression_of(attributes: int) -> Compression:
+    code = attributes & COMPRESSION_MASK
+    try:
+        return Compression(code)
+    except ValueError:
+        raise CorruptRecordError(f"unknown compression codec {code} in attributes") from None
+
+
+def timestamp_type_of(attributes: int) -> TimestampType:
+    return (
+        TimestampType.LOG_APPEND_TIME
+        if attributes & TIMESTAMP_TYPE_BIT
+        else TimestampType.CREATE_TIME
+    )
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size_bytes(self) -> int:
+        return LOG_OVERHEAD_BYTES + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return compression_of(self.attributes)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return timestamp_type_of(self.attributes)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record; offset is absolute once the record came out of a stored batch."""
+
+    offset: int = -1
+    timestamp_ms: int | None = None
+    key: bytes | None = None
+    value: bytes | None = None
+    headers: tuple[tuple[str, bytes | None], ...] = field(default_factory=tuple)
+
+
+# ------------------------------------------------------------------------- header level
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the 61-byte header at `pos` (no validation beyond having enough bytes)."""
+    if len(buf) - pos < HEADER_SIZE_BYTES:
+        raise CorruptRecordError(
+            f"batch header at byte {pos} is truncated: need {HEADER_SIZE_BYTES} bytes, "
+            f"have {max(0, len(buf) - pos)}"
+        )
+    return BatchHeader._make(HEADER_STRUCT.unpack_from(buf, pos))
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
+    """Total size of the batch starting at `pos`, from its first 12 bytes."""
+    _, length = _SIZE.unpack_from(buf, pos)
+    return LOG_OVERHEAD_BYTES + length
+
+
+def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size_bytes: int) -> int:
+    view = memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size_bytes]
+    return crc32c.crc32c(view)
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, check_crc: bool = True
+) -> BatchHeader:
+    """Check size bounds, magic and CRC of the batch at `pos`; return its header.
+
+    The message names the byte position and what was wrong, because it ends up in a produce
+    error or a recovery log line and must be enough to find the bad bytes.
+    """
+    available = len(buf) - pos
+    if available < HEADER_SIZE_BYTES:
+        raise CorruptRecordError(
+            f"incomplete batch at byte {pos}: {available} bytes left, a header needs "
+            f"{HEADER_SIZE_BYTES}"
+        )
+    header = BatchHeader._make(HEADER_STRUCT.unpack_from(buf, pos))
+    size = header.size_bytes
+    if header.batch_length < HEADER_SIZE_BYTES - LOG_OVERHEAD_BYTES or size > MAX_BATCH_SIZE_BYTES:
+        raise CorruptRecordError(
+            f"batch at byte {pos} has impossible batchLength {header.batch_length}"
+        )
+    if header.magic != MAGIC_V2:
+        raise CorruptRecordError(
+            f"batch at byte {pos} has magic {header.magic}; only magic 2 (RecordBatch v2) "
+            f"is supported"
+        )
+    if size > available:
+        raise CorruptRecordError(
+            f"incomplete batch at byte {pos}: batchLength says {size} bytes, "
+            f"only {available} present"
+        )
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise CorruptRecordError(
+            f"batch at byte {pos} has negative lastOffsetDelta {header.last_offset_delta} "
+            f"or recordCount {header.record_count}"
+        )
+    if check_crc:
+        actual = compute_crc(buf, pos, size)
+        if actual != header.crc:
+            raise CorruptRecordError(
+                f"batch at byte {pos} (baseOffset {header.base_offset}) fails CRC32C: "
+                f"stored {header.crc:#010x}, computed {actual:#010x}"
+            )
+    return header
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, check_crc: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of every batch; the buffer must hold whole batches only."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = validate_batch(buf, pos, check_crc=check_crc)
+        yield pos, header
+        pos += header.size_bytes
+
+
+def set_offset_and_epoch(
+    buf: bytearray | memoryview, pos: int, base_offset: int, partition_leader_epoch: int
+) -> None:
+    """Rewrite baseOffset and partitionLeaderEpoch in place; both are outside the CRC."""
+    _OFFSET_AND_EPOCH.pack_into(buf, pos, base_offset)
+    _EPOCH.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
+
+
+# ------------------------------------------------------------------------- codecs
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK_BYTES = 32 * 1024  # what the Java client's SnappyOutputStream uses
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
+    if codec == Compression.NONE:
+        return data
+    if codec == Compression.GZIP:
+        return bytes(cramjam.gzip.compress(data))
+    if codec == Compression.SNAPPY:
+        # xerial framing: the Java client requires it on read, librdkafka accepts it.
+        out = [_XERIAL_HEADER]
+        for start in range(0, len(data), _XERIAL_BLOCK_BYTES):
+            block = bytes(cramjam.snappy.compress_raw(data[start : start + _XERIAL_BLOCK_BYTES]))
+            out.append(struct.pack(">i", len(block)))
+            out.append(block)
+        return b"".join(out)
+    if codec == Compression.LZ4:
+        return bytes(cramjam.lz4.compress(data))
+    if codec == Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    raise CorruptRecordError(f"unknown compression codec {codec}")
+
+
+def decompress(codec: Compression, data: bytes | memoryview) -> bytes:
+    try:
+        if codec == Compression.NONE:
+            return bytes(data)
+        if codec == Compression.GZIP:
+            return bytes(cramjam.gzip.decompress(bytes(data)))
+        if codec == Compression.SNAPPY:
+            raw = bytes(data)
+            if raw.startswith(_XERIAL_MAGIC):
+                return _xerial_decompress(raw)
+            return bytes(cramjam.snappy.decompress_raw(raw))  # librdkafka: raw snappy
+        if codec == Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(bytes(data)))
+        if codec == Compression.ZSTD:
+            return bytes(cramjam.zstd.decompress(bytes(data)))
+    except CorruptRecordError:
+        raise
+    except Exception as exc:  # cramjam raises its own DecompressionError types
+        raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from None
+    raise CorruptRecordError(f"unknown compression codec {codec}")
+
+
+def _xerial_decompress(raw: bytes) -> bytes:
+    pos = len(_XERIAL_HEADER)
+    out = []
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise CorruptRecordError("truncated xerial snappy block length")
+        (block_len,) = struct.unpack_from(">i", raw, pos)
+        pos += 4
+        if block_len < 0 or pos + block_len > len(raw):
+            raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns input")
+        out.append(bytes(cramjam.snappy.decompress_raw(raw[pos : pos + block_len])))
+        pos += block_len
+    return b"".join(out)
+
+
+# ------------------------------------------------------------------------- varints
+
+
+def _write_varint(out: bytearray, value: int) -> None:
+    """Zigzag varint (Kafka's ByteUtils.writeVarlong covers both widths)."""
+    v = (value << 1) ^ (value >> 63)
+    while v & ~0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        if pos >= len(buf):
+            raise CorruptRecordError("record ends inside a varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptRecordError("varint longer than 10 bytes")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _read_bytes(buf: bytes | memoryview, pos: int, what: str) -> tuple[bytes | None, int]:
+    length, pos = _read_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > len(buf):
+        raise CorruptRecordError(f"record {what} of {length} bytes overruns the batch")
+    return bytes(buf[pos : pos + length]), pos + length
+
+
+# ------------------------------------------------------------------------- record level
+
+
+def iter_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[Record]:
+    """Decode every record of the (validated) batch at `pos`, decompressing if needed."""
+    header = parse_header(batch, pos)
+    end = pos + header.size_bytes
+    body: bytes | memoryview = memoryview(batch)[pos + HEADER_SIZE_BYTES : end]
+    if header.compression != Compression.NONE:
+        body = decompress(header.compression, body)
+    log_append = header.timestamp_type == TimestampType.LOG_APPEND_TIME
+    p = 0
+    for index in range(header.record_count):
+        length, p = _read_varint(body, p)
+        record_end = p + length
+        if length < 0 or record_end > len(body):
+            raise CorruptRecordError(
+                f"record {index} of batch at offset {header.base_offset} overruns the batch"
+            )
+        p += 1  # record attributes: unused by Kafka so far
+        ts_delta, p = _read_varint(body, p)
+        offset_delta, p = _read_varint(body, p)
+        key, p = _read_bytes(body, p, "key")
+        value, p = _read_bytes(body, p, "value")
+        header_count, p = _read_varint(body, p)
+        headers = []
+        for _ in range(header_count):
+            hkey, p = _read_bytes(body, p, "header key")
+            hvalue, p = _read_bytes(body, p, "header value")
+            headers.append(((hkey or b"").decode("utf-8", "replace"), hvalue))
+        if p != record_end:
+            raise CorruptRecordError(
+                f"record {index} of batch at offset {header.base_offset} has length "
+                f"{length} but its fields take {length + p - record_end}"
+            )
+        timestamp = header.max_timestamp_ms if log_append else header.base_timestamp_ms + ts_delta
+        yield Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers))
+
+
+def iter_all_records(buf: bytes | bytearray | memoryview) -> Iterator[Record]:
+    """Records of every batch in a buffer of whole batches (validates each batch)."""
+    for pos, _ in iter_batches(buf):
+        yield from iter_records(buf, pos)
+
+
+def _encode_record(out: bytearray, record: Record, offset_delta: int, timestamp_delta: int) -> None:
+    body = bytearray()
+    body.append(0)
+    _write_varint(body, timestamp_delta)
+    _write_varint(body, offset_delta)
+    for blob in (record.key, record.value):
+        if blob is None:
+            _write_varint(body, -1)
+        else:
+            _write_varint(body, len(blob))
+            body += blob
+    _write_varint(body, len(record.headers))
+    for hkey, hvalue in record.headers:
+        encoded = hkey.encode()
+        _write_varint(body, len(encoded))
+        body += encoded
+        if hvalue is None:
+            _write_varint(body, -1)
+        else:
+            _write_varint(body, len(hvalue))
+            body += hvalue
+    _write_varint(out, len(body))
+    out += body
+
+
+def build_batch(
+    records: Sequence[Record],
+    base_offset: int = 0,
+    *,
+    compression: Compression = Compression.NONE,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    keep_offsets: bool = False,
+    last_offset_delta: int | None = None,
+    now_ms: int | None = None,
+) -> bytes:
+    """Encode one RecordBatch v2.
+
+    Offsets are consecutive from base_offset unless keep_offsets, which uses each record's own
+    offset (the cleaner rebuilds batches that way so compaction never renumbers anything).
+    Records without a timestamp get now_ms (default: the wall clock).
+    """
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    default_ts = int(time.time() * 1000) if now_ms is None else now_ms
+    stamps = [default_ts if r.timestamp_ms is None else r.timestamp_ms for r in records]
+    base_ts = stamps[0]
+    max_ts = max(stamps)
+    body = bytearray()
+    deltas = []
+    for index, (record, ts) in enumerate(zip(records, stamps, strict=True)):
+        delta = record.offset - base_offset if keep_offsets else index
+        if (deltas and delta <= deltas[-1]) or delta < 0:
+            raise ValueError(f"record offsets must increase from base_offset, got delta {delta}")
+        deltas.append(delta)
+        _encode_record(body, record, delta, ts - base_ts)
+    payload = compress(compression, bytes(body))
+    last_delta = deltas[-1] if last_offset_delta is None else last_offset_delta
+    attributes = make_attributes(
+        compression, timestamp_type, is_transactional=is_transactional, is_control=is_control
+    )
+    size = HEADER_SIZE_BYTES + len(payload)
+    out = bytearray(size)
+    HEADER_STRUCT.pack_into(
+        out,
+        0,
+        base_offset,
+        size - LOG_OVERHEAD_BYTES,
+        partition_leader_epoch,
+        MAGIC_V2,
+        0,
+        attributes,
+        last_delta,
+        base_ts,
+        max_ts,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    out[HEADER_SIZE_BYTES:] = payload
+    _CRC.pack_into(out, CRC_OFFSET, compute_crc(out, 0, size))
+    return bytes(out)
+
+
+def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
+    """A batch with the same header fields (offsets kept) holding only `records`."""
+    return build_batch(
+        records,
+        header.base_offset,
+        compression=header.compression,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        partition_leader_epoch=header.partition_leader_epoch,
+        timestamp_type=header.timestamp_type,
+        is_transactional=header.is_transactional,
+        is_control=header.is_control,
+        keep_offsets=True,
+        last_offset_delta=header.last_offset_delta,
+    )

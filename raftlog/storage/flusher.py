@@ -1,0 +1,118 @@
+"""Group-commit flusher: many `await flush(log, offset)` callers share one fsync.
+
+While one fsync runs in a worker thread, new requests pile up; the next round covers them all,
+so the number of fsyncs tracks the disk's speed, not the number of producers. Logs whose
+flush_policy is 'interval' are never forced: a background tick fsyncs them every
+flush_interval_ms (their promise is weaker: replication, not the disk, protects recent data).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from raftlog.storage.log import FlushTicket, PartitionLog
+
+log = logging.getLogger("raftlog.storage")
+
+# How often the background tick looks for interval-policy logs and overdue checkpoints when no
+# interval log asks for something shorter.
+DEFAULT_TICK_MS = 1000
+
+
+class Flusher:
+    def __init__(self) -> None:
+        self._logs: dict[int, PartitionLog] = {}  # id(log) -> log, every log seen
+        self._requested: dict[int, PartitionLog] = {}  # logs a caller is waiting on
+        self._wakeup = trio.Event()
+        self._round_done = trio.Event()
+        self.fsync_rounds = 0  # for tests and benchmarks: how many fsync rounds ran
+        self._running = False
+        self._last_interval_flush_ms: dict[int, float] = {}
+
+    def register(self, log_: PartitionLog) -> None:
+        self._logs[id(log_)] = log_
+
+    def unregister(self, log_: PartitionLog) -> None:
+        self._logs.pop(id(log_), None)
+        self._requested.pop(id(log_), None)
+        self._last_interval_flush_ms.pop(id(log_), None)
+
+    async def flush(self, log_: PartitionLog, up_to_offset: int) -> None:
+        """Return once every offset < up_to_offset of `log_` is fsynced.
+
+        Under flush_policy='interval' this returns at once (the background tick flushes).
+        """
+        self.register(log_)
+        if log_.config.flush_policy == "interval":
+            return
+        up_to_offset = min(up_to_offset, log_.log_end_offset)
+        while log_.flushed_offset < up_to_offset and not log_.closed:
+            if not self._running:
+                raise RuntimeError("Flusher.run() is not running")
+            self._requested[id(log_)] = log_
+            self._wakeup.set()
+            done = self._round_done
+            await done.wait()
+
+    def wake(self) -> None:
+        """Ask for a round soon (e.g. checkpoints became due after retention)."""
+        self._wakeup.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._running = True
+        try:
+            task_status.started()
+            while True:
+                with trio.move_on_after(self._tick_seconds()):
+                    await self._wakeup.wait()
+                self._wakeup = trio.Event()
+                logs = self._collect()
+                if logs:
+                    await self._flush_round(logs)
+                done, self._round_done = self._round_done, trio.Event()
+                done.set()
+        finally:
+            self._running = False
+            self._round_done.set()
+
+    def _tick_seconds(self) -> float:
+        intervals = [
+            log_.config.flush_interval_ms
+            for log_ in self._logs.values()
+            if log_.config.flush_policy == "interval"
+        ]
+        return min([DEFAULT_TICK_MS, *intervals]) / 1000
+
+    def _collect(self) -> list[PartitionLog]:
+        now_ms = trio.current_time() * 1000
+        chosen = {k: v for k, v in self._requested.items() if not v.closed}
+        self._requested.clear()
+        for key, log_ in list(self._logs.items()):
+            if log_.closed:
+                self.unregister(log_)
+                continue
+            if key in chosen or not log_.needs_flush():
+                continue
+            if log_.config.flush_policy == "interval":
+                last = self._last_interval_flush_ms.get(key, -math.inf)
+                if now_ms - last >= log_.config.flush_interval_ms:
+                    chosen[key] = log_
+                    self._last_interval_flush_ms[key] = now_ms
+            elif log_.checkpoint_due:  # a roll or retention wants checkpoints written
+                chosen[key] = log_
+        return list(chosen.values())
+
+    async def _flush_round(self, logs: list[PartitionLog]) -> None:
+        tickets: list[tuple[PartitionLog, FlushTicket]] = [(lg, lg.prepare_flush()) for lg in logs]
+
+        def sync_all() -> None:
+            for lg, ticket in tickets:
+                lg.run_flush(ticket)
+
+        await trio.to_thread.run_sync(sync_all)
+        self.fsync_rounds += 1
+        for lg, ticket in tickets:
+            lg.complete_flush(ticket)

@@ -1,0 +1,623 @@
+"""PartitionLog: one partition's segments, offsets, epoch cache and checkpoints.
+
+Appends are synchronous page-cache writes on the event loop (like Kafka's); durability is the
+flusher's job (storage/flusher.py), which fsyncs off the loop and advances `flushed_offset`.
+Reads return file regions for os.sendfile and never decode records.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
+from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
+from raftlog.storage.checkpoint import (
+    CheckpointError,
+    fsync_dir,
+    read_checkpoint,
+    write_checkpoint,
+)
+from raftlog.storage.config import LogConfig
+from raftlog.storage.epoch_cache import LeaderEpochCache
+from raftlog.storage.segment import CLEANED_SUFFIX, LOG_SUFFIX, FileRegion, LogSegment
+
+log = logging.getLogger("raftlog.storage")
+
+RECOVERY_POINT_FILE = "recovery-point.checkpoint"
+LOG_START_FILE = "log-start-offset.checkpoint"
+EPOCH_FILE = "leader-epoch.checkpoint"
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+
+class OffsetOutOfRangeError(KafkaError):
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.offset_out_of_range, message)
+
+
+class RecordTooLargeError(KafkaError):
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.message_too_large, message)
+
+
+class UnexpectedAppendOffsetError(KafkaError):
+    """A follower append that does not continue the log exactly where it ends."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.unknown_server_error, message)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp_ms: int
+    offset_of_max_timestamp: int
+    log_append_time_ms: int  # -1: CreateTime topics (we never rewrite timestamps)
+    log_start_offset: int
+    batch_count: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    regions: list[FileRegion]
+    log_start_offset: int
+    log_end_offset: int
+    size_bytes: int = 0
+
+    def read_bytes(self) -> bytes:
+        return b"".join(region.read_bytes() for region in self.regions)
+
+
+@dataclass(slots=True)
+class FlushTicket:
+    """What one group-commit fsync must cover for one log (built on the event loop)."""
+
+    target_offset: int
+    fds: list[int]
+    fsync_directory: bool
+    generation: int
+    checkpoints: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+class PartitionLog:
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self.segments: list[LogSegment] = []
+        self.epoch_cache = LeaderEpochCache()
+        self._log_start = 0
+        self._leo = 0
+        self._flushed = 0
+        self._recovery_point = 0
+        # Bumped by truncation: a flush or checkpoint prepared before it must not count.
+        self._generation = 0
+        # Serialises checkpoint writes between the flusher's worker thread and truncation.
+        self._checkpoint_lock = threading.Lock()
+        self._dirty_segments: list[LogSegment] = []
+        self._directory_dirty = False
+        self._checkpoint_due = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._leo
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.directory.name}, start={self._log_start}, leo={self._leo}, "
+            f"flushed={self._flushed}, segments={len(self.segments)})"
+        )
+
+    # ------------------------------------------------------------------ open / recover
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig, *, now_ms: int) -> PartitionLog:
+        """Create or recover the log in `directory` (blocking: run in a worker thread)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self = cls(directory, config)
+        for stray in list(directory.glob("*.tmp")) + list(directory.glob("*" + CLEANED_SUFFIX)):
+            log.info("%s: removing leftover %s", directory, stray.name)
+            stray.unlink()
+        recovery_point = self._read_int_checkpoint(RECOVERY_POINT_FILE, "recovery_point", 0)
+        log_start = self._read_int_checkpoint(LOG_START_FILE, "log_start_offset", 0)
+        try:
+            self.epoch_cache = LeaderEpochCache.from_payload(
+                read_checkpoint(directory / EPOCH_FILE, "leader-epoch")
+            )
+        except FileNotFoundError:
+            pass
+        except (CheckpointError, ValueError) as exc:
+            # Without the cache we cannot trust old segments' epochs: rebuild from the log.
+            log.warning("%s: %s; recovering the whole log", directory, exc)
+            recovery_point = 0
+        bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in directory.glob("*" + LOG_SUFFIX))
+        for suffix in (".index", ".timeindex"):
+            for orphan in directory.glob("*" + suffix):
+                if int(orphan.name.split(".")[0]) not in bases:
+                    orphan.unlink()
+        if recovery_point <= (bases[0] if bases else 0):
+            self.epoch_cache.clear()  # everything is rescanned, epochs included
+        self._recover_segments(bases, recovery_point, now_ms)
+        if not self.segments:
+            self.segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
+        self._leo = self.segments[-1].next_offset
+        self._log_start = min(max(log_start, self.segments[0].base_offset), self._leo)
+        self.epoch_cache.truncate_from_end(self._leo)
+        self.epoch_cache.truncate_from_start(self._log_start)
+        # Recovered bytes may exist only in the page cache: make them durable before the
+        # recovery point claims them.
+        for segment in self.segments:
+            if segment.next_offset > recovery_point:
+                segment.fsync()
+        fsync_dir(directory)
+        self._flushed = self._leo
+        self._write_checkpoints_now()
+        return self
+
+    def _read_int_checkpoint(self, name: str, key: str, default: int) -> int:
+        try:
+            return int(read_checkpoint(self.directory / name, name.split(".")[0])[key])
+        except FileNotFoundError:
+            return default
+        except (CheckpointError, KeyError, ValueError, TypeError) as exc:
+            log.warning("%s: ignoring unreadable %s: %s", self.directory, name, exc)
+            return default
+
+    def _recover_segments(self, bases: list[int], recovery_point: int, now_ms: int) -> None:
+        cache = self.epoch_cache
+        for i, base in enumerate(bases):
+            segment = LogSegment(self.directory, base, self.config.index_interval_bytes)
+            segment.created_ms = now_ms
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            if base < recovery_point:
+                segment.load_trusted()
+            cut = 0
+            if base >= recovery_point or segment.next_offset > recovery_point:
+
+                def on_batch(header: BatchHeader) -> None:
+                    cache.assign(header.partition_leader_epoch, header.base_offset)
+
+                cut, reason = segment.recover(on_batch)
+                if cut:
+                    log.warning(
+                        "%s: truncated %d bytes of %s at offset %d: %s",
+                        self.directory,
+                        cut,
+                        segment.log_path.name,
+                        segment.next_offset,
+                        reason,
+                    )
+            prev = self.segments[-1] if self.segments else None
+            if prev is not None and segment.base_offset < prev.next_offset:
+                log.warning(
+                    "%s: %s overlaps its predecessor; deleting it and what follows",
+                    self.directory,
+                    segment.log_path.name,
+                )
+                segment.close()
+                segment.delete()
+                self._delete_segment_files(bases[i + 1 :])
+                return
+            self.segments.append(segment)
+            if next_base is not None and cut:
+                # What follows a torn segment was written later than the lost bytes and
+                # cannot be contiguous with what survived.
+                log.warning(
+                    "%s: deleting %d segment(s) after the torn segment %s",
+                    self.directory,
+                    len(bases) - i - 1,
+                    segment.log_path.name,
+                )
+                self._delete_segment_files(bases[i + 1 :])
+                return
+
+    def _delete_segment_files(self, bases: list[int]) -> None:
+        for base in bases:
+            segment = LogSegment(self.directory, base, self.config.index_interval_bytes)
+            segment.close()
+            segment.delete()
+
+    # ------------------------------------------------------------------ append
+    def _validate(self, buf: bytearray, *, as_leader: bool) -> list[tuple[int, BatchHeader]]:
+        if not buf:
+            raise CorruptRecordError("append of zero bytes: no record batch")
+        headers = []
+        pos = 0
+        while pos < len(buf):
+            header = validate_batch(buf, pos)
+            if as_leader:
+                if header.size_bytes > self.config.max_message_bytes:
+                    raise RecordTooLargeError(
+                        f"batch at byte {pos} is {header.size_bytes} bytes, above "
+                        f"max.message.bytes {self.config.max_message_bytes}"
+                    )
+                if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
+                    raise CorruptRecordError(
+                        f"batch at byte {pos} has recordCount {header.record_count} and "
+                        f"lastOffsetDelta {header.last_offset_delta}; a produced batch must "
+                        f"have consecutive offsets"
+                    )
+            headers.append((pos, header))
+            pos += header.size_bytes
+        return headers
+
+    def append_as_leader(self, batches: bytes, leader_epoch: int, now_ms: int) -> AppendInfo:
+        """Validate, assign offsets and the leader epoch in place, write. All or nothing."""
+        self._check_open()
+        buf = bytearray(batches)
+        headers = self._validate(buf, as_leader=True)
+        next_offset = self._leo
+        assigned = []
+        for pos, header in headers:
+            set_offset_and_epoch(buf, pos, next_offset, leader_epoch)
+            assigned.append(
+                (pos, header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
+            )
+            next_offset += header.last_offset_delta + 1
+        info = self._write(buf, assigned, now_ms)
+        if self.epoch_cache.assign(leader_epoch, info.first_offset):
+            self._checkpoint_due = True
+        return info
+
+    def append_as_follower(self, batches: bytes, now_ms: int | None = None) -> AppendInfo:
+        """Append batches whose offsets and epochs the leader set; must continue at LEO."""
+        self._check_open()
+        buf = bytearray(batches)
+        headers = self._validate(buf, as_leader=False)
+        expected = self._leo
+        for pos, header in headers:
+            # Gaps are legitimate only in compacted logs (the leader's cleaner removed
+            # whole batches); anywhere else they mean a lost or misplaced write.
+            ok = header.base_offset == expected or (
+                self.config.compact and header.base_offset > expected
+            )
+            if not ok:
+                raise UnexpectedAppendOffsetError(
+                    f"follower append: batch at byte {pos} has base offset "
+                    f"{header.base_offset}, the log expects {expected} (LEO {self._leo})"
+                )
+            expected = header.next_offset
+        info = self._write(buf, headers, int(time.time() * 1000) if now_ms is None else now_ms)
+        for _, header in headers:
+            if self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset):
+                self._checkpoint_due = True
+        return info
+
+    def _write(
+        self, buf: bytearray, headers: list[tuple[int, BatchHeader]], now_ms: int
+    ) -> AppendInfo:
+        first = headers[0][1]
+        last = headers[-1][1]
+        segment = self._maybe_roll(len(buf), first.base_offset, last.last_offset, now_ms)
+        segment.append(buf, headers, now_ms)
+        if not self._dirty_segments or self._dirty_segments[-1] is not segment:
+            self._dirty_segments.append(segment)
+        self._leo = last.next_offset
+        max_ts, max_ts_offset = -1, first.base_offset
+        for _, header in headers:
+            if header.max_timestamp_ms > max_ts:
+                max_ts, max_ts_offset = header.max_timestamp_ms, header.base_offset
+        return AppendInfo(
+            first_offset=first.base_offset,
+            last_offset=last.last_offset,
+            max_timestamp_ms=max_ts,
+            offset_of_max_timestamp=max_ts_offset,
+            log_append_time_ms=-1,
+            log_start_offset=self._log_start,
+            batch_count=len(headers),
+            size_bytes=len(buf),
+        )
+
+    def _maybe_roll(
+        self, size_bytes: int, first_offset: int, last_offset: int, now_ms: int
+    ) -> LogSegment:
+        active = self.segments[-1]
+        if active.size_bytes == 0:
+            if active.base_offset != first_offset and first_offset > active.base_offset:
+                return self._roll(first_offset)  # compacted follower gap: keep base = offset
+            return active
+        too_big = active.size_bytes + size_bytes > self.config.segment_bytes
+        too_old = (
+            active.created_ms is not None and now_ms - active.created_ms >= self.config.segment_ms
+        )
+        if too_big or too_old or not active.fits_relative(last_offset):
+            return self._roll(first_offset)
+        return active
+
+    def _roll(self, base_offset: int) -> LogSegment:
+        old = self.segments[-1]
+        old.seal()
+        if old.size_bytes == 0:
+            old.close()
+            old.delete()
+            self.segments.pop()
+            self._dirty_segments = [s for s in self._dirty_segments if s is not old]
+        segment = LogSegment(self.directory, base_offset, self.config.index_interval_bytes)
+        self.segments.append(segment)
+        self._directory_dirty = True
+        self._checkpoint_due = True  # the recovery point may now pass a whole segment
+        return segment
+
+    def roll(self) -> None:
+        """Start a new active segment at LEO (no-op if the active one is empty)."""
+        if self.segments[-1].size_bytes:
+            self._roll(self._leo)
+
+    # ------------------------------------------------------------------ read
+    def _segment_index(self, offset: int) -> int:
+        bases = [s.base_offset for s in self.segments]
+        return max(0, bisect.bisect_right(bases, offset) - 1)
+
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
+    ) -> ReadResult:
+        """Regions of whole batches from the one holding start_offset, below max_offset."""
+        self._check_open()
+        if start_offset < self._log_start or start_offset > self._leo:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} is outside [{self._log_start}, {self._leo}] "
+                f"of {self.directory.name}"
+            )
+        limit = self._leo if max_offset is None else min(max_offset, self._leo)
+        empty = ReadResult([], self._log_start, self._leo)
+        i = self._segment_index(start_offset)
+        while i < len(self.segments) and start_offset < limit:
+            segment = self.segments[i]
+            if segment.base_offset >= limit:
+                break
+            position = segment.locate(start_offset)
+            if position is None:
+                i += 1
+                continue
+            end = segment.end_position(position, limit, position + max(0, max_bytes))
+            if end == position:
+                header = segment.header_at(position)
+                if not min_one_batch or header.last_offset >= limit:
+                    return empty
+                end = position + header.size_bytes  # KIP-74: one batch even if too big
+            return ReadResult(
+                [segment.region(position, end)], self._log_start, self._leo, end - position
+            )
+        return empty
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """First (offset, timestamp) whose timestamp >= timestamp_ms (ListOffsets)."""
+        self._check_open()
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return self._log_start, -1
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return self._leo, -1
+        for segment in self.segments:
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue
+            start = max(segment.time_index.lookup(timestamp_ms), self._log_start)
+            position = segment.locate(start)
+            if position is None:
+                continue
+            for pos, header in segment.headers_from(position):
+                if header.max_timestamp_ms < timestamp_ms:
+                    continue
+                data = segment.read_range(pos, pos + header.size_bytes)
+                for record in iter_records(data):
+                    ts = record.timestamp_ms if record.timestamp_ms is not None else -1
+                    if ts >= timestamp_ms and record.offset >= self._log_start:
+                        return record.offset, ts
+        return None
+
+    # ------------------------------------------------------------------ truncation
+    def truncate_to(self, offset: int) -> None:
+        """Drop offsets >= offset (whole batches: a batch holding `offset` goes entirely)."""
+        self._check_open()
+        if offset >= self._leo:
+            return
+        if offset <= self._log_start:
+            self.truncate_fully_and_start_at(offset)
+            return
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            segment = self.segments.pop()
+            segment.close()
+            segment.delete()
+        segment = self.segments[-1]
+        segment.truncate_to(offset)
+        self._dirty_segments = [s for s in self._dirty_segments if s in self.segments]
+        old_leo = self._leo
+        self._leo = segment.next_offset
+        self.epoch_cache.truncate_from_end(self._leo)
+        self._after_truncation()
+        log.info("%s: truncated from %d to %d", self.directory.name, old_leo, self._leo)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log; the next offset appended is `offset`."""
+        self._check_open()
+        for segment in self.segments:
+            segment.close()
+            segment.delete()
+        self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes)]
+        self._dirty_segments = []
+        self._log_start = self._leo = offset
+        self.epoch_cache.clear()
+        self._after_truncation()
+        fsync_dir(self.directory)
+
+    def _after_truncation(self) -> None:
+        # Truncation is rare and must be durable before anything is appended on top of it:
+        # a stale recovery point would make recovery trust bytes written after this cut.
+        with self._checkpoint_lock:
+            self._generation += 1
+            self._flushed = min(self._flushed, self._leo)
+            self._recovery_point = min(self._recovery_point, self._leo)
+            self._write_checkpoints_locked(self._checkpoint_payloads(self._recovery_point))
+
+    def advance_log_start(self, offset: int) -> int:
+        """Move the log start up to `offset`, deleting whole segments below it.
+
+        Returns the number of segments deleted. The active segment is never deleted while it
+        holds data at or after `offset`.
+        """
+        self._check_open()
+        if offset <= self._log_start:
+            return 0
+        if offset > self._leo:
+            raise OffsetOutOfRangeError(
+                f"cannot start the log at {offset}, beyond its end {self._leo}"
+            )
+        if offset == self._leo and self.segments[-1].size_bytes:
+            self._roll(self._leo)
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+            segment = self.segments.pop(0)
+            segment.delete()  # the handle closes when the last reader drops its region
+            deleted += 1
+        self._dirty_segments = [s for s in self._dirty_segments if s in self.segments]
+        self._log_start = offset
+        self.epoch_cache.truncate_from_start(offset)
+        self._checkpoint_due = True
+        return deleted
+
+    # ------------------------------------------------------------------ epochs
+    def latest_epoch(self) -> int:
+        return self.epoch_cache.latest_epoch()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return self.epoch_cache.end_offset_for_epoch(epoch, self._leo)
+
+    # ------------------------------------------------------------------ durability
+    @property
+    def checkpoint_due(self) -> bool:
+        return self._checkpoint_due
+
+    def needs_flush(self) -> bool:
+        return self._flushed < self._leo or self._checkpoint_due or self._directory_dirty
+
+    def prepare_flush(self) -> FlushTicket:
+        """Snapshot what one fsync must cover (called on the event loop by the flusher).
+
+        File descriptors are duplicated so a segment closed meanwhile (retention, truncation)
+        cannot have its descriptor number reused under the worker thread's fsync.
+        """
+        fds = [os.dup(s.file.fileno()) for s in self._dirty_segments]
+        self._dirty_segments = []
+        ticket = FlushTicket(self._leo, fds, self._directory_dirty, self._generation)
+        self._directory_dirty = False
+        if self._checkpoint_due:
+            ticket.checkpoints = self._checkpoint_payloads(self._leo)
+            self._checkpoint_due = False
+        return ticket
+
+    def run_flush(self, ticket: FlushTicket) -> None:
+        """The blocking half of a flush (worker thread): fsync, then checkpoints."""
+        try:
+            for fd in ticket.fds:
+                os.fdatasync(fd)
+            if ticket.fsync_directory:
+                fsync_dir(self.directory)
+            if ticket.checkpoints:
+                with self._checkpoint_lock:
+                    if ticket.generation == self._generation:
+                        self._write_checkpoints_locked(ticket.checkpoints)
+        finally:
+            for fd in ticket.fds:
+                os.close(fd)
+
+    def complete_flush(self, ticket: FlushTicket) -> None:
+        """Back on the event loop: advance flushed_offset unless a truncation intervened."""
+        if ticket.generation != self._generation:
+            self._checkpoint_due = self._checkpoint_due or bool(ticket.checkpoints)
+            return
+        if ticket.target_offset > self._flushed:
+            self._flushed = min(ticket.target_offset, self._leo)
+        if ticket.checkpoints:
+            self._recovery_point = max(
+                self._recovery_point, int(ticket.checkpoints[RECOVERY_POINT_FILE]["recovery_point"])
+            )
+
+    def flush_now(self) -> None:
+        """Synchronous flush of everything (close, tests, tools)."""
+        ticket = self.prepare_flush()
+        ticket.checkpoints = self._checkpoint_payloads(ticket.target_offset)
+        self.run_flush(ticket)
+        self.complete_flush(ticket)
+
+    def _checkpoint_payloads(self, recovery_point: int) -> dict[str, dict[str, object]]:
+        return {
+            EPOCH_FILE: self.epoch_cache.to_payload(),
+            LOG_START_FILE: {"log_start_offset": self._log_start},
+            RECOVERY_POINT_FILE: {"recovery_point": recovery_point},
+        }
+
+    def _write_checkpoints_locked(self, payloads: dict[str, dict[str, object]]) -> None:
+        # Epochs and log start first: the recovery point must never cover data whose epoch
+        # entries are not on disk yet.
+        for name in (EPOCH_FILE, LOG_START_FILE, RECOVERY_POINT_FILE):
+            if name in payloads:
+                write_checkpoint(self.directory / name, name.split(".")[0], payloads[name])
+
+    def _write_checkpoints_now(self) -> None:
+        with self._checkpoint_lock:
+            self._recovery_point = self._flushed
+            self._write_checkpoints_locked(self._checkpoint_payloads(self._flushed))
+
+    # ------------------------------------------------------------------ lifecycle
+    def update_config(self, config: LogConfig) -> None:
+        self.config = config
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise KafkaError(ErrorCode.kafka_storage_error, f"{self.directory.name} is closed")
+
+    def close(self) -> None:
+        """Flush everything, write a recovery point at LEO, close files (blocking)."""
+        if self.closed:
+            return
+        self.segments[-1].seal()
+        for segment in self.segments:
+            segment.fsync()
+        self._flushed = self._leo
+        self._write_checkpoints_now()
+        for segment in self.segments:
+            segment.close()
+        self.closed = True
+
+    def delete(self) -> None:
+        """Remove the log and its directory (deleted topics). Rename first so a crash midway
+        leaves a directory the manager recognises as deleted, never a half log."""
+        if not self.closed:
+            for segment in self.segments:
+                segment.close()
+            self.closed = True
+        doomed = self.directory.with_name(f"{self.directory.name}.{uuid.uuid4().hex}-delete")
+        os.replace(self.directory, doomed)
+        fsync_dir(doomed.parent)
+        shutil.rmtree(doomed, ignore_errors=True)

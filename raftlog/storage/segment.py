@@ -1,0 +1,291 @@
+"""One log segment: `<base>.log` holding whole batches, plus its sparse indexes."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlog.errors import CorruptRecordError
+from raftlog.records import (
+    HEADER_SIZE_BYTES,
+    HEADER_STRUCT,
+    LOG_OVERHEAD_BYTES,
+    MAGIC_V2,
+    BatchHeader,
+    batch_size_at,
+    validate_batch,
+)
+from raftlog.storage.index import IndexMismatch, OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+CLEANED_SUFFIX = ".cleaned"
+# Recovery reads the log in chunks this big: large enough to amortise syscalls, small enough
+# that recovering many partitions at once stays within memory.
+RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
+# Relative offsets are u32 in the index; roll well before that.
+MAX_RELATIVE_OFFSET = 2**31 - 1
+
+log = logging.getLogger("raftlog.storage")
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegion:
+    """A byte range of a segment file, for os.sendfile; holds the file open while alive."""
+
+    file: io.FileIO
+    position: int
+    length: int
+
+    @property
+    def fd(self) -> int:
+        return self.file.fileno()
+
+    def read_bytes(self) -> bytes:
+        data = os.pread(self.file.fileno(), self.length, self.position)
+        if len(data) != self.length:
+            raise OSError(f"short read of {len(data)}/{self.length} bytes from segment")
+        return data
+
+
+class LogSegment:
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        name = segment_name(base_offset)
+        self.log_path = directory / (name + LOG_SUFFIX)
+        self.index = OffsetIndex(directory / (name + INDEX_SUFFIX), base_offset)
+        self.time_index = TimeIndex(directory / (name + TIME_INDEX_SUFFIX), base_offset)
+        exists = self.log_path.exists()
+        # One unbuffered handle: writes go to the end, every read uses explicit positions
+        # (pread/sendfile), so sharing it is safe. Readers hold a reference via FileRegion, so
+        # a segment deleted by retention stays readable until its last region is dropped.
+        self.file: io.FileIO = io.FileIO(self.log_path, "r+" if exists else "w+")
+        self.size_bytes = os.fstat(self.file.fileno()).st_size
+        self.file.seek(self.size_bytes)
+        self.next_offset = base_offset
+        self.max_timestamp_ms = -1
+        self.offset_of_max_timestamp = base_offset
+        self.first_batch_timestamp_ms: int | None = None
+        self.created_ms: int | None = None
+        self._bytes_since_index_entry = 0
+
+    # ------------------------------------------------------------------ reading
+    def header_at(self, position: int) -> BatchHeader:
+        data = os.pread(self.file.fileno(), HEADER_SIZE_BYTES, position)
+        if len(data) < HEADER_SIZE_BYTES:
+            raise CorruptRecordError(f"{self.log_path}: short header read at byte {position}")
+        return BatchHeader._make(HEADER_STRUCT.unpack(data))
+
+    def headers_from(self, position: int) -> Iterator[tuple[int, BatchHeader]]:
+        while position < self.size_bytes:
+            header = self.header_at(position)
+            yield position, header
+            position += header.size_bytes
+
+    def locate(self, offset: int) -> int | None:
+        """Position of the first batch whose last offset is >= `offset` (None: none here)."""
+        _, position = self.index.lookup(offset)
+        for pos, header in self.headers_from(position):
+            if header.last_offset >= offset:
+                return pos
+        return None
+
+    def end_position(self, start_position: int, offset_limit: int, position_limit: int) -> int:
+        """End of the run of whole batches from start_position that stay below both limits."""
+        _, indexed = self.index.entry_before(offset_limit, position_limit)
+        position = max(start_position, indexed)
+        for pos, header in self.headers_from(position):
+            if header.last_offset >= offset_limit or pos + header.size_bytes > position_limit:
+                return pos
+            position = pos + header.size_bytes
+        return position
+
+    def read_range(self, start: int, end: int) -> bytes:
+        return os.pread(self.file.fileno(), end - start, start)
+
+    def region(self, start: int, end: int) -> FileRegion:
+        return FileRegion(self.file, start, end - start)
+
+    # ------------------------------------------------------------------ writing
+    def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        batches: list[tuple[int, BatchHeader]],
+        now_ms: int,
+    ) -> None:
+        """Write whole batches; `batches` are (position in data, header) of each."""
+        start = self.size_bytes
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.file.fileno(), view) :]
+        if self.created_ms is None:
+            self.created_ms = now_ms
+        for rel_pos, header in batches:
+            self._index_batch(start + rel_pos, header)
+        self.size_bytes = start + len(data)
+
+    def _index_batch(self, position: int, header: BatchHeader, write_index: bool = True) -> None:
+        if self.first_batch_timestamp_ms is None:
+            self.first_batch_timestamp_ms = header.max_timestamp_ms
+        if header.max_timestamp_ms > self.max_timestamp_ms:
+            self.max_timestamp_ms = header.max_timestamp_ms
+            self.offset_of_max_timestamp = header.base_offset
+        if self._bytes_since_index_entry >= self.index_interval_bytes and position > 0:
+            self.index.append(header.base_offset, position, write=write_index)
+            self.time_index.maybe_append(
+                self.max_timestamp_ms, self.offset_of_max_timestamp, write=write_index
+            )
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += header.size_bytes
+        self.next_offset = header.next_offset
+
+    def seal(self) -> None:
+        """The segment stops being active: record its final max timestamp (as Kafka does)."""
+        if self.max_timestamp_ms >= 0:
+            self.time_index.maybe_append(self.max_timestamp_ms, self.offset_of_max_timestamp)
+
+    def fits_relative(self, last_offset: int) -> bool:
+        return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
+
+    # ------------------------------------------------------------------ recovery
+    def load_trusted(self) -> None:
+        """Open a segment below the recovery point: trust its batches, sanity-check indexes.
+
+        Only headers after the last index entry are read (to find the next offset); an index
+        that fails its checks is rebuilt by a full recovery scan of this segment.
+        """
+        try:
+            if self.size_bytes and not self.index.path.exists():
+                raise IndexMismatch(f"{self.index.path}: missing")
+            self.index.load(self.size_bytes)
+            last_position = self.index.last_position()
+            if self.index.positions:
+                header = self.header_at(last_position)
+                if header.base_offset != self.base_offset + self.index.rel_offsets[-1]:
+                    raise IndexMismatch(f"{self.index.path}: last entry points at another batch")
+            self.next_offset = self.base_offset
+            for pos, header in self.headers_from(last_position):
+                if header.magic != MAGIC_V2 or pos + header.size_bytes > self.size_bytes:
+                    raise IndexMismatch(f"{self.log_path}: batch at byte {pos} is not whole")
+                self.next_offset = header.next_offset
+                if header.max_timestamp_ms > self.max_timestamp_ms:
+                    self.max_timestamp_ms = header.max_timestamp_ms
+                    self.offset_of_max_timestamp = header.base_offset
+            self.time_index.load(self.next_offset)
+            if self.time_index.max_timestamp() >= self.max_timestamp_ms:
+                self.max_timestamp_ms = self.time_index.max_timestamp()
+                self.offset_of_max_timestamp = self.base_offset + self.time_index.rel_offsets[-1]
+            self._bytes_since_index_entry = self.size_bytes - last_position
+        except (IndexMismatch, CorruptRecordError) as exc:
+            log.warning("rebuilding the indexes of %s: %s", self.log_path, exc)
+            truncated, reason = self.recover(on_batch=None)
+            if truncated:
+                log.warning("%s: cut %d bytes: %s", self.log_path, truncated, reason)
+
+    def recover(self, on_batch: Callable[[BatchHeader], None] | None) -> tuple[int, str]:
+        """Validate every batch (CRC included), rebuild both indexes, and cut the file at the
+        first bad batch. Returns (bytes cut, why)."""
+        self.index.rel_offsets, self.index.positions = array("q"), array("q")
+        self.time_index.reset()
+        self.next_offset = self.base_offset
+        self.max_timestamp_ms = -1
+        self.offset_of_max_timestamp = self.base_offset
+        self.first_batch_timestamp_ms = None
+        self._bytes_since_index_entry = 0
+        fd = self.file.fileno()
+        end = self.size_bytes
+        position = 0
+        buf = b""
+        buf_start = 0
+        reason = ""
+        while position < end:
+            rel = position - buf_start
+            if len(buf) - rel < HEADER_SIZE_BYTES:
+                buf, buf_start, rel = (
+                    os.pread(fd, min(RECOVERY_CHUNK_BYTES, end - position), position),
+                    position,
+                    0,
+                )
+            if len(buf) - rel >= LOG_OVERHEAD_BYTES:
+                size = batch_size_at(buf, rel)
+                if len(buf) - rel < size <= end - position:
+                    buf, buf_start, rel = os.pread(fd, size, position), position, 0
+            try:
+                header = validate_batch(buf, rel)
+            except CorruptRecordError as exc:
+                reason = str(exc).replace(f"at byte {rel}", f"at byte {position}", 1)
+                break
+            if header.base_offset < self.next_offset or not self.fits_relative(header.last_offset):
+                reason = (
+                    f"batch at byte {position} has base offset {header.base_offset}, "
+                    f"expected >= {self.next_offset}"
+                )
+                break
+            self._index_batch(position, header, write_index=False)
+            if on_batch is not None:
+                on_batch(header)
+            position += header.size_bytes
+        truncated = self.size_bytes - position
+        if truncated:
+            self.file.truncate(position)
+            self.size_bytes = position
+            self.file.seek(position)
+        self.index.write_all()
+        self.time_index.write_all()
+        return truncated, reason
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch whose last offset is >= offset; returns bytes removed."""
+        position = self.locate(offset)
+        if position is None:
+            return 0
+        removed = self.size_bytes - position
+        self.file.truncate(position)
+        self.size_bytes = position
+        self.file.seek(position)
+        self.index.truncate_to_position(position)
+        self.time_index.truncate_to_offset(offset)
+        # Recompute the in-memory summary from what remains (truncation is rare).
+        last_pos = self.index.last_position()
+        self.next_offset = self.base_offset
+        self.max_timestamp_ms = self.time_index.max_timestamp()
+        if self.time_index.rel_offsets:
+            self.offset_of_max_timestamp = self.base_offset + self.time_index.rel_offsets[-1]
+        else:
+            self.offset_of_max_timestamp = self.base_offset
+        for _pos, header in self.headers_from(last_pos):
+            self.next_offset = header.next_offset
+            if header.max_timestamp_ms > self.max_timestamp_ms:
+                self.max_timestamp_ms = header.max_timestamp_ms
+                self.offset_of_max_timestamp = header.base_offset
+        self._bytes_since_index_entry = self.size_bytes - last_pos
+        if self.size_bytes == 0:
+            self.created_ms = None
+        return removed
+
+    # ------------------------------------------------------------------ lifecycle
+    def fsync(self) -> None:
+        os.fdatasync(self.file.fileno())
+
+    def close(self) -> None:
+        self.index.close()
+        self.time_index.close()
+        self.file.close()
+
+    def delete(self) -> None:
+        """Unlink the files; the open handle lives on for readers still holding regions."""
+        self.index.delete()
+        self.time_index.delete()
+        self.log_path.unlink(missing_ok=True)
