@@ -165,4 +165,4 @@ def test_attributes_helpers() -> None:
     assert header.compression == Compression.ZSTD
     assert header.timestamp_type == TimestampType.LOG_APPEND_TIME
     assert header.is_transactional and header.is_control
-    assert list(iter_all_records(data))[0].timestamp_ms == 5
+    assert next(iter_all_records(data)).timestamp_ms == 5
