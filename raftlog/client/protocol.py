@@ -1,0 +1,195 @@
+"""Client-side Kafka protocol helpers on kio: the API table, headers, request building.
+
+kio owns every byte. This module adds what a client needs around it:
+
+* CLIENT_API_VERSIONS, the version range of each API this client can speak; the connection
+  picks, per API, the highest version both it and the broker support;
+* header choice: request header v2 for flexible request versions and v1 otherwise; response
+  header v1 for flexible responses, except ApiVersions, whose response always uses header v0
+  (so a client can read it before it knows what the broker speaks);
+* `build()`, which turns plain nested dicts into the kio dataclass of a given version, dropping
+  keys that version does not have, so admin code writes one dict for every version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
+from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import EntityField, EntityTupleField, classify_field
+from kio.static.primitive import i16, i32, i32Timedelta, i64Timedelta
+
+# API keys by name, from kio's own index (so a typo is a KeyError, not a wrong number).
+API_KEYS: dict[str, int] = {name: key for key, name in api_key_map.items()}
+API_VERSIONS_KEY = API_KEYS["api_versions"]
+
+# What this client speaks: api name -> (min version, max version). Ranges stop at versions kio
+# models and that need nothing the client does not implement (no topic ids in fetch).
+CLIENT_API_VERSIONS: dict[str, tuple[int, int]] = {
+    "produce": (3, 9),
+    "fetch": (4, 12),
+    "list_offsets": (1, 7),
+    "metadata": (1, 12),
+    "api_versions": (0, 3),
+    "create_topics": (2, 7),
+    "delete_topics": (1, 6),
+    "create_partitions": (0, 3),
+    "describe_configs": (1, 4),
+    "alter_configs": (0, 2),
+    "incremental_alter_configs": (0, 1),
+    "describe_cluster": (0, 1),
+    "describe_quorum": (0, 1),
+    "describe_client_quotas": (0, 1),
+    "alter_client_quotas": (0, 1),
+}
+
+
+class ProtocolError(Exception):
+    """The broker sent something the client cannot make sense of."""
+
+
+def api_name(api_key: int) -> str:
+    return api_key_map[api_key]
+
+
+def request_header_version(api_key: int, api_version: int) -> int:
+    return 2 if load_request_schema(api_key, api_version).__flexible__ else 1
+
+
+def response_header_version(api_key: int, api_version: int) -> int:
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if load_response_schema(api_key, api_version).__flexible__ else 0
+
+
+def encode_request(payload: Any, correlation_id: int, client_id: str | None) -> bytes:
+    """Header (v1 or v2, by the payload's flexibility) followed by the payload, unframed."""
+    header_cls = RequestHeaderV2 if type(payload).__flexible__ else RequestHeaderV1
+    header = header_cls(
+        request_api_key=i16(type(payload).__api_key__),
+        request_api_version=i16(type(payload).__version__),
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
+    )
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(buffer, header)
+    entity_writer(type(payload))(buffer, payload)
+    return buffer.getvalue()
+
+
+def peek_correlation_id(frame: bytes) -> int:
+    if len(frame) < 4:
+        raise ProtocolError(f"response frame of {len(frame)} bytes has no correlation id")
+    return int.from_bytes(frame[:4], "big", signed=True)
+
+
+def decode_response(frame: bytes, api_key: int, api_version: int) -> Any:
+    """Parse a response frame (header included) as the response to (api_key, api_version)."""
+    header_cls = (
+        ResponseHeaderV1 if response_header_version(api_key, api_version) == 1 else ResponseHeaderV0
+    )
+    response_cls = load_response_schema(api_key, api_version)
+    try:
+        _, header_bytes = entity_reader(header_cls)(frame, 0)
+        response, body_bytes = entity_reader(response_cls)(frame, header_bytes)
+    except Exception as exc:  # kio raises several types for truncated or bad input
+        raise ProtocolError(
+            f"cannot decode {api_name(api_key)} v{api_version} response: {exc}"
+        ) from exc
+    if header_bytes + body_bytes != len(frame):
+        raise ProtocolError(
+            f"{api_name(api_key)} v{api_version} response has "
+            f"{len(frame) - header_bytes - body_bytes} trailing bytes"
+        )
+    return response
+
+
+# --------------------------------------------------------------------------- building
+@cache
+def _fields(cls: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
+    return tuple((f, classify_field(f)) for f in dataclasses.fields(cls))
+
+
+def _convert(f: dataclasses.Field[Any], kind: Any, value: Any) -> Any:
+    if isinstance(kind, EntityTupleField):
+        if value is None:
+            return None
+        return tuple(
+            item if isinstance(item, kind.type_) else build(kind.type_, item) for item in value
+        )
+    if isinstance(kind, EntityField):
+        if value is None or isinstance(value, kind.type_):
+            return value
+        return build(kind.type_, value)
+    kafka_type = f.metadata.get("kafka_type")
+    if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+        delta = datetime.timedelta(milliseconds=value)
+        return (
+            i32Timedelta.parse(delta)
+            if kafka_type == "timedelta_i32"
+            else i64Timedelta.parse(delta)
+        )
+    if kafka_type == "error_code" and isinstance(value, int) and not isinstance(value, ErrorCode):
+        return ErrorCode(value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def build(cls: type, values: Mapping[str, Any]) -> Any:
+    """Make a kio entity of `cls` from a plain dict; keys the version lacks are dropped.
+
+    Missing fields take the schema default, then () for arrays, None for nullable fields and
+    False for booleans; anything else missing raises, naming the field.
+    """
+    kwargs: dict[str, Any] = {}
+    for f, kind in _fields(cls):
+        if f.name in values:
+            kwargs[f.name] = _convert(f, kind, values[f.name])
+        elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        elif kind.is_array:
+            kwargs[f.name] = ()
+        elif _nullable(f):
+            kwargs[f.name] = None
+        elif f.metadata.get("kafka_type") == "bool":
+            # Kafka's booleans (include_*, validate_only, ...) all mean "off" when false.
+            kwargs[f.name] = False
+        else:
+            raise ValueError(f"{cls.__name__} v{cls.__version__} needs field {f.name!r}")
+    return cls(**kwargs)
+
+
+def _nullable(f: dataclasses.Field[Any]) -> bool:
+    return "None" in repr(f.type)
+
+
+def build_request(api: str, version: int, values: Mapping[str, Any]) -> Any:
+    return build(load_request_schema(API_KEYS[api], version), values)
+
+
+def throttle_time_ms(response: Any) -> int:
+    """The response's throttle time in ms (0 if the version has no such field)."""
+    value = getattr(response, "throttle_time", None)
+    if value is None:
+        value = getattr(response, "throttle_time_ms", 0)
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    return int(value)
+
+
+def error_of(value: Any) -> ErrorCode:
+    """An ErrorCode from a response field that kio may give as ErrorCode or int."""
+    return value if isinstance(value, ErrorCode) else ErrorCode(int(value))
