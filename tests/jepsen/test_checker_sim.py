@@ -50,7 +50,8 @@ def test_dropping_an_acknowledged_record_is_always_caught(seed: int) -> None:
     kind = "lost-write" if results["anomaly_counts"]["lost-write"] else "unseen"
     flagged = [(e["key"], e["value"]) for e in results["anomalies"][kind]]
     assert flagged == [(key, value)], f"seed={seed}: {results['anomalies']}"
-    assert results["anomaly_types"] == [kind], f"seed={seed}"
+    # Consumers that read across the hole also skipped a record known to exist.
+    assert set(results["anomaly_types"]) <= {kind, "poll-skip", "int-poll-skip"}, f"seed={seed}"
     last_offset = max(op.offset for op in acked if op.value[0] == key)
     assert (kind == "unseen") == (victim.offset == last_offset), f"seed={seed}"
 
