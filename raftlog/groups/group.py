@@ -349,6 +349,9 @@ class Group:
     def _prepare_rebalance(self, fx: GroupEffects, now_ms: int) -> None:
         if self.state is GroupState.COMPLETING_REBALANCE:
             for member in self.members.values():
+                if member.sync_token is not None:
+                    # Released from parking: its session restarts now.
+                    member.last_heartbeat_ms = now_ms
                 fx.reply(member.sync_token, self._sync_reply(ErrorCode.rebalance_in_progress))
                 member.sync_token = None
         self.pending_sync.clear()
@@ -470,12 +473,14 @@ class Group:
             for member in self.members.values():
                 fx.reply(member.sync_token, self._sync_reply(code))
                 member.sync_token = None
+                member.last_heartbeat_ms = now_ms
             self._prepare_rebalance(fx, now_ms)
             return fx
         for member in self.members.values():
             member.assignment = store.assignments.get(member.member_id, b"")
             fx.reply(member.sync_token, self._sync_reply(ErrorCode.none, member.assignment))
             member.sync_token = None
+            member.last_heartbeat_ms = now_ms
         self.transition(GroupState.STABLE, now_ms)
         return fx
 
