@@ -6,6 +6,8 @@ Rules (KRaft's):
 - A broker that is fenced or shutting down is removed from every ISR it is in, unless it is the
   last member: an ISR is never empty, so the partition remembers who has all the data and
   comes back clean when that broker returns.
+- A leader that is shutting down keeps leading while no eligible ISR member can take over;
+  it loses the partition when it is fenced at the end of its shutdown.
 - With no eligible ISR member the partition goes offline (leader -1), unless unclean leader
   election is enabled for the topic (topic config, else cluster config, else the node config);
   then the first eligible replica leads and the ISR shrinks to it (acknowledged data may be
@@ -52,6 +54,16 @@ def unclean_allowed(image: MetadataImage, topic_name: str, default: bool) -> boo
     return default if value is None else value.strip().lower() == "true"
 
 
+def alive_fn(image: MetadataImage) -> Callable[[int], bool]:
+    brokers = image.brokers
+
+    def alive(broker_id: int) -> bool:
+        reg = brokers.get(broker_id)
+        return reg is not None and not reg.fenced
+
+    return alive
+
+
 def eligible_fn(image: MetadataImage) -> Callable[[int], bool]:
     brokers = image.brokers
 
@@ -69,10 +81,12 @@ def elect(
     eligible: Callable[[int], bool],
     unclean: bool,
     drop: int | None = None,
+    alive: Callable[[int], bool] = lambda broker_id: False,
 ) -> r.PartitionChange | None:
     """The change that makes `state` obey the rules above, or None when it already does.
 
-    `drop` is a broker leaving the ISR (being fenced or shutting down).
+    `drop` is a broker leaving the ISR (being fenced or shutting down); `alive` says whether
+    a broker is unfenced (it may be shutting down, so not eligible for a new election).
     """
     isr = state.isr
     if drop is not None and drop in isr:
@@ -83,6 +97,8 @@ def elect(
         candidates = [b for b in state.replicas if b in isr and eligible(b)]
         if candidates:
             leader = candidates[0]
+        elif leader != NO_LEADER and leader in isr and alive(leader):
+            pass  # a leader shutting down keeps leading until it stops if nobody can take over
         else:
             live = [b for b in state.replicas if eligible(b)] if unclean else []
             leader = live[0] if live else NO_LEADER
@@ -105,11 +121,12 @@ def _changes(
     drop: int | None,
 ) -> list[r.PartitionChange]:
     eligible = eligible_fn(image)
+    alive = alive_fn(image)
     changes = []
     for topic, index, state in image.iter_partitions():
         if wanted(state):
             unclean = unclean_allowed(image, topic.name, default_unclean)
-            change = elect(topic.topic_id, index, state, eligible, unclean, drop)
+            change = elect(topic.topic_id, index, state, eligible, unclean, drop, alive)
             if change is not None:
                 changes.append(change)
     return changes
