@@ -119,6 +119,8 @@ class MemoryBackend:
         self.default_partitions = 1
         # Tests hold a topic's gate to make its DescribeConfigs finish late.
         self.gates: dict[str, trio.Event] = {}
+        # Compression codec ids (attributes & 7) of every stored batch, per topic.
+        self.codecs_seen: dict[str, set[int]] = {}
         # Tests can make a partition report that another broker leads it.
         self.not_leader: dict[tuple[str, int], LeaderHint] = {}
 
@@ -192,6 +194,8 @@ class MemoryBackend:
         for start, length in spans:
             (last_delta,) = struct.unpack_from(">i", data, start + 23)
             (max_ts,) = struct.unpack_from(">q", data, start + 35)
+            (attributes,) = struct.unpack_from(">h", data, start + 21)
+            self.codecs_seen.setdefault(topic, set()).add(attributes & 0x7)
             struct.pack_into(">q", data, start, p.end_offset)
             struct.pack_into(">i", data, start + 12, 0)  # partitionLeaderEpoch
             position = p.size_bytes + start
