@@ -1,0 +1,75 @@
+"""raftlog's own async (trio) Kafka client: connection, cluster metadata, admin, produce, fetch.
+
+async with open_cluster("127.0.0.1:9092") as cluster:
+    admin = Admin(cluster)
+    await admin.create_topics([NewTopic("events", num_partitions=3)])
+    await Producer(cluster).produce("events", [Record(value=b"hi")], partition=0)
+    records = await Consumer(cluster).fetch_range("events", 0, 0)
+"""
+
+from raftlog.client.admin import (
+    Admin,
+    ClusterDescription,
+    ConfigOp,
+    ListedOffset,
+    NewTopic,
+    QuotaMatch,
+    ResourceType,
+    TopicResult,
+)
+from raftlog.client.cluster import (
+    Cluster,
+    ClusterLimits,
+    PartitionInfo,
+    TopicInfo,
+    open_cluster,
+)
+from raftlog.client.connection import (
+    BrokerConnection,
+    ConnectionClosed,
+    ConnectionLimits,
+    RequestTimeout,
+    UnsupportedVersion,
+    open_connection,
+)
+from raftlog.client.consumer import Consumer, FetchResult
+from raftlog.client.producer import (
+    ACKS_ALL,
+    ACKS_LEADER,
+    ACKS_NONE,
+    Producer,
+    ProduceResult,
+    murmur2,
+    partition_for_key,
+)
+
+__all__ = [
+    "ACKS_ALL",
+    "ACKS_LEADER",
+    "ACKS_NONE",
+    "Admin",
+    "BrokerConnection",
+    "Cluster",
+    "ClusterDescription",
+    "ClusterLimits",
+    "ConfigOp",
+    "ConnectionClosed",
+    "ConnectionLimits",
+    "Consumer",
+    "FetchResult",
+    "ListedOffset",
+    "NewTopic",
+    "PartitionInfo",
+    "ProduceResult",
+    "Producer",
+    "QuotaMatch",
+    "RequestTimeout",
+    "ResourceType",
+    "TopicInfo",
+    "TopicResult",
+    "UnsupportedVersion",
+    "murmur2",
+    "open_cluster",
+    "open_connection",
+    "partition_for_key",
+]
