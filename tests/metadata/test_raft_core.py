@@ -1,0 +1,198 @@
+"""Unit tests of the sans-IO Raft core, driven by hand (the simulator covers the rest)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore
+from raftlog.metadata.raft_messages import (
+    DivergingEpoch,
+    Entry,
+    Fetch,
+    FetchResponse,
+    Vote,
+    VoteResponse,
+)
+from raftlog.metadata.raft_roles import (
+    Candidate,
+    IllegalTransition,
+    Leader,
+    Ready,
+    Resigned,
+    check_transition,
+)
+
+CONFIG = RaftConfig(
+    election_timeout_ms=100,
+    fetch_timeout_ms=300,
+    election_backoff_max_ms=100,
+    fetch_max_wait_ms=50,
+    max_fetch_entries=10,
+)
+VOTERS = frozenset({1, 2, 3})
+
+
+def make(node_id: int = 1, voters: frozenset[int] = VOTERS, **kw: object) -> RaftCore:
+    qs = kw.pop("persisted", QuorumState())
+    return RaftCore(node_id, voters, CONFIG, qs, rng=random.Random(node_id), **kw)  # type: ignore[arg-type]
+
+
+def messages_of(ready: Ready, kind: type) -> list[tuple[int, object]]:
+    return [(to, m) for to, m in ready.messages if isinstance(m, kind)]
+
+
+def elect(core: RaftCore) -> Ready:
+    """Drive node `core` through pre-vote and vote to leadership; returns the last Ready."""
+    core.tick(core.next_deadline_ms())
+    ready = core.take_ready()
+    assert {to for to, _ in messages_of(ready, Vote)} == VOTERS - {core.node_id}
+    core.receive(0, 2, VoteResponse(True, core.epoch, None, True))
+    ready = core.take_ready()
+    votes = messages_of(ready, Vote)
+    assert votes and not votes[0][1].pre_vote  # type: ignore[attr-defined]
+    # The vote request reflects the new epoch and self-vote: both persisted first.
+    assert ready.quorum_state == QuorumState(core.epoch, core.node_id, None)
+    core.receive(0, 2, VoteResponse(False, core.epoch, None, True))
+    ready = core.take_ready()
+    assert isinstance(core.role, Leader)
+    return ready
+
+
+def test_single_voter_commits_only_after_flush() -> None:
+    core = make(1, frozenset({1}))
+    core.tick(core.next_deadline_ms())
+    ready = core.take_ready()
+    assert isinstance(core.role, Leader) and core.epoch == 1
+    assert [e.data for e in ready.entries] == [CONFIG.leader_change_payload]
+    assert ready.committed == [] and core.high_watermark == 0
+    assert core.propose(5, [b"a", b"b"]) == [1, 2]
+    assert core.take_ready().committed == []
+    core.flushed(3)
+    assert [e.data for e in core.take_ready().committed] == [
+        CONFIG.leader_change_payload,
+        b"a",
+        b"b",
+    ]
+
+
+def test_propose_on_follower_names_the_leader() -> None:
+    core = make(2, persisted=QuorumState(4, None, 1))
+    with pytest.raises(NotLeader) as info:
+        core.propose(0, [b"x"])
+    assert (info.value.leader_id, info.value.epoch) == (1, 4)
+
+
+def test_illegal_transition_shows_both_states() -> None:
+    with pytest.raises(IllegalTransition, match=r"Leader\(epoch=3.*Candidate\(epoch=4"):
+        check_transition(1, Leader(3, 0), Candidate(4, frozenset(), frozenset(), 0))
+
+
+def test_restarted_leader_comes_back_resigned() -> None:
+    core = make(1, persisted=QuorumState(7, 1, 1))
+    assert isinstance(core.role, Resigned) and core.epoch == 7
+    with pytest.raises(NotLeader):
+        core.propose(0, [b"x"])
+
+
+def test_follower_acknowledges_only_flushed_entries() -> None:
+    core = make(2, persisted=QuorumState(1, None, 1))
+    ready = core.take_ready()
+    ((to, fetch),) = messages_of(ready, Fetch)
+    assert to == 1 and fetch.fetch_offset == 0  # type: ignore[attr-defined]
+    entries = (Entry(0, 1, b"noop"), Entry(1, 1, b"x"))
+    core.receive(10, 1, FetchResponse(1, 1, 0, 0, 0, entries))
+    ready = core.take_ready()
+    assert ready.entries == list(entries)
+    assert messages_of(ready, Fetch) == []  # not flushed yet: no acknowledgement
+    core.flushed(2)
+    ((_, fetch),) = messages_of(core.take_ready(), Fetch)
+    assert fetch.fetch_offset == 2  # type: ignore[attr-defined]
+
+
+def test_leader_reports_divergence_and_follower_truncates() -> None:
+    log = [Entry(0, 1, b"a"), Entry(1, 1, b"b"), Entry(2, 3, b"c"), Entry(3, 3, b"d")]
+    leader = make(1, persisted=QuorumState(4, 1, None), entries=log)
+    leader.take_ready()
+    ready = elect(leader)
+    assert leader.epoch == 5
+    leader.flushed(leader.log_end)
+    leader.receive(1, 2, Fetch(2, 5, 5, 2, 50))
+    ((_, resp),) = messages_of(leader.take_ready(), FetchResponse)
+    assert resp.diverging_epoch == DivergingEpoch(1, 2)  # type: ignore[attr-defined]
+
+    follower_log = [Entry(0, 1, b"a"), Entry(1, 1, b"b"), Entry(2, 2, b"x"), Entry(3, 2, b"y")]
+    follower = make(
+        2, persisted=QuorumState(5, None, 1), entries=[*follower_log, Entry(4, 2, b"z")]
+    )
+    follower.take_ready()
+    follower.receive(2, 1, resp)  # type: ignore[arg-type]
+    ready = follower.take_ready()
+    assert ready.truncate_to == 2
+    assert follower.log_end == 2
+    ((_, fetch),) = messages_of(ready, Fetch)
+    assert (fetch.fetch_offset, fetch.last_fetched_epoch) == (2, 1)  # type: ignore[attr-defined]
+
+
+def test_high_watermark_waits_for_an_entry_of_the_current_epoch() -> None:
+    old = [Entry(0, 1, b"a"), Entry(1, 1, b"b")]
+    leader = make(1, persisted=QuorumState(1, None, None), entries=old)
+    elect(leader)
+    leader.flushed(leader.log_end)  # 3 entries: two old ones and the no-op
+    leader.receive(1, 2, Fetch(2, leader.epoch, 2, 1, 50))  # acks the old entries only
+    assert leader.high_watermark == 0
+    leader.receive(2, 2, Fetch(2, leader.epoch, 3, leader.epoch, 50))
+    assert leader.high_watermark == 3
+
+
+def test_pre_vote_refused_while_the_leader_is_live() -> None:
+    follower = make(2, persisted=QuorumState(3, None, 1))
+    follower.take_ready()
+    follower.receive(1, 1, FetchResponse(3, 1, 0, 0, 0))  # heard from the leader
+    follower.take_ready()
+    follower.receive(2, 3, Vote(True, 3, 4, 10, 3))
+    ((_, resp),) = messages_of(follower.take_ready(), VoteResponse)
+    assert not resp.vote_granted and resp.leader_id == 1  # type: ignore[attr-defined]
+    assert follower.epoch == 3  # a pre-vote never bumps the epoch
+
+    unattached = make(3, persisted=QuorumState(3, None, None))
+    unattached.receive(2, 2, Vote(True, 2, 4, 0, 0))
+    ((_, resp),) = messages_of(unattached.take_ready(), VoteResponse)
+    assert resp.vote_granted and unattached.epoch == 3  # type: ignore[attr-defined]
+
+
+def test_read_index_waits_for_a_majority_fetch_after_the_request() -> None:
+    leader = make(1)
+    elect(leader)
+    epoch = leader.epoch
+    leader.flushed(1)
+    leader.receive(1, 2, Fetch(2, epoch, 1, epoch, 50))
+    assert leader.high_watermark == 1
+    leader.take_ready()
+    leader.read_index(2, "r1")
+    assert leader.take_ready().reads == []
+    leader.receive(3, 3, Fetch(3, epoch, 1, epoch, 50))
+    assert leader.take_ready().reads == [("r1", 1)]
+
+
+def test_check_quorum_resigns_a_lonely_leader() -> None:
+    leader = make(1)
+    elect(leader)
+    now_ms = 0
+    while isinstance(leader.role, Leader):
+        now_ms = leader.next_deadline_ms()
+        assert now_ms <= CONFIG.fetch_timeout_ms  # nobody fetched since the election (t=0)
+        leader.tick(now_ms)
+    assert isinstance(leader.role, Resigned) and now_ms == CONFIG.fetch_timeout_ms
+
+
+def test_observer_never_votes_or_campaigns() -> None:
+    observer = make(9)
+    observer.receive(0, 1, Vote(False, 1, 1, 0, 0))
+    ((_, resp),) = messages_of(observer.take_ready(), VoteResponse)
+    assert not resp.vote_granted  # type: ignore[attr-defined]
+    for _ in range(5):
+        observer.tick(observer.next_deadline_ms())
+        assert observer.role.name in ("unattached", "follower")
+        assert not messages_of(observer.take_ready(), Vote)
