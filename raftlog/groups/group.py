@@ -543,8 +543,17 @@ class Group:
 
     def tick(self, now_ms: int) -> GroupEffects:
         fx = GroupEffects()
-        if self.state is GroupState.DEAD:
-            return fx
+        # One expiry can arm a deadline that is already due (the last member expires, the
+        # join phase of an empty group ends at once), so repeat; each round strictly
+        # advances the state, and a few rounds always suffice.
+        for _ in range(4):
+            deadline_ms = self.next_deadline_ms()
+            if deadline_ms is None or deadline_ms > now_ms:
+                break
+            self._tick_once(fx, now_ms)
+        return fx
+
+    def _tick_once(self, fx: GroupEffects, now_ms: int) -> None:
         for member_id, deadline_ms in list(self.pending_members.items()):
             if deadline_ms <= now_ms:
                 del self.pending_members[member_id]
@@ -567,7 +576,6 @@ class Group:
         for member in list(self.members.values()):
             if member.member_id in self.members and self._session_expired(member, now_ms):
                 self._remove_member(fx, member.member_id, ErrorCode.unknown_member_id, now_ms)
-        return fx
 
     def _answer_and_drop(self, fx: GroupEffects, member_id: str) -> None:
         member = self.members[member_id]

@@ -83,5 +83,25 @@ class Harness:
             self.now_ms = max(self.now_ms, deadline)
             self.apply(self.coord.tick(self.now_ms))
             after = self.coord.next_deadline_ms()
-            assert after is None or after > self.now_ms, "tick left an expired deadline"
+            assert after is None or after > self.now_ms, (
+                "tick left an expired deadline: "
+                + repr(
+                    [
+                        (
+                            g.group_id,
+                            g.state,
+                            g.join_deadline_ms,
+                            g.sync_deadline_ms,
+                            g.pending_members,
+                            {
+                                m: (x.last_heartbeat_ms, x.join_token, x.sync_token)
+                                for m, x in g.members.items()
+                            },
+                        )
+                        for g in self.coord._groups.values()
+                        if (g.next_deadline_ms() or 1e18) <= self.now_ms
+                    ]
+                )
+                + f" now={self.now_ms}"
+            )
         self.now_ms = end
