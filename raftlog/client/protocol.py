@@ -168,7 +168,8 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
             # Kafka's booleans (include_*, validate_only, ...) all mean "off" when false.
             kwargs[f.name] = False
         else:
-            raise ValueError(f"{cls.__name__} v{cls.__version__} needs field {f.name!r}")
+            version = getattr(cls, "__version__", "?")
+            raise ValueError(f"{cls.__name__} v{version} needs field {f.name!r}")
     return cls(**kwargs)
 
 
@@ -182,12 +183,12 @@ def build_request(api: str, version: int, values: Mapping[str, Any]) -> Any:
 
 def throttle_time_ms(response: Any) -> int:
     """The response's throttle time in ms (0 if the version has no such field)."""
-    value = getattr(response, "throttle_time", None)
+    value: Any = getattr(response, "throttle_time", None)
     if value is None:
         value = getattr(response, "throttle_time_ms", 0)
     if isinstance(value, datetime.timedelta):
         return int(value / datetime.timedelta(milliseconds=1))
-    return int(value)
+    return int(value or 0)
 
 
 def error_of(value: Any) -> ErrorCode:
