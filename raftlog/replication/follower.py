@@ -10,6 +10,8 @@ leader's (epoch, end offset) as in KIP-320/KIP-279.
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
@@ -74,13 +76,15 @@ class FollowerState:
         state: PartitionState,
         settings: ReplicationSettings,
         high_watermark: int,
+        *,
+        request_ids: Iterator[int] | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.log = log
         self.state = state
         self.settings = settings
         self._leader_high_watermark = high_watermark
-        self._next_request_id = 1
+        self._request_ids = request_ids if request_ids is not None else itertools.count(1)
         self.in_flight: FetchRequest | None = None
         self._in_flight_since_ms = 0
         self._backoff_until_ms = 0
@@ -122,14 +126,13 @@ class FollowerState:
         if now_ms < self._backoff_until_ms or self.awaiting_flush:
             return None
         request = FetchRequest(
-            request_id=self._next_request_id,
+            request_id=next(self._request_ids),
             replica_id=self.replica_id,
             leader_id=self.leader_id,
             fetch_offset=self.fetch_offset,
             last_fetched_epoch=self.last_fetched_epoch,
             current_leader_epoch=self.leader_epoch,
         )
-        self._next_request_id += 1
         self.in_flight = request
         self._in_flight_since_ms = now_ms
         return request

@@ -13,6 +13,7 @@ both share and the transitions between them (Kafka's makeLeader/makeFollower).
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -207,6 +208,8 @@ class Partition:
         self.follower: FollowerState | None = None
         # The HW recovered from a checkpoint; a role takes it over.
         self._initial_high_watermark = high_watermark
+        # Shared by every follower epoch so an answer to an old epoch's fetch never matches.
+        self._fetch_request_ids = itertools.count(1)
 
     @property
     def high_watermark(self) -> int:
@@ -249,13 +252,19 @@ class Partition:
             self.leader = self._leader_cls(
                 self.replica_id, self.log, state, self.settings, now_ms, high_watermark
             )
+            # lost_leadership: waiters of our previous leader epoch end with it.
             return MetadataResult(
                 Transition.BECAME_LEADER,
-                lost_leadership=False,
+                lost_leadership=was_leader,
                 effects=LeaderEffects(self.leader.high_watermark),
             )
         if state.leader_id != NO_LEADER and self.replica_id in state.replicas:
             self.follower = self._follower_cls(
-                self.replica_id, self.log, state, self.settings, high_watermark
+                self.replica_id,
+                self.log,
+                state,
+                self.settings,
+                high_watermark,
+                request_ids=self._fetch_request_ids,
             )
         return MetadataResult(Transition.BECAME_FOLLOWER, lost_leadership=was_leader)

@@ -1,0 +1,547 @@
+"""Seeded, event-driven simulator of one partition replicated on three brokers.
+
+It runs the real sans-IO replication core (raftlog.replication) against in-memory logs, a
+simple always-available controller, a lossy network with delays and partitions, crashes that
+lose unflushed data, restarts, and producers. `Checker` (partition_checker.py) asserts the
+invariants after every event; a failure names the seed that replays it:
+
+    RAFTLOG_SIM_SEED=<n> python -m pytest tests/sim/test_partition_sim.py
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from raftlog.errors import ErrorCode
+from raftlog.replication.follower import FetchRequest, FetchResponse, FollowerAction
+from raftlog.replication.leader import LeaderEffects
+from raftlog.replication.partition import (
+    NO_LEADER,
+    AlterPartitionRequest,
+    FetchOutcome,
+    Partition,
+    PartitionState,
+    ReplicationSettings,
+    Transition,
+)
+from raftlog.replication.purgatory import (
+    DelayedFetch,
+    DelayedProduce,
+    FetchCompletion,
+    FetchIsolation,
+    ProduceCompletion,
+    ProduceWait,
+    Purgatory,
+)
+from tests.replication.memory_log import Entry, MemoryLog
+from tests.sim.partition_checker import Checker
+
+PARTITION = ("sim", 0)
+BROKER_IDS = (1, 2, 3)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    min_insync_replicas: int = 2
+    unclean_leader_election: bool = False
+    acks: int = -1
+    flush_policy: str = "always"
+    producers: int = 2
+    fault_period_ms: int = 1200
+    settle_ms: int = 1500
+    fault_interval_ms: tuple[int, int] = (30, 200)
+    drop_probability: float = 0.03
+    network_delay_ms: tuple[int, int] = (1, 6)
+    flush_delay_ms: tuple[int, int] = (1, 4)
+    tick_ms: int = 10
+    replica_lag_time_max_ms: int = 100
+    replica_fetch_wait_max_ms: int = 25
+    replica_fetch_max_entries: int = 8
+    request_timeout_ms: int = 250
+    produce_interval_ms: tuple[int, int] = (1, 8)
+
+
+SAFE = SimConfig()
+# min ISR 1 with unclean election: a lagging replica may become leader and drop acked data.
+UNSAFE_UNCLEAN = SimConfig(min_insync_replicas=1, unclean_leader_election=True)
+# acks=1: the leader answers before anyone else has the write.
+UNSAFE_ACKS_ONE = SimConfig(min_insync_replicas=1, acks=1)
+
+
+class SimBroker:
+    def __init__(self, broker_id: int, settings: ReplicationSettings) -> None:
+        self.broker_id = broker_id
+        self.settings = settings
+        self.log = MemoryLog()
+        self.alive = True
+        self.incarnation = 0
+        self.flush_in_progress = False
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        self.partition = Partition(self.broker_id, self.log, self.settings)
+        self.purgatory = Purgatory(max_waiters=1000)
+
+    def crash(self) -> None:
+        self.alive = False
+        self.incarnation += 1
+        self.log.crash()
+        self.flush_in_progress = False
+
+    def restart(self) -> None:
+        self.alive = True
+        self._fresh_state()
+
+
+class SimController:
+    """Always available; commits AlterPartition with epoch checks and elects leaders."""
+
+    def __init__(self, sim: PartitionSim) -> None:
+        self.sim = sim
+        self.state = PartitionState(1, 1, 1, BROKER_IDS, frozenset(BROKER_IDS))
+        self.live = set(BROKER_IDS)
+
+    def commit(self, state: PartitionState) -> None:
+        self.state = state
+        for broker_id in BROKER_IDS:
+            self.sim.publish_metadata(broker_id, state)
+
+    def alter_partition(self, request: AlterPartitionRequest) -> PartitionState | ErrorCode:
+        state = self.state
+        if request.leader_epoch != state.leader_epoch or request.leader_id != state.leader_id:
+            return ErrorCode.fenced_leader_epoch
+        if request.partition_epoch != state.partition_epoch:
+            return ErrorCode.invalid_update_version
+        if any(r not in self.live for r in request.new_isr - state.isr):
+            return ErrorCode.ineligible_replica
+        if request.leader_id not in request.new_isr:
+            return ErrorCode.invalid_request
+        new = replace(state, partition_epoch=state.partition_epoch + 1, isr=request.new_isr)
+        self.commit(new)
+        return new
+
+    def _elect(self, isr: frozenset[int], exclude: int | None = None) -> PartitionState:
+        state = self.state
+        candidates = [r for r in state.replicas if r in isr and r in self.live and r != exclude]
+        if candidates:
+            leader = self.sim.rng.choice(candidates)
+        elif self.sim.config.unclean_leader_election and self.live - {exclude}:
+            leader = self.sim.rng.choice(sorted(self.live - {exclude}))
+            isr = frozenset({leader})
+        else:
+            leader = NO_LEADER
+        return replace(
+            state,
+            leader_id=leader,
+            leader_epoch=state.leader_epoch + 1,
+            partition_epoch=state.partition_epoch + 1,
+            isr=isr,
+        )
+
+    def broker_crashed(self, broker_id: int) -> None:
+        self.live.discard(broker_id)
+        state = self.state
+        # Fencing removes the broker from the ISR, except the last member (it has the data).
+        isr = state.isr - {broker_id} if len(state.isr) > 1 else state.isr
+        if state.leader_id == broker_id:
+            self.commit(self._elect(isr))
+        elif isr != state.isr:
+            self.commit(replace(state, partition_epoch=state.partition_epoch + 1, isr=isr))
+
+    def broker_restarted(self, broker_id: int) -> None:
+        self.live.add(broker_id)
+        if self.state.leader_id == NO_LEADER:
+            self.commit(self._elect(self.state.isr))
+        else:
+            self.sim.publish_metadata(broker_id, self.state)
+
+    def move_leader(self) -> None:
+        """A controlled leader change: another live ISR member takes over."""
+        if self.state.leader_id == NO_LEADER:
+            return
+        new = self._elect(self.state.isr, exclude=self.state.leader_id)
+        if new.leader_id != NO_LEADER and new.isr == self.state.isr:
+            self.commit(new)
+
+
+@dataclass
+class SimProducer:
+    producer_id: int
+    seq: int = 0
+    in_flight: tuple[int, int] | None = None  # (seq, floor offset)
+    deadline_ms: int = 0
+
+
+class PartitionSim:
+    def __init__(self, seed: int, config: SimConfig = SAFE) -> None:
+        self.seed = seed
+        self.config = config
+        self.rng = random.Random(seed)
+        self.now_ms = 0
+        self._queue: list[tuple[int, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._order = itertools.count()
+        settings = ReplicationSettings(
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            flush_policy=config.flush_policy,
+            replica_fetch_timeout_ms=config.request_timeout_ms,
+            replica_fetch_backoff_ms=config.tick_ms,
+        )
+        self.brokers = {b: SimBroker(b, settings) for b in BROKER_IDS}
+        self.cut_links: set[frozenset[int]] = set()
+        self._metadata_due_ms = dict.fromkeys(BROKER_IDS, 0)
+        self.checker = Checker(self)
+        self.controller = SimController(self)
+        self.producers = [SimProducer(p) for p in range(config.producers)]
+        self.events = 0
+
+    # ------------------------------------------------------------------ event loop
+    def at(self, delay_ms: int, handler: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._queue, (self.now_ms + delay_ms, next(self._order), handler, args))
+
+    def run(self) -> Checker:
+        config = self.config
+        self.controller.commit(self.controller.state)
+        for broker_id in BROKER_IDS:
+            self.at(self.rng.randint(0, config.tick_ms), self._tick, broker_id)
+        for producer in self.producers:
+            self.at(self.rng.randint(1, 10), self._produce_tick, producer)
+        self.at(self.rng.randint(*config.fault_interval_ms), self._fault)
+        self.at(config.fault_period_ms, self._heal_everything)
+        end_ms = config.fault_period_ms + config.settle_ms
+        while self._queue and self._queue[0][0] <= end_ms:
+            self.now_ms, _, handler, args = heapq.heappop(self._queue)
+            handler(*args)
+            self.events += 1
+            self.checker.check()
+        self.checker.final_check()
+        return self.checker
+
+    def active_leader(self) -> SimBroker | None:
+        state = self.controller.state
+        broker = self.brokers.get(state.leader_id)
+        if broker is None or not broker.alive:
+            return None
+        leader = broker.partition.leader
+        if leader is None or leader.leader_epoch != state.leader_epoch:
+            return None
+        return broker
+
+    # ------------------------------------------------------------------ network
+    def send(self, src: int, dst: int, handler: Callable[..., None], *args: Any) -> None:
+        """Broker-to-broker message: may be dropped, delayed, reordered, or cut."""
+        if frozenset((src, dst)) in self.cut_links:
+            return
+        if self.rng.random() < self.config.drop_probability:
+            return
+        delay = self.rng.randint(*self.config.network_delay_ms)
+        self.at(delay, self._deliver, dst, self.brokers[dst].incarnation, handler, args)
+
+    def _deliver(self, dst: int, incarnation: int, handler: Callable[..., None], args) -> None:
+        broker = self.brokers[dst]
+        # A restart breaks every connection: what was sent to the old process is gone.
+        if broker.alive and broker.incarnation == incarnation:
+            handler(broker, *args)
+
+    def publish_metadata(self, broker_id: int, state: PartitionState) -> None:
+        # The metadata log reaches each broker in order, with a delay.
+        due = max(
+            self.now_ms + self.rng.randint(*self.config.network_delay_ms),
+            self._metadata_due_ms[broker_id],
+        )
+        self._metadata_due_ms[broker_id] = due
+        broker = self.brokers[broker_id]
+        self.at(
+            due - self.now_ms,
+            self._deliver,
+            broker_id,
+            broker.incarnation,
+            self._apply_metadata,
+            (state,),
+        )
+
+    # ------------------------------------------------------------------ faults
+    def _fault(self) -> None:
+        if self.now_ms >= self.config.fault_period_ms:
+            return
+        rng = self.rng
+        live = [b for b in BROKER_IDS if self.brokers[b].alive]
+        dead = [b for b in BROKER_IDS if not self.brokers[b].alive]
+        kind = rng.choice(["crash", "restart", "restart", "cut", "isolate", "heal", "move"])
+        if kind == "crash" and len(live) > 1:
+            victim = rng.choice(live)
+            self.brokers[victim].crash()
+            self.controller.broker_crashed(victim)
+        elif kind == "restart" and dead:
+            self._restart(rng.choice(dead))
+        elif kind == "cut":
+            self.cut_links.add(frozenset(rng.sample(BROKER_IDS, 2)))
+        elif kind == "isolate":
+            lonely = rng.choice(BROKER_IDS)
+            self.cut_links |= {frozenset((lonely, b)) for b in BROKER_IDS if b != lonely}
+        elif kind == "heal":
+            self.cut_links.clear()
+        elif kind == "move":
+            self.controller.move_leader()
+        self.at(rng.randint(*self.config.fault_interval_ms), self._fault)
+
+    def _restart(self, broker_id: int) -> None:
+        self.brokers[broker_id].restart()
+        self.controller.broker_restarted(broker_id)
+
+    def _heal_everything(self) -> None:
+        self.cut_links.clear()
+        for broker_id in BROKER_IDS:
+            if not self.brokers[broker_id].alive:
+                self._restart(broker_id)
+
+    # ------------------------------------------------------------------ broker events
+    def _tick(self, broker_id: int) -> None:
+        broker = self.brokers[broker_id]
+        if broker.alive:
+            leader = broker.partition.leader
+            if leader is not None:
+                self._leader_effects(broker, leader.on_tick(self.now_ms))
+            completions = broker.purgatory.on_deadline(
+                self.now_ms, lambda key: self._progress(broker)
+            )
+            self._dispatch(broker, completions)
+            self._drive_follower(broker)
+        self.at(self.config.tick_ms, self._tick, broker_id)
+
+    def _progress(self, broker: SimBroker):
+        leader = broker.partition.leader
+        return None if leader is None else leader.progress()
+
+    def _apply_metadata(self, broker: SimBroker, state: PartitionState) -> None:
+        result = broker.partition.apply_metadata(self.now_ms, state)
+        if result.lost_leadership:
+            failed = broker.purgatory.fail_partition(PARTITION, ErrorCode.not_leader_or_follower)
+            self._dispatch(broker, failed)
+        if result.transition is Transition.BECAME_LEADER:
+            self.checker.on_become_leader(broker.broker_id, state.leader_epoch)
+        if result.effects is not None:
+            self._leader_effects(broker, result.effects)
+        self._drive_follower(broker)
+
+    def _leader_effects(self, broker: SimBroker, effects: LeaderEffects) -> None:
+        leader = broker.partition.leader
+        if leader is None:
+            return
+        if effects.alter_partition is not None:
+            self.at(
+                self.rng.randint(*self.config.network_delay_ms),
+                self._controller_alter,
+                broker.broker_id,
+                broker.incarnation,
+                effects.alter_partition,
+            )
+        completions = broker.purgatory.on_progress(PARTITION, leader.progress(), _bytes_between)
+        self._dispatch(broker, completions)
+
+    def _controller_alter(self, broker_id: int, incarnation: int, request) -> None:
+        if self.brokers[broker_id].incarnation != incarnation:
+            return
+        result = self.controller.alter_partition(request)
+        self.at(
+            self.rng.randint(*self.config.network_delay_ms),
+            self._deliver,
+            broker_id,
+            incarnation,
+            self._alter_result,
+            (request, result),
+        )
+
+    def _alter_result(self, broker: SimBroker, request, result) -> None:
+        leader = broker.partition.leader
+        if leader is not None:
+            self._leader_effects(broker, leader.on_alter_partition_result(request, result))
+
+    def _request_flush(self, broker: SimBroker) -> None:
+        if broker.flush_in_progress:
+            return
+        broker.flush_in_progress = True
+        target = broker.log.log_end_offset
+        self.at(
+            self.rng.randint(*self.config.flush_delay_ms),
+            self._flush_done,
+            broker.broker_id,
+            broker.incarnation,
+            target,
+            broker.log.generation,
+        )
+
+    def _flush_done(self, broker_id: int, incarnation: int, target: int, generation: int) -> None:
+        broker = self.brokers[broker_id]
+        if not broker.alive or broker.incarnation != incarnation:
+            return
+        broker.flush_in_progress = False
+        if generation == broker.log.generation:
+            broker.log.flush_to(target)
+        if broker.log.flushed_offset < broker.log.log_end_offset:
+            self._request_flush(broker)
+        leader = broker.partition.leader
+        if leader is not None:
+            self._leader_effects(broker, leader.on_flushed(self.now_ms))
+        follower = broker.partition.follower
+        if follower is not None and follower.on_flushed(self.now_ms):
+            self._drive_follower(broker)
+
+    # ------------------------------------------------------------------ replication
+    def _drive_follower(self, broker: SimBroker) -> None:
+        follower = broker.partition.follower
+        if follower is None:
+            return
+        request = follower.fetch_request(self.now_ms)
+        if request is not None:
+            self.send(broker.broker_id, request.leader_id, self._leader_fetch, request)
+
+    def _leader_fetch(self, broker: SimBroker, request: FetchRequest) -> None:
+        leader = broker.partition.leader
+        if leader is None:
+            self._answer_fetch(broker, request, ErrorCode.not_leader_or_follower)
+            return
+        decision = leader.on_follower_fetch(
+            self.now_ms,
+            request.replica_id,
+            request.fetch_offset,
+            request.last_fetched_epoch,
+            request.current_leader_epoch,
+        )
+        if decision.outcome is FetchOutcome.READ:
+            waiter = DelayedFetch(
+                PARTITION,
+                request.fetch_offset,
+                1,
+                self.now_ms + self.config.replica_fetch_wait_max_ms,
+                ("fetch", request),
+                FetchIsolation.LOG_END,
+            )
+            done = broker.purgatory.add_fetch(waiter, leader.progress(), _bytes_between)
+            if done is not None:
+                self._dispatch(broker, [done])
+        else:
+            self._answer_fetch(broker, request, decision.error, decision.diverging_epoch)
+        self._leader_effects(broker, decision.effects)
+
+    def _answer_fetch(
+        self,
+        broker: SimBroker,
+        request: FetchRequest,
+        error: ErrorCode,
+        diverging=None,
+        end_offset: int = 0,
+    ) -> None:
+        log = broker.log
+        entries: list[Entry] = []
+        leader = broker.partition.leader
+        hw = broker.partition.high_watermark
+        if error == ErrorCode.none and diverging is None and leader is not None:
+            count = min(self.config.replica_fetch_max_entries, end_offset - request.fetch_offset)
+            entries = log.read(request.fetch_offset, max(0, count))
+        response = FetchResponse(
+            request.request_id, error, hw, log.log_start_offset, diverging, bool(entries)
+        )
+        self.send(broker.broker_id, request.replica_id, self._follower_response, response, entries)
+
+    def _follower_response(self, broker: SimBroker, response: FetchResponse, entries) -> None:
+        follower = broker.partition.follower
+        if follower is None:
+            return
+        step = follower.on_fetch_response(self.now_ms, response)
+        if step.action is FollowerAction.APPEND:
+            broker.log.append_entries(entries)
+            self._request_flush(broker)
+        elif step.action is FollowerAction.RESET:
+            assert step.reset_to_offset is not None
+            broker.log.truncate_fully_and_start_at(step.reset_to_offset)
+        self._drive_follower(broker)
+
+    # ------------------------------------------------------------------ produce
+    def _produce_tick(self, producer: SimProducer) -> None:
+        config = self.config
+        if producer.in_flight is not None and self.now_ms >= producer.deadline_ms:
+            producer.in_flight = None  # no answer: outcome unknown, move on
+        if producer.in_flight is None and self.now_ms < config.fault_period_ms:
+            leader_id = self.controller.state.leader_id
+            if leader_id != NO_LEADER:
+                producer.seq += 1
+                producer.in_flight = (producer.seq, self.checker.max_acked_offset)
+                producer.deadline_ms = self.now_ms + config.request_timeout_ms + 50
+                payload = f"p{producer.producer_id}-{producer.seq}"
+                self.at(
+                    self.rng.randint(*config.network_delay_ms),
+                    self._deliver,
+                    leader_id,
+                    self.brokers[leader_id].incarnation,
+                    self._leader_produce,
+                    (producer, producer.seq, payload),
+                )
+        self.at(self.rng.randint(*config.produce_interval_ms), self._produce_tick, producer)
+
+    def _leader_produce(self, broker: SimBroker, producer: SimProducer, seq: int, payload: str):
+        config = self.config
+        leader = broker.partition.leader
+        if leader is None:
+            return self._answer_produce(producer, seq, payload, ErrorCode.not_leader_or_follower)
+        error = leader.check_produce(config.acks, config.min_insync_replicas)
+        if error != ErrorCode.none:
+            return self._answer_produce(producer, seq, payload, error)
+        first, last = broker.log.append(leader.leader_epoch, [payload])
+        self._request_flush(broker)
+        wait = ProduceWait.HIGH_WATERMARK if config.acks == -1 else ProduceWait.FLUSHED
+        waiter = DelayedProduce(
+            PARTITION,
+            last + 1,
+            self.now_ms + config.request_timeout_ms,
+            config.min_insync_replicas,
+            ("produce", producer, seq, payload, first),
+            wait,
+        )
+        done = broker.purgatory.add_produce(waiter, leader.progress())
+        if done is not None:
+            self._dispatch(broker, [done])
+        self._leader_effects(broker, leader.on_local_append(self.now_ms))
+
+    def _answer_produce(self, producer, seq, payload, error, offset: int = -1) -> None:
+        self.at(
+            self.rng.randint(*self.config.network_delay_ms),
+            self._produce_answer,
+            producer,
+            seq,
+            payload,
+            error,
+            offset,
+        )
+
+    def _produce_answer(self, producer: SimProducer, seq, payload, error, offset) -> None:
+        if producer.in_flight is None or producer.in_flight[0] != seq:
+            return
+        floor = producer.in_flight[1]
+        producer.in_flight = None
+        if error == ErrorCode.none:
+            self.checker.on_ack(producer.producer_id, payload, offset, floor)
+
+    def _dispatch(self, broker: SimBroker, completions) -> None:
+        for completion in completions:
+            token = completion.token
+            if isinstance(completion, ProduceCompletion):
+                _, producer, seq, payload, first = token
+                self._answer_produce(producer, seq, payload, completion.error, first)
+            elif isinstance(completion, FetchCompletion):
+                _, request = token
+                self._answer_fetch(
+                    broker, request, completion.error, end_offset=completion.readable_end_offset
+                )
+
+
+def _bytes_between(key, start_offset: int, end_offset: int) -> int:
+    return max(0, end_offset - start_offset)
+
+
+def run_seed(seed: int, config: SimConfig = SAFE) -> Checker:
+    return PartitionSim(seed, config).run()
