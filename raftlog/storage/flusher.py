@@ -57,6 +57,10 @@ class Flusher:
             done = self._round_done
             await done.wait()
 
+    async def wait_round(self) -> None:
+        """Wait until the next flush round (or idle tick) completes."""
+        await self._round_done.wait()
+
     def wake(self) -> None:
         """Ask for a round soon (e.g. checkpoints became due after retention)."""
         self._wakeup.set()

@@ -204,7 +204,7 @@ class PartitionLog:
                 def on_batch(header: BatchHeader) -> None:
                     cache.assign(header.partition_leader_epoch, header.base_offset)
 
-                cut, reason = segment.recover(on_batch)
+                cut, reason = segment.recover(on_batch, allow_gaps=self.config.compact)
                 if cut:
                     log.warning(
                         "%s: truncated %d bytes of %s at offset %d: %s",

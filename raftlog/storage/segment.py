@@ -184,7 +184,9 @@ class LogSegment:
                     self.max_timestamp_ms = header.max_timestamp_ms
                     self.offset_of_max_timestamp = header.base_offset
             self.time_index.load(self.next_offset)
-            if self.time_index.max_timestamp() >= self.max_timestamp_ms:
+            if self.time_index.rel_offsets and (
+                self.time_index.max_timestamp() >= self.max_timestamp_ms
+            ):
                 self.max_timestamp_ms = self.time_index.max_timestamp()
                 self.offset_of_max_timestamp = self.base_offset + self.time_index.rel_offsets[-1]
             self._bytes_since_index_entry = self.size_bytes - last_position
@@ -194,7 +196,9 @@ class LogSegment:
             if truncated:
                 log.warning("%s: cut %d bytes: %s", self.log_path, truncated, reason)
 
-    def recover(self, on_batch: Callable[[BatchHeader], None] | None) -> tuple[int, str]:
+    def recover(
+        self, on_batch: Callable[[BatchHeader], None] | None, *, allow_gaps: bool = True
+    ) -> tuple[int, str]:
         """Validate every batch (CRC included), rebuild both indexes, and cut the file at the
         first bad batch. Returns (bytes cut, why)."""
         self.index.rel_offsets, self.index.positions = array("q"), array("q")
@@ -227,7 +231,14 @@ class LogSegment:
             except CorruptRecordError as exc:
                 reason = str(exc).replace(f"at byte {rel}", f"at byte {position}", 1)
                 break
-            if header.base_offset < self.next_offset or not self.fits_relative(header.last_offset):
+            # baseOffset is outside the CRC: continuity is the only check a flipped bit there
+            # meets. Compacted logs have legitimate gaps, so they only require increase.
+            gap = header.base_offset != self.next_offset and self.next_offset != self.base_offset
+            if (
+                header.base_offset < self.next_offset
+                or (gap and not allow_gaps)
+                or not self.fits_relative(header.last_offset)
+            ):
                 reason = (
                     f"batch at byte {position} has base offset {header.base_offset}, "
                     f"expected >= {self.next_offset}"

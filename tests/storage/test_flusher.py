@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.lowlevel
+
+from raftlog.storage import Flusher, LogConfig, PartitionLog
+from tests.storage.helpers import batch
+
+
+async def test_group_commit_shares_fsyncs(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    flusher = Flusher()
+    producers = 50
+    rounds = 4
+    acknowledged: list[int] = []
+
+    async def producer() -> None:
+        for _ in range(rounds):
+            info = lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+            await flusher.flush(lg, info.last_offset + 1)
+            # Persist before you promise: acknowledged means fsynced.
+            assert lg.flushed_offset > info.last_offset
+            acknowledged.append(info.last_offset)
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        async with trio.open_nursery() as producers_nursery:
+            for _ in range(producers):
+                producers_nursery.start_soon(producer)
+        nursery.cancel_scope.cancel()
+    assert len(acknowledged) == producers * rounds
+    assert lg.flushed_offset == lg.log_end_offset == producers * rounds * 2
+    # far fewer fsync rounds than acknowledged appends
+    assert flusher.fsync_rounds <= producers * rounds // 10, flusher.fsync_rounds
+
+
+async def test_flush_returns_at_once_when_already_covered(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        await flusher.flush(lg, 0)
+        assert flusher.fsync_rounds == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_interval_policy_does_not_force_but_ticks(tmp_path: Path) -> None:
+    # Real clock: a MockClock would jump ahead while the fsync runs in its worker thread.
+    config = LogConfig(flush_policy="interval", flush_interval_ms=50)
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+        await flusher.flush(lg, 2)
+        assert lg.flushed_offset == 0  # not forced
+        with trio.fail_after(10):
+            while lg.flushed_offset < 2:
+                await flusher.wait_round()
+        nursery.cancel_scope.cancel()
+
+
+async def test_truncation_during_flush_does_not_overstate_flushed(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    lg.append_as_leader(batch(5), leader_epoch=1, now_ms=0)
+    ticket = lg.prepare_flush()
+    lg.truncate_to(2)
+    lg.append_as_leader(batch(5), leader_epoch=2, now_ms=0)
+    await trio.to_thread.run_sync(lg.run_flush, ticket)
+    lg.complete_flush(ticket)
+    assert lg.flushed_offset <= 2

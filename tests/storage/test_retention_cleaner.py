@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from raftlog.records import Record, build_batch, iter_all_records
+from raftlog.storage import LogConfig, PartitionLog
+from raftlog.storage.cleaner import clean_log
+from raftlog.storage.retention import apply_retention
+from tests.storage.helpers import batch
+
+
+def _all(lg: PartitionLog) -> list[Record]:
+    out: list[Record] = []
+    for seg in lg.segments:
+        out += iter_all_records(seg.read_range(0, seg.size_bytes))
+    return [r for r in out if r.offset >= lg.log_start_offset]
+
+
+def test_time_retention_deletes_old_segments_never_active(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=1000, retention_ms=10_000)
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    for i in range(40):
+        lg.append_as_leader(batch(2, ts_ms=i * 1000), leader_epoch=1, now_ms=0)
+    segments = len(lg.segments)
+    assert apply_retention(lg, now_ms=20_000) > 0
+    assert all(s.max_timestamp_ms >= 10_000 for s in lg.segments[:-1])
+    assert lg.log_start_offset == lg.segments[0].base_offset
+    assert len(lg.segments) < segments
+    # everything is old now, but the active segment stays
+    apply_retention(lg, now_ms=10**9)
+    assert len(lg.segments) == 1 and lg.log_end_offset == 80
+    assert _all(lg)[-1].offset == 79
+
+
+def test_size_retention_keeps_at_most_retention_bytes(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=1000, retention_bytes=2500, retention_ms=-1)
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    for _ in range(60):
+        lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+    apply_retention(lg, now_ms=0)
+    assert lg.size_bytes <= 2500 + 1000
+    assert sum(s.size_bytes for s in lg.segments[1:]) < 2500
+    assert [r.offset for r in _all(lg)] == list(range(lg.log_start_offset, 120))
+
+
+def key_of(i: int) -> bytes:
+    return b"gone" if i in (10, 30) else b"key%d" % (i % 7)
+
+
+async def test_compaction_keeps_newest_per_key_and_offsets(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=600, cleanup_policy="compact", delete_retention_ms=1000)
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    for i in range(60):
+        value = None if i == 30 else b"v%d" % i  # "gone" is deleted by a tombstone at 30
+        lg.append_as_leader(
+            build_batch([Record(key=key_of(i), value=value, timestamp_ms=0)]),
+            leader_epoch=1,
+            now_ms=0,
+        )
+    high_watermark = 55
+    stats = await clean_log(lg, clean_below_offset=high_watermark, now_ms=500)
+    assert stats.segments_cleaned > 0 and stats.records_removed > 0
+    limit = min(high_watermark, lg.active_segment.base_offset)
+    boundary = max(s.next_offset for s in lg.segments if s.next_offset <= limit)
+    assert boundary > 31
+    newest: dict[bytes, int] = {}
+    for i in range(boundary):
+        newest[key_of(i)] = i
+    got = _all(lg)
+    below = [(r.key, r.offset) for r in got if r.offset < boundary]
+    assert sorted(below) == sorted(newest.items())  # newest per key, offsets unchanged
+    assert (b"gone", 30) in below  # tombstone kept within delete.retention.ms
+    # nothing at or above the cleaned range was touched
+    assert [r.offset for r in got if r.offset >= boundary] == list(range(boundary, 60))
+
+    await clean_log(lg, clean_below_offset=high_watermark, now_ms=5000)
+    assert (b"gone", 30) not in [(r.key, r.offset) for r in _all(lg)]  # tombstone expired
+
+    before = [(r.offset, r.key, r.value) for r in _all(lg)]
+    lg.close()
+    again = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    assert [(r.offset, r.key, r.value) for r in _all(again)] == before
+    assert again.log_end_offset == 60
+    for start in range(again.log_start_offset, 60):
+        assert again.read(start, 10**6).regions
+
+
+async def test_compaction_ignores_delete_policy(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(segment_bytes=500), now_ms=0)
+    for _ in range(20):
+        lg.append_as_leader(batch(2, keys=[b"a", b"a"]), leader_epoch=1, now_ms=0)
+    stats = await clean_log(lg, clean_below_offset=40, now_ms=0)
+    assert stats.segments_cleaned == 0
