@@ -1,0 +1,176 @@
+"""The trio shell end to end on MockClock: consumers as tasks, a fake replicated log."""
+
+from __future__ import annotations
+
+import math
+
+import trio
+import trio.testing
+
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.groups.coordinator import GroupCoordinator
+from raftlog.groups.coordinator_shell import GroupCoordinatorShell
+from raftlog.groups.messages import (
+    HeartbeatRequest,
+    OffsetCommitPartition,
+    OffsetCommitRequest,
+    OffsetCommitTopic,
+    OffsetFetchRequest,
+    SyncGroupRequest,
+)
+from raftlog.groups.offsets_format import Record
+from raftlog.groups.settings import GroupConfig
+from tests.groups.harness import join_req
+
+G = "shell-group"
+REPLICATION_DELAY_S = 0.005
+
+
+class FakeLog:
+    """Stands in for the node: appends 'replicate' after a delay, read_all returns them."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[int, list[Record]] = {}
+        self.append_calls = 0
+        self.fail_with: ErrorCode | None = None
+
+    async def append(self, partition: int, records: list[Record]) -> None:
+        self.append_calls += 1
+        await trio.sleep(REPLICATION_DELAY_S)
+        if self.fail_with is not None:
+            raise KafkaError(self.fail_with)
+        self.partitions.setdefault(partition, []).extend(records)
+
+    def read_all(self, partition: int) -> list[Record]:
+        return list(self.partitions.get(partition, []))
+
+
+def trio_clock_ms() -> int:
+    return math.ceil(trio.current_time() * 1000)
+
+
+async def start_shell(nursery: trio.Nursery, log: FakeLog) -> GroupCoordinatorShell:
+    config = GroupConfig(offsets_topic_num_partitions=2)
+    shell = GroupCoordinatorShell(
+        GroupCoordinator(config), log.append, log.read_all, clock_ms=trio_clock_ms
+    )
+    await nursery.start(shell.run)
+    for partition in range(config.offsets_topic_num_partitions):
+        await shell.become_coordinator(partition)
+    return shell
+
+
+async def wait_for(predicate, timeout_s: float = 60.0) -> None:
+    # Polls under a deadline: the conditions span several objects with no single event to
+    # wait on, and on MockClock each poll costs no real time.
+    with trio.fail_after(timeout_s):
+        while not predicate():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+class Consumer:
+    """Just enough of a Kafka consumer: join (with KIP-394), sync, heartbeat every 3 s."""
+
+    def __init__(self, shell: GroupCoordinatorShell, name: str) -> None:
+        self.shell, self.name = shell, name
+        self.member_id = ""
+        self.generation = -1
+        self.assignment = b""
+        self.generations_seen: list[int] = []
+        self.alive = True
+
+    async def join_and_sync(self) -> None:
+        while True:
+            reply = await self.shell.join_group(join_req(G, self.member_id, client_id=self.name))
+            self.member_id = reply.member_id
+            if reply.error_code is ErrorCode.member_id_required:
+                continue
+            assert reply.error_code is ErrorCode.none, reply
+            self.generation = reply.generation_id
+            assignments = tuple((m.member_id, m.member_id.encode()) for m in reply.members)
+            sync = await self.shell.sync_group(
+                SyncGroupRequest(G, self.generation, self.member_id, assignments=assignments)
+            )
+            if sync.error_code is ErrorCode.none:
+                self.assignment = sync.assignment
+                self.generations_seen.append(self.generation)
+                return
+            assert sync.error_code is ErrorCode.rebalance_in_progress, sync
+
+    async def run(self) -> None:
+        await self.join_and_sync()
+        while self.alive:
+            await trio.sleep(3)
+            if not self.alive:
+                return
+            beat = await self.shell.heartbeat(HeartbeatRequest(G, self.generation, self.member_id))
+            if beat.error_code is not ErrorCode.none:
+                await self.join_and_sync()
+
+
+async def test_consumers_rebalance_and_a_silent_one_is_expelled(autojump_clock) -> None:
+    log = FakeLog()
+    async with trio.open_nursery() as nursery:
+        shell = await start_shell(nursery, log)
+        a, b = Consumer(shell, "a"), Consumer(shell, "b")
+        nursery.start_soon(a.run)
+        nursery.start_soon(b.run)
+        await wait_for(lambda: a.assignment and b.assignment and a.generation == b.generation)
+        assert a.assignment == a.member_id.encode() and b.assignment == b.member_id.encode()
+        b.alive = False  # b stops heartbeating without leaving: only the session notices
+        stopped_at = trio.current_time()
+        gen = a.generation
+        await wait_for(lambda: a.generation > gen)
+        # Expelled after its 10 s session, not before.
+        assert trio.current_time() - stopped_at >= 10 - 3
+        [described] = await shell.describe_groups([G])
+        assert [m.member_id for m in described.members] == [a.member_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_commit_is_answered_after_replication_and_survives_failover(autojump_clock) -> None:
+    log = FakeLog()
+    request = OffsetCommitRequest(
+        G, (OffsetCommitTopic("t", (OffsetCommitPartition(0, 11), OffsetCommitPartition(1, 12))),)
+    )
+    async with trio.open_nursery() as nursery:
+        first = await start_shell(nursery, log)
+        started = trio.current_time()
+        replies = []
+
+        async def commit() -> None:
+            replies.append(await first.offset_commit(request))
+
+        for _ in range(5):
+            nursery.start_soon(commit)
+        await wait_for(lambda: len(replies) == 5)
+        assert trio.current_time() - started >= REPLICATION_DELAY_S
+        assert all(p.error_code is ErrorCode.none for r in replies for p in r.topics[0].partitions)
+        # Queued commits share append calls (group commit), in order.
+        assert log.append_calls <= 1 + 2 + 2  # two partitions loaded empty, then <= 2 batches
+        first.resign(first.coordinator.partition_for(G))
+        assert (await first.offset_fetch(OffsetFetchRequest(G))).error_code is (
+            ErrorCode.not_coordinator
+        )
+
+        second = await start_shell(nursery, log)
+        fetched = await second.offset_fetch(OffsetFetchRequest(G))
+        assert [(p.partition, p.offset) for p in fetched.topics[0].partitions] == [(0, 11), (1, 12)]
+
+        log.fail_with = ErrorCode.not_leader_or_follower
+        failed = await second.offset_commit(request)
+        assert {p.error_code for p in failed.topics[0].partitions} == {ErrorCode.not_coordinator}
+        nursery.cancel_scope.cancel()
+
+
+async def test_cancelled_join_leaves_nothing_parked(autojump_clock) -> None:
+    log = FakeLog()
+    async with trio.open_nursery() as nursery:
+        shell = await start_shell(nursery, log)
+        first = await shell.join_group(join_req(G))
+        await shell.join_group(join_req(G))  # a second member is now pending
+        with trio.move_on_after(1) as scope:
+            await shell.join_group(join_req(G, first.member_id))  # parked behind it
+        assert scope.cancelled_caught
+        assert not shell._slots
+        nursery.cancel_scope.cancel()
