@@ -20,6 +20,7 @@ from raftlog.metadata.controller_messages import (
     AlterClientQuotasReply,
     AlterConfigs,
     AlterConfigsReply,
+    AlterConfigsResource,
     ConfigResourceResult,
     IncrementalAlterConfigs,
     QuotaEntryResult,
@@ -201,7 +202,7 @@ def alter_configs(batch: Batch, req: AlterConfigs | IncrementalAlterConfigs) -> 
         if resource is not None and code is ErrorCode.none:
             seen.add(resource)
             current = dict(batch.image.configs.get(resource, {}))
-            if isinstance(req, AlterConfigs):
+            if isinstance(res, AlterConfigsResource):
                 target = dict(res.configs)
                 code, message = ErrorCode.none, ""
                 if len(target) > MAX_CONFIG_OPS_PER_RESOURCE:
