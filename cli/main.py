@@ -13,6 +13,15 @@ def cli() -> None:
     """raftlog: a Kafka-compatible, Raft-replicated partitioned log."""
 
 
+def _register() -> None:
+    from raftlog_cli.node import node_command
+
+    cli.add_command(node_command)
+
+
+_register()
+
+
 def main() -> None:
     cli(prog_name="raftlog")
 
