@@ -94,8 +94,6 @@ class Connection:
     ) -> None:
         reader = FrameReader(self._stream, self._state.config.socket_request_max_bytes)
         while True:
-            if self._muted_until > trio.current_time():
-                await trio.sleep_until(self._muted_until)
             try:
                 frame = await reader.read_frame()
             except FrameTooLarge as exc:
@@ -106,6 +104,11 @@ class Connection:
                 return
             if frame is None:
                 return
+            # Throttled (quota): hold the request until the mute ends, like Kafka muting the
+            # channel. Checked after the read because the throttle is usually decided while
+            # the reader was already waiting for this frame.
+            if self._muted_until > trio.current_time():
+                await trio.sleep_until(self._muted_until)
             await self._inflight.acquire()
             try:
                 slot = self._dispatch(frame, nursery)
