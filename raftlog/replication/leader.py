@@ -174,7 +174,13 @@ class LeaderState:
             # Not in the replica set (or ourselves): its offsets must never count.
             return self._refuse(ErrorCode.not_leader_or_follower)
         if last_fetched_epoch != UNDEFINED_EPOCH:
-            epoch, end_offset = log.end_offset_for_epoch(last_fetched_epoch)
+            latest_epoch = log.latest_epoch()
+            if UNDEFINED_EPOCH != latest_epoch < last_fetched_epoch:
+                # An epoch we never appended in (a leader that lost its data): ours ends at the
+                # LEO. Asked directly, a log may answer "unknown", which would wipe the follower.
+                epoch, end_offset = latest_epoch, log.log_end_offset
+            else:
+                epoch, end_offset = log.end_offset_for_epoch(last_fetched_epoch)
             if epoch == UNDEFINED_EPOCH:
                 # Nothing of ours is as old as the follower's epoch: it restarts from our start.
                 return self._diverging(DivergingEpoch(UNDEFINED_EPOCH, log.log_start_offset))

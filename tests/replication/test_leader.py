@@ -207,3 +207,36 @@ def test_hw_is_monotonic_and_never_above_an_isr_acknowledgement(steps) -> None:
         if leader.high_watermark > 0:
             assert leader.high_watermark <= min(acked.values())
             assert leader.high_watermark <= log.flushed_offset
+
+
+class KafkaEpochAnswers(MemoryLog):
+    """Answers (-1, -1) for epochs newer than its latest, as the storage epoch cache does."""
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        if epoch > self.latest_epoch():
+            return -1, -1
+        return super().end_offset_for_epoch(epoch)
+
+
+def test_follower_epoch_newer_than_leader_log_truncates_to_leader_leo_only() -> None:
+    log = KafkaEpochAnswers()
+    log.append(3, ["a", "b"])
+    log.flush_to(2)
+    leader = LeaderState(1, log, state({1, 2, 3}, 5), ReplicationSettings(), 0, 0)
+    decision = leader.on_follower_fetch(0, 2, 4, 4, 5)
+    assert decision.diverging_epoch == DivergingEpoch(3, 2)
+
+
+def test_storage_partition_log_has_the_replica_log_seam() -> None:
+    from raftlog.storage.log import PartitionLog
+
+    for name in (
+        "log_start_offset",
+        "log_end_offset",
+        "flushed_offset",
+        "latest_epoch",
+        "end_offset_for_epoch",
+        "truncate_to",
+        "truncate_fully_and_start_at",
+    ):
+        assert hasattr(PartitionLog, name), name

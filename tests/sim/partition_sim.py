@@ -39,7 +39,7 @@ from raftlog.replication.purgatory import (
     Purgatory,
 )
 from tests.replication.memory_log import Entry, MemoryLog
-from tests.sim.partition_checker import Checker
+from tests.sim.partition_checker import Checker, InvariantViolation
 
 PARTITION = ("sim", 0)
 BROKER_IDS = (1, 2, 3)
@@ -544,4 +544,13 @@ def _bytes_between(key, start_offset: int, end_offset: int) -> int:
 
 
 def run_seed(seed: int, config: SimConfig = SAFE) -> Checker:
-    return PartitionSim(seed, config).run()
+    """Run one seed; any failure names the seed (InvariantViolation already does)."""
+    sim = PartitionSim(seed, config)
+    try:
+        return sim.run()
+    except InvariantViolation:
+        raise
+    except Exception as exc:
+        raise AssertionError(
+            f"[seed={seed}] t={sim.now_ms}ms crashed: {exc!r} (replay with RAFTLOG_SIM_SEED={seed})"
+        ) from exc
