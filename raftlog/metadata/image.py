@@ -267,6 +267,8 @@ class _Builder:
         self.names = _Cow(image.topic_ids_by_name)
         # topic id -> mutable partition map of a topic touched in this batch
         self.partitions: dict[uuid.UUID, dict[int, PartitionState]] = {}
+        # partitions written in this batch, so finish() diffs only those
+        self.touched: set[tuple[uuid.UUID, int]] = set()
         self.configs = _Cow(image.configs)
         self.config_maps: dict[ConfigResource, dict[str, str]] = {}
         self.quotas = _Cow(image.client_quotas)
@@ -298,6 +300,7 @@ class _Builder:
         return parts
 
     def _set_partition(self, topic_id: uuid.UUID, index: int, state: PartitionState) -> None:
+        self.touched.add((topic_id, index))
         self._partition_map(topic_id, "partition")[index] = state
 
     def _config_map(self, resource: ConfigResource) -> dict[str, str]:
@@ -439,14 +442,14 @@ class _Builder:
         for topic_id, parts in self.partitions.items():
             topic = self.topics.get(topic_id)
             self.topics.set(topic_id, replace(topic, partitions=MappingProxyType(parts)))
+        for topic_id, index in sorted(self.touched, key=lambda key: (key[0].int, key[1])):
+            parts = self.partitions.get(topic_id)
+            if parts is None:
+                continue  # the topic was removed later in the batch
             before = old.topics_by_id.get(topic_id)
-            old_parts = before.partitions if before is not None else _EMPTY
-            for index, state in parts.items():
-                if old_parts.get(index) != state:
-                    self.delta.changed_partitions[(topic_id, index)] = (
-                        old_parts.get(index),
-                        state,
-                    )
+            old_state = before.partitions.get(index) if before is not None else None
+            if old_state != parts[index]:
+                self.delta.changed_partitions[(topic_id, index)] = (old_state, parts[index])
         for topic_id in self.delta.deleted_topics:
             for index, state in old.topics_by_id[topic_id].partitions.items():
                 self.delta.changed_partitions[(topic_id, index)] = (state, None)

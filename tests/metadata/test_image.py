@@ -1,6 +1,8 @@
 import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raftlog.metadata import records as r
 from raftlog.metadata.image import MetadataApplyError, MetadataImage, PartitionState
@@ -209,3 +211,31 @@ def test_check_invariants_catches_a_leader_outside_the_isr():
     image, _ = base_image().apply([r.PartitionChange(T1, 0, leader=3, isr=(1, 2))], 10)
     with pytest.raises(AssertionError, match="leader not in ISR"):
         image.check_invariants()
+
+
+def test_delta_compares_with_the_state_before_the_batch():
+    image = base_image()
+    _, delta = image.apply(
+        [r.PartitionChange(T1, 0, isr=(1, 2)), r.PartitionChange(T1, 0, isr=(1, 2, 3))], 10
+    )
+    old, new = delta.changed_partitions[(T1, 0)]
+    assert old.partition_epoch == 0 and new.partition_epoch == 2 and new.isr == old.isr
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=12))
+def test_one_batch_equals_record_by_record(choices):
+    options = [
+        r.PartitionChange(T1, 0, isr=(1, 2)),
+        r.PartitionChange(T1, 1, leader=3),
+        r.Config("topic", "a", "retention.ms", "7"),
+        r.ClientQuota((("user", "u"),), "request_percentage", 1.0),
+        r.FenceBroker(2, 1),
+        r.UnfenceBroker(3, 1),
+    ]
+    records = [options[i] for i in choices]
+    batched, _ = base_image().apply(records, 30)
+    stepwise = base_image()
+    for offset, record in enumerate(records):
+        stepwise, _ = stepwise.apply([record], 30 - len(records) + 1 + offset)
+    assert batched == stepwise
