@@ -407,7 +407,8 @@ class Group:
             # Prefer a member that is already waiting in the join phase: it will get the
             # member list and can compute the assignment.
             waiting = [m.member_id for m in self.members.values() if m.join_token is not None]
-            self.leader_id = (waiting or list(self.members) or [None])[0]
+            candidates = waiting or list(self.members)
+            self.leader_id = candidates[0] if candidates else None
 
     def _remove_member(
         self, fx: GroupEffects, member_id: str, code: ErrorCode, now_ms: int
