@@ -32,6 +32,7 @@ class ControllerResult:
 
     @property
     def error_code(self) -> ErrorCode:
+        """The reply's error code; replies with per-item results carry theirs per item."""
         return getattr(self.reply, "error_code", NONE)
 
 
