@@ -27,6 +27,25 @@ class ProduceWait(enum.Enum):
     FLUSHED = "flushed"  # acks=1 under flush_policy=always: the leader fsynced it
 
 
+class ProduceAnswer(enum.Enum):
+    """When a produce is answered, after the leader appended it."""
+
+    NEVER = "never"  # acks=0
+    NOW = "now"  # acks=1 under flush_policy=interval
+    AFTER_FLUSH = "after_flush"  # acks=1 under flush_policy=always (park: ProduceWait.FLUSHED)
+    AFTER_HIGH_WATERMARK = "after_high_watermark"  # acks=all (park: HIGH_WATERMARK)
+
+
+def produce_answer(acks: int, flush_policy: str) -> ProduceAnswer:
+    if acks == 0:
+        return ProduceAnswer.NEVER
+    if acks == -1:
+        return ProduceAnswer.AFTER_HIGH_WATERMARK
+    if acks != 1:
+        raise ValueError(f"acks must be -1, 0 or 1, got {acks}")
+    return ProduceAnswer.AFTER_FLUSH if flush_policy == "always" else ProduceAnswer.NOW
+
+
 class FetchIsolation(enum.Enum):
     LOG_END = "log_end"  # replica fetches read up to the LEO
     HIGH_WATERMARK = "high_watermark"  # consumers never see data past the HW
@@ -52,6 +71,19 @@ class DelayedFetch:
     token: Any
     isolation: FetchIsolation = FetchIsolation.HIGH_WATERMARK
     done: bool = field(default=False, init=False)
+
+    @classmethod
+    def for_consumer(
+        cls,
+        key: Hashable,
+        fetch_offset: int,
+        fetch_min_bytes: int,
+        fetch_max_wait_ms: int,
+        now_ms: int,
+        token: Any,
+    ) -> DelayedFetch:
+        """A consumer fetch: waits for fetch_min_bytes below the HW, at most fetch_max_wait_ms."""
+        return cls(key, fetch_offset, fetch_min_bytes, now_ms + fetch_max_wait_ms, token)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ from raftlog.replication.purgatory import (
     DelayedProduce,
     FetchCompletion,
     FetchIsolation,
+    ProduceAnswer,
     ProduceCompletion,
     ProduceWait,
     Purgatory,
     PurgatoryFullError,
+    produce_answer,
 )
 
 KEY = ("topic", 0)
@@ -111,3 +113,22 @@ def test_leadership_loss_fails_everything_and_limit_is_enforced() -> None:
         FetchCompletion("b", ErrorCode.not_leader_or_follower, -1),
     ]
     assert len(purgatory) == 0 and purgatory.next_deadline_ms() is None
+
+
+def test_produce_answer_rules() -> None:
+    assert produce_answer(0, "always") is ProduceAnswer.NEVER
+    assert produce_answer(1, "interval") is ProduceAnswer.NOW
+    assert produce_answer(1, "always") is ProduceAnswer.AFTER_FLUSH
+    assert produce_answer(-1, "interval") is ProduceAnswer.AFTER_HIGH_WATERMARK
+    with pytest.raises(ValueError):
+        produce_answer(2, "always")
+
+
+def test_consumer_fetch_deadline_is_max_wait() -> None:
+    purgatory = Purgatory()
+    fetch = DelayedFetch.for_consumer(KEY, 0, 10 * BYTES_PER_OFFSET, 500, 1000, "c")
+    assert purgatory.add_fetch(fetch, progress(3, 20), size) is None
+    assert purgatory.next_deadline_ms() == 1500
+    assert purgatory.on_deadline(1500, lambda key: progress(4, 20)) == [
+        FetchCompletion("c", ErrorCode.none, 4)
+    ]

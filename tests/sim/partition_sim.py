@@ -67,6 +67,8 @@ class SimConfig:
 
 
 SAFE = SimConfig()
+# min ISR 1 alone is safe: with one ISR member left, the partition waits for it to return.
+SAFE_MIN_ISR_ONE = SimConfig(min_insync_replicas=1)
 # min ISR 1 with unclean election: a lagging replica may become leader and drop acked data.
 UNSAFE_UNCLEAN = SimConfig(min_insync_replicas=1, unclean_leader_election=True)
 # acks=1: the leader answers before anyone else has the write.

@@ -11,7 +11,14 @@ import os
 import pytest
 
 from tests.sim.partition_checker import ACKED_WRITE_LOST, InvariantViolation
-from tests.sim.partition_sim import SAFE, UNSAFE_ACKS_ONE, UNSAFE_UNCLEAN, SimConfig, run_seed
+from tests.sim.partition_sim import (
+    SAFE,
+    SAFE_MIN_ISR_ONE,
+    UNSAFE_ACKS_ONE,
+    UNSAFE_UNCLEAN,
+    SimConfig,
+    run_seed,
+)
 
 DEFAULT_SEEDS = 500
 # How many seeds the unsafe configurations may take to show a loss (they usually need few).
@@ -32,6 +39,12 @@ def test_safe_configuration_never_loses_acked_writes() -> None:
         total_acks += len(checker.acks)
     # The faults must not starve the producers, or the run proves nothing.
     assert total_acks >= 5 * len(seeds()), f"only {total_acks} acked writes"
+
+
+def test_min_isr_one_without_unclean_election_is_still_safe() -> None:
+    # Fewer seeds: this shows that the loss below comes from unclean election, not min ISR 1.
+    for seed in seeds()[:100]:
+        run_seed(seed, SAFE_MIN_ISR_ONE)
 
 
 def first_loss(config: SimConfig) -> InvariantViolation | None:
