@@ -72,3 +72,43 @@ def test_same_seed_replays_identically() -> None:
     second = run_seed(7, SAFE)
     assert [a.offset for a in first.acks] == [a.offset for a in second.acks]
     assert first.sim.events == second.sim.events
+
+
+def _follower_never_waits_for_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raftlog.replication.follower import FollowerState
+
+    monkeypatch.setattr(FollowerState, "awaiting_flush", property(lambda self: False))
+
+
+def _hw_from_committed_isr_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raftlog.replication.leader import LeaderState
+
+    monkeypatch.setattr(LeaderState, "maximal_isr", property(lambda self: self.state.isr))
+
+
+def _no_divergence_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from raftlog.replication.leader import LeaderState
+
+    original = LeaderState.on_follower_fetch
+
+    def blind(self, now_ms, replica_id, fetch_offset, last_fetched_epoch, epoch):
+        offset = min(fetch_offset, self.log.log_end_offset)
+        return original(self, now_ms, replica_id, offset, -1, epoch)
+
+    monkeypatch.setattr(LeaderState, "on_follower_fetch", blind)
+
+
+@pytest.mark.parametrize(
+    "break_core",
+    [_follower_never_waits_for_flush, _hw_from_committed_isr_only, _no_divergence_check],
+)
+def test_checker_catches_a_broken_core(monkeypatch: pytest.MonkeyPatch, break_core) -> None:
+    # The safe run proves something only if the checker fails when a rule is dropped.
+    break_core(monkeypatch)
+    for seed in range(50):
+        try:
+            run_seed(seed, SAFE)
+        except InvariantViolation as violation:
+            print(violation)
+            return
+    pytest.fail(f"{break_core.__name__}: no invariant broke in 50 seeds")
