@@ -73,6 +73,7 @@ class ReadResult:
     log_start_offset: int
     log_end_offset: int
     size_bytes: int = 0
+    next_offset: int = -1  # where the next read continues (-1: nothing was read)
 
     def read_bytes(self) -> bytes:
         return b"".join(region.read_bytes() for region in self.regions)
@@ -401,14 +402,19 @@ class PartitionLog:
             if position is None:
                 i += 1
                 continue
-            end = segment.end_position(position, limit, position + max(0, max_bytes))
+            end, next_offset = segment.end_position(position, limit, position + max(0, max_bytes))
             if end == position:
                 header = segment.header_at(position)
                 if not min_one_batch or header.last_offset >= limit:
                     return empty
                 end = position + header.size_bytes  # KIP-74: one batch even if too big
+                next_offset = header.next_offset
             return ReadResult(
-                [segment.region(position, end)], self._log_start, self._leo, end - position
+                [segment.region(position, end)],
+                self._log_start,
+                self._leo,
+                end - position,
+                next_offset,
             )
         return empty
 

@@ -102,15 +102,22 @@ class LogSegment:
                 return pos
         return None
 
-    def end_position(self, start_position: int, offset_limit: int, position_limit: int) -> int:
-        """End of the run of whole batches from start_position that stay below both limits."""
-        _, indexed = self.index.entry_before(offset_limit, position_limit)
-        position = max(start_position, indexed)
+    def end_position(
+        self, start_position: int, offset_limit: int, position_limit: int
+    ) -> tuple[int, int]:
+        """End of the run of whole batches from start_position that stay below both limits,
+        and the offset a reader continues from there."""
+        entry_offset, indexed = self.index.entry_before(offset_limit, position_limit)
+        position = start_position
+        next_offset = -1
+        if indexed > start_position:
+            # Batches before an index entry end below its offset and position: skip them.
+            position, next_offset = indexed, entry_offset
         for pos, header in self.headers_from(position):
             if header.last_offset >= offset_limit or pos + header.size_bytes > position_limit:
-                return pos
-            position = pos + header.size_bytes
-        return position
+                return pos, header.base_offset
+            position, next_offset = pos + header.size_bytes, header.next_offset
+        return position, next_offset
 
     def read_range(self, start: int, end: int) -> bytes:
         return os.pread(self.file.fileno(), end - start, start)

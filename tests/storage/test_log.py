@@ -57,6 +57,13 @@ def test_read_stops_at_max_offset_and_max_bytes(tmp_path: Path) -> None:
     assert offsets_of(one.read_bytes()) == [0, 1, 2]
     assert lg.read(0, 1, min_one_batch=False).regions == []
     assert len(lg.read(0, 500).read_bytes()) <= 500
+    # next_offset lets a reader walk the whole log without decoding anything
+    offset, seen = 0, []
+    while offset < lg.log_end_offset:
+        result = lg.read(offset, 700)
+        seen += offsets_of(result.read_bytes())
+        offset = result.next_offset
+    assert seen == list(range(lg.log_end_offset))
 
 
 def test_invalid_batch_is_rejected_and_nothing_appended(tmp_path: Path) -> None:
