@@ -17,6 +17,7 @@ from jepsen.history import ASSIGN, CRASH, FAIL, INFO, INVOKE, OK, READ_FS, Histo
 ANOMALY_TYPES: dict[str, str] = {
     "lost-write": "acknowledged send never read, though reads of its key got past its offset",
     "unseen": "acknowledged send never read by any poll, final polls included",
+    "vanished": "a value polls returned that the final polls did not return",
     "duplicate": "one value at more than one offset of its key",
     "inconsistent-offsets": "different values at the same key and offset",
     "aborted-read": "a poll returned a value whose send definitely failed",
@@ -103,6 +104,23 @@ def check_acknowledged(idx: Index, out: Anomalies) -> None:
                 out.add("lost-write", example)
             else:
                 out.add("unseen", example)
+
+
+def check_final_reads(idx: Index, out: Anomalies) -> None:
+    """vanished: a value some poll returned (so it was committed, whatever its send's
+    outcome) that the final polls, which read every key from the beginning to its end, did
+    not return. Catches a log that lost records after they were read, including a truncated
+    tail that no later read reaches. Only checked when some final poll succeeded."""
+    if not idx.final_polls_ok:
+        return
+    for key, log in sorted(idx.keys.items()):
+        final = log.final_values
+        for value, reader in log.first_reader.items():
+            if value not in final:
+                out.add(
+                    "vanished",
+                    {"key": key, "value": value, "offset": log.offset_of[value], "reader": reader},
+                )
 
 
 def check_consumer_order(history: History, idx: Index, out: Anomalies) -> None:
@@ -221,6 +239,7 @@ def run_all(history: History, idx: Index, max_examples: int = DEFAULT_MAX_EXAMPL
     check_log_shape(idx, out)
     check_reads_against_writes(idx, out)
     check_acknowledged(idx, out)
+    check_final_reads(idx, out)
     check_consumer_order(history, idx, out)
     check_producer_order(idx, out)
     return out

@@ -76,6 +76,7 @@ class KeyLog:
     # value -> every distinct offset it was seen at; only values seen at more than one
     dup_offsets: dict[Any, set[int]] = field(default_factory=dict)
     first_reader: dict[Any, int] = field(default_factory=dict)  # value -> first ok poll index
+    final_values: set[Any] = field(default_factory=set)  # values returned by ok final polls
     max_read_offset: int = -1
     max_read_index: int = -1  # the ok poll that read max_read_offset
     # Filled by finish(): the known offsets in order, and each one's dense position. Dense
@@ -101,7 +102,8 @@ class KeyLog:
 class Index:
     keys: dict[str, KeyLog] = field(default_factory=dict)
     writes: dict[str, dict[Any, Write]] = field(default_factory=dict)  # key -> value -> Write
-    has_final_polls: bool = False
+    has_final_polls: bool = False  # any final-poll invoked
+    final_polls_ok: int = 0
     # ok poll history index -> {key: offsets read, in returned order}, for the order checks
     poll_offsets: dict[int, dict[str, list[int]]] = field(default_factory=dict)
 
@@ -140,6 +142,8 @@ def build_index(history: History) -> Index:
                 continue
             if op.type != OK:
                 continue
+            is_final = op.f == FINAL_POLL
+            idx.final_polls_ok += is_final
             idx.poll_offsets[op.index] = per_key = {}
             for key, pairs in poll_reads(op).items():
                 log = idx.key(key)
@@ -155,6 +159,8 @@ def build_index(history: History) -> Index:
                         log.dup_offsets.setdefault(value, {first}).add(offset)
                     if value not in first_reader:
                         first_reader[value] = op.index
+                if is_final:
+                    log.final_values.update(v for _, v in pairs)
                 # max, not the last pair: a broken poll may return offsets out of order.
                 top = max(per_key[key], default=-1)
                 if top > log.max_read_offset:

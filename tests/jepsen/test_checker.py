@@ -81,6 +81,39 @@ def test_unseen_cleared_by_a_final_poll() -> None:
     assert results["valid"] and results["warnings"] == []
 
 
+# -- vanished -------------------------------------------------------------------------------
+
+
+def final_polls(h: HistoryBuilder, reads: dict[str, list[tuple[int, int]]]) -> HistoryBuilder:
+    h.crash(7)
+    h.assign(7, ["k"], seek_to_beginning=True)
+    h.poll(7, reads, f=FINAL_POLL)
+    return h
+
+
+def test_vanished_flagged_when_final_polls_miss_a_value_read_earlier() -> None:
+    h = sent(("k", 10, 0), ("k", 11, 1))
+    h.poll(1, {"k": [(0, 10), (1, 11)]})
+    final_polls(h, {"k": [(0, 10)]})  # the log lost its tail after it was read
+    assert found(h.build()) == {"vanished": 1}
+    assert example(h.build(), "vanished")["value"] == 11
+
+
+def test_vanished_not_flagged_when_final_polls_return_everything() -> None:
+    h = sent(("k", 10, 0), ("k", 11, 1))
+    h.poll(1, {"k": [(0, 10), (1, 11)]})
+    final_polls(h, {"k": [(0, 10), (1, 11)]})
+    assert found(h.build()) == {}
+
+
+def test_a_read_info_send_must_survive_to_the_final_polls() -> None:
+    h = HistoryBuilder()
+    h.send(9, "k", 10, type_="info")
+    h.poll(1, {"k": [(0, 10)]})  # it was read, so it was committed
+    final_polls(h, {})
+    assert found(h.build()) == {"vanished": 1}
+
+
 # -- duplicate ------------------------------------------------------------------------------
 
 
