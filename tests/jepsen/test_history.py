@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jepsen.history import (
     SCHEMA_NAME,
@@ -14,6 +16,8 @@ from jepsen.history import (
     HistoryWriter,
     Op,
     Recorder,
+    header,
+    parse_history,
     read_history,
     write_history,
 )
@@ -141,3 +145,31 @@ def test_fault_windows_pair_starts_with_stops() -> None:
         ("kill", ["n2"], 200, 1_700, False),  # still open: runs to the end of the history
         ("pause", ["n3"], 500, 1_700, False),
     ]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+ops_strategy = st.builds(
+    Op,
+    index=st.integers(0, 10**6),
+    process=st.integers(0, 50) | st.just("nemesis"),
+    type=st.sampled_from(["invoke", "ok", "fail", "info"]),
+    f=st.sampled_from(["send", "poll", "final-poll", "assign", "crash", "start", "stop"]),
+    value=json_values,
+    time_ns=st.integers(0, 2**62),
+    wall_s=st.floats(0, 2e9, allow_nan=False),
+    offset=st.none() | st.integers(0, 2**62),
+    error=st.none() | st.text(max_size=10),
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(ops=st.lists(ops_strategy, max_size=20))
+def test_any_history_survives_a_round_trip(ops: list[Op]) -> None:
+    lines = [json.dumps(header())] + [json.dumps(op.to_json()) for op in ops]
+    assert parse_history(lines).ops == ops
