@@ -448,7 +448,7 @@ def build_batch(
     base_ts = stamps[0]
     max_ts = max(stamps)
     body = bytearray()
-    deltas = []
+    deltas: list[int] = []
     for index, (record, ts) in enumerate(zip(records, stamps, strict=True)):
         delta = record.offset - base_offset if keep_offsets else index
         if (deltas and delta <= deltas[-1]) or delta < 0:

@@ -565,9 +565,7 @@ class PartitionLog:
         if ticket.target_offset > self._flushed:
             self._flushed = min(ticket.target_offset, self._leo)
         if ticket.checkpoints:
-            self._recovery_point = max(
-                self._recovery_point, int(ticket.checkpoints[RECOVERY_POINT_FILE]["recovery_point"])
-            )
+            self._recovery_point = max(self._recovery_point, ticket.target_offset)
 
     def flush_now(self) -> None:
         """Synchronous flush of everything (close, tests, tools)."""

@@ -103,6 +103,22 @@ class LogManager:
         self.flusher.register(partition_log)
         return partition_log
 
+    async def get_or_create_async(
+        self,
+        topic: str,
+        partition: int,
+        overrides: dict[str, str] | None = None,
+        *,
+        now_ms: int,
+    ) -> PartitionLog:
+        """get_or_create with the blocking open (fsyncs, recovery) in a worker thread."""
+        existing = self.logs.get((topic, partition))
+        if existing is not None:
+            return existing
+        return await trio.to_thread.run_sync(
+            lambda: self.get_or_create(topic, partition, overrides, now_ms=now_ms)
+        )
+
     def update_config(self, topic: str, partition: int, overrides: dict[str, str]) -> None:
         partition_log = self.logs[(topic, partition)]
         config = LogConfig.from_node_config(self.node_config, overrides)

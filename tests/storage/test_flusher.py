@@ -72,3 +72,25 @@ async def test_truncation_during_flush_does_not_overstate_flushed(tmp_path: Path
     await trio.to_thread.run_sync(lg.run_flush, ticket)
     lg.complete_flush(ticket)
     assert lg.flushed_offset <= 2
+
+
+async def test_crash_after_rolls_recovers_from_flusher_checkpoint(tmp_path: Path) -> None:
+    """No close(): the recovery point on disk is the one the flusher wrote after a roll."""
+    config = LogConfig(segment_bytes=800)
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        for i in range(30):
+            info = lg.append_as_leader(batch(2), leader_epoch=1 + i // 10, now_ms=0)
+            await flusher.flush(lg, info.last_offset + 1)
+        nursery.cancel_scope.cancel()
+    from raftlog.storage.checkpoint import read_checkpoint
+    from raftlog.storage.log import RECOVERY_POINT_FILE
+
+    recovery_point = read_checkpoint(tmp_path / "t-0" / RECOVERY_POINT_FILE, "recovery-point")
+    assert 0 < recovery_point["recovery_point"] <= 60
+    # simulate kill -9: drop the object without closing, then reopen
+    again = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    assert again.log_end_offset == 60
+    assert [e.epoch for e in again.epoch_cache.entries] == [1, 2, 3]
