@@ -452,9 +452,8 @@ class PartitionLog:
             self.truncate_fully_and_start_at(offset)
             return
         while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
-            segment = self.segments.pop()
-            segment.close()
-            segment.delete()
+            # delete() without close(): a reader's FileRegion keeps the old file readable
+            self.segments.pop().delete()
         segment = self.segments[-1]
         segment.truncate_to(offset)
         self._dirty_segments = [s for s in self._dirty_segments if s in self.segments]
@@ -468,7 +467,6 @@ class PartitionLog:
         """Empty the log; the next offset appended is `offset`."""
         self._check_open()
         for segment in self.segments:
-            segment.close()
             segment.delete()
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes)]
         self._dirty_segments = []

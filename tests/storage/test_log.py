@@ -170,3 +170,11 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     lg.close()
     again = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
     assert again.offset_for_timestamp(1252) == (77, 1252)
+
+
+def test_regions_survive_truncation_of_their_segment(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(lg, 30)
+    held = lg.read(80, 10**6)
+    lg.truncate_fully_and_start_at(500)
+    assert offsets_of(held.read_bytes())[0] <= 80
