@@ -112,53 +112,79 @@ class Message:
 
     def to_wire(self) -> list[Any]:
         out: list[Any] = [self.TAG]
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if f.name == "entries":
+        for name, kind in _spec(type(self)):
+            value = getattr(self, name)
+            if kind == "entries":
                 value = [e.to_wire() for e in value]
-            elif f.name == "preferred_successors":
+            elif kind == "ints":
                 value = list(value)
-            elif value is not None and f.name in _NESTED:
+            elif kind in _NESTED and value is not None:
                 value = value.to_wire()
             out.append(value)
         return out
 
     @classmethod
     def from_wire(cls, wire: Any) -> Any:
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-        values = _unpack(wire, len(fields) + 1, cls.__name__)
+        spec = _spec(cls)
+        values = _unpack(wire, len(spec) + 1, cls.__name__)
         if values[0] != cls.TAG:
             raise MessageDecodeError(f"{cls.__name__}: tag {values[0]!r} != {cls.TAG}")
-        kwargs: dict[str, Any] = {}
-        for f, value in zip(fields, values[1:], strict=True):
-            kwargs[f.name] = _decode_field(cls.__name__, f.name, f.type, value)
+        kwargs = {
+            name: _decode_field(cls.__name__, name, kind, value)
+            for (name, kind), value in zip(spec, values[1:], strict=True)
+        }
         return cls(**kwargs)
 
 
-def _decode_field(owner: str, name: str, type_name: Any, value: Any) -> Any:
-    if name == "entries":
-        if not isinstance(value, list | tuple):
-            raise MessageDecodeError(f"{owner}.entries: expected a list, got {value!r}")
-        return tuple(Entry.from_wire(e) for e in value)
-    if name == "preferred_successors":
-        if not isinstance(value, list | tuple):
-            raise MessageDecodeError(f"{owner}.{name}: expected a list, got {value!r}")
-        return tuple(_int(v) for v in value)
-    if name in _NESTED:
-        return None if value is None else _NESTED[name].from_wire(value)
-    type_text = str(type_name)
-    optional = "None" in type_text
-    if value is None:
-        if optional:
-            return None
-        raise MessageDecodeError(f"{owner}.{name}: None is not allowed")
-    if type_text.startswith("bool"):
+_SPECS: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _spec(cls: type) -> tuple[tuple[str, str], ...]:
+    """(field name, wire kind) per field, computed once per class (the codec's hot path)."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        kinds = []
+        for f in dataclasses.fields(cls):
+            type_text = str(f.type)
+            if f.name == "entries":
+                kind = "entries"
+            elif f.name == "preferred_successors":
+                kind = "ints"
+            elif f.name in _NESTED:
+                kind = f.name
+            elif type_text.startswith("bool"):
+                kind = "bool"
+            elif type_text.startswith("bytes"):
+                kind = "bytes"
+            else:
+                kind = "opt_int" if "None" in type_text else "int"
+            kinds.append((f.name, kind))
+        spec = _SPECS[cls] = tuple(kinds)
+    return spec
+
+
+def _decode_field(owner: str, name: str, kind: str, value: Any) -> Any:
+    if kind == "int":
+        if type(value) is int:
+            return value
+        if value is None:
+            raise MessageDecodeError(f"{owner}.{name}: None is not allowed")
+        return _int(value)
+    if kind == "opt_int":
+        return None if value is None else _int(value)
+    if kind == "bool":
         if not isinstance(value, bool):
-            raise MessageDecodeError(f"{owner}.{name}: expected bool, got {value!r}")
+            raise MessageDecodeError(f"{owner}.{name}: expected bool, got {value!r:.100}")
         return value
-    if type_text.startswith("bytes"):
+    if kind == "bytes":
         return _bytes(value)
-    return _int(value)
+    if kind in _NESTED:
+        return None if value is None else _NESTED[kind].from_wire(value)
+    if not isinstance(value, list | tuple):
+        raise MessageDecodeError(f"{owner}.{name}: expected a list, got {value!r:.100}")
+    if kind == "entries":
+        return tuple(Entry.from_wire(e) for e in value)
+    return tuple(_int(v) for v in value)
 
 
 def _unpack(wire: Any, arity: int, what: str) -> list[Any]:

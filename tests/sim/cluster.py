@@ -24,6 +24,17 @@ import msgpack
 from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
 from raftlog.metadata.raft_messages import Entry, Message, message_from_wire
 
+# Short timeouts keep simulated time cheap; their ratios are the production ones.
+SIM_RAFT_CONFIG = RaftConfig(
+    election_timeout_ms=300,
+    fetch_timeout_ms=1000,
+    election_backoff_max_ms=300,
+    fetch_max_wait_ms=400,
+    max_fetch_entries=20,
+    snapshot_chunk_bytes=64,  # small, so that snapshot transfer takes several chunks
+    request_timeout_ms=300,
+)
+
 
 class SimulationError(AssertionError):
     """An invariant broke; the message names the seed that replays it."""
@@ -89,15 +100,7 @@ class Simulation:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now_ms = 0
-        self.config = config or RaftConfig(
-            election_timeout_ms=300,
-            fetch_timeout_ms=600,
-            election_backoff_max_ms=300,
-            fetch_max_wait_ms=200,
-            max_fetch_entries=20,
-            snapshot_chunk_bytes=64,
-            request_timeout_ms=300,
-        )
+        self.config = config or SIM_RAFT_CONFIG
         self.network = network or NetworkConfig()
         self.voter_ids = frozenset(range(1, voters + 1))
         all_ids = range(1, voters + observers + 1)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.sim.cluster import SIM_RAFT_CONFIG
 from tests.sim.scenarios import Step, run_scenario
 
-FETCH_TIMEOUT_MS = 600  # the simulator's RaftConfig.fetch_timeout_ms
+FETCH_TIMEOUT_MS = SIM_RAFT_CONFIG.fetch_timeout_ms
 
 DIVERGENCE_AFTER_LEADER_CHANGE: list[Step] = [
     ("until_leader", 5000),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tests.sim.cluster import Simulation
 
-DEFAULT_DURATION_MS = 60_000
+DEFAULT_DURATION_MS = 120_000
 LIVENESS_BOUND_MS = 30_000
 
 
@@ -27,7 +27,7 @@ def run_seed(
     net.drop_probability = rng.choice([0.0, 0.01, 0.05])
     net.duplicate_probability = rng.choice([0.0, 0.01, 0.05])
     net.flush_max_delay_ms = rng.choice([1, 10, 50])
-    client_gap_ms = rng.choice([100, 300, 1000])
+    client_gap_ms = rng.choice([200, 500, 1500])
     fault_gap_ms = rng.choice([1500, 4000, 10_000])
     snapshot_gap_ms = rng.choice([2000, 8000])
     all_ids = sorted(sim.nodes)
