@@ -1,0 +1,419 @@
+"""Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups.
+
+Each handler maps the kio request of whatever version the client spoke onto the
+version-neutral types of raftlog.groups.messages, calls the node's GroupService, and maps the
+answer back to a dict of kio field names (`codec.build` drops what the version lacks). The
+group logic itself lives in raftlog.groups; nothing here decides membership or offsets.
+
+`register_group_apis(registry, service)` adds them to an ApiRegistry; `GROUP_VERSION_TABLE`
+is the advertised ranges (why each: docs/protocol.md, "Consumer groups").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from raftlog.errors import ErrorCode
+from raftlog.groups import messages as m
+from raftlog.groups.service import CoordinatorLocation, GroupService
+from raftlog.net.kafka.apis import ApiRegistry
+from raftlog.net.kafka.context import Handler, RequestContext
+from raftlog.net.kafka.handlers_util import to_ms
+
+log = logging.getLogger("raftlog.kafka")
+
+# FindCoordinator key types (KIP-98 transaction, KIP-932 share).
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+# What DescribeGroups reports for authorized operations when it does not compute them.
+NO_AUTHORIZED_OPERATIONS = -2147483648
+# Every group this coordinator serves speaks the classic protocol (KIP-848 groups are
+# "consumer"); ListGroups v5 reports and filters by it.
+CLASSIC_GROUP_TYPE = "classic"
+# Bounds on one request's fan-out, so a single request cannot make the node do unbounded
+# work (Kafka has no such limit; real clients send one group or a handful).
+MAX_COORDINATOR_KEYS_PER_REQUEST = 10_000
+MAX_GROUPS_PER_REQUEST = 10_000
+
+
+class ApiKey:
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    DELETE_GROUPS = 42
+
+
+# api key -> (min version, max version). Minimums are the oldest kio models (Kafka 4's);
+# maximums are the newest that still name topics and use the classic protocol.
+GROUP_VERSION_TABLE: dict[int, tuple[int, int]] = {
+    # v0 must be in range: librdkafka enables LZ4 only when FindCoordinator v0 is.
+    ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.JOIN_GROUP: (0, 9),
+    ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.HEARTBEAT: (0, 4),
+    ApiKey.LEAVE_GROUP: (0, 5),
+    # v10 addresses topics by id only.
+    ApiKey.OFFSET_COMMIT: (2, 9),
+    ApiKey.OFFSET_FETCH: (1, 9),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 6),
+    ApiKey.DELETE_GROUPS: (0, 2),
+}
+
+
+def register_group_apis(registry: ApiRegistry, service: GroupService) -> None:
+    """Add every group API, answered by `service`, to `registry` (call once per node)."""
+    handlers = GroupHandlers(service)
+    table: dict[int, Handler] = {
+        ApiKey.FIND_COORDINATOR: handlers.find_coordinator,
+        ApiKey.JOIN_GROUP: handlers.join_group,
+        ApiKey.SYNC_GROUP: handlers.sync_group,
+        ApiKey.HEARTBEAT: handlers.heartbeat,
+        ApiKey.LEAVE_GROUP: handlers.leave_group,
+        ApiKey.OFFSET_COMMIT: handlers.offset_commit,
+        ApiKey.OFFSET_FETCH: handlers.offset_fetch,
+        ApiKey.LIST_GROUPS: handlers.list_groups,
+        ApiKey.DESCRIBE_GROUPS: handlers.describe_groups,
+        ApiKey.DELETE_GROUPS: handlers.delete_groups,
+    }
+    for api_key, (lo, hi) in GROUP_VERSION_TABLE.items():
+        registry.register(api_key, lo, hi, table[api_key])
+
+
+def _client_host(ctx: RequestContext) -> str:
+    # Kafka reports InetAddress.toString(): "/127.0.0.1".
+    host = ctx.connection.peer.rsplit(":", 1)[0]
+    return f"/{host}"
+
+
+def _error_message(code: ErrorCode) -> str | None:
+    return None if code is ErrorCode.none else code.name.upper()
+
+
+class GroupHandlers:
+    """The group API handlers, bound to one GroupService."""
+
+    def __init__(self, service: GroupService) -> None:
+        self.service = service
+
+    # ------------------------------------------------------------------ FindCoordinator
+    async def _locate(self, key_type: int, key: str) -> CoordinatorLocation:
+        if key_type == KEY_TYPE_TRANSACTION:
+            # No transaction coordinator yet: retriable for the client, which then fails
+            # its transactional init with a clear timeout instead of a protocol error.
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        if key_type != KEY_TYPE_GROUP:
+            return CoordinatorLocation(ErrorCode.invalid_request)
+        return await self.service.coordinator_for(key)
+
+    async def find_coordinator(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
+        if ctx.api_version >= 4:
+            keys = list(request.coordinator_keys)
+            if len(keys) > MAX_COORDINATOR_KEYS_PER_REQUEST:
+                coordinators = [
+                    _coordinator_dict(k, CoordinatorLocation(ErrorCode.invalid_request))
+                    for k in keys
+                ]
+            else:
+                coordinators = [_coordinator_dict(k, await self._locate(key_type, k)) for k in keys]
+            return {"coordinators": coordinators}
+        code, node_id, host, port = await self._locate(key_type, request.key)
+        return {
+            "error_code": code,
+            "error_message": _error_message(code),
+            "node_id": node_id,
+            "host": host,
+            "port": port,
+        }
+
+    # ------------------------------------------------------------------ membership
+    async def join_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        session_timeout_ms = to_ms(request.session_timeout)
+        req = m.JoinGroupRequest(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            protocol_type=request.protocol_type,
+            protocols=tuple((p.name, bytes(p.metadata)) for p in request.protocols),
+            session_timeout_ms=session_timeout_ms,
+            # v0 has no rebalance timeout: Kafka uses the session timeout for both.
+            rebalance_timeout_ms=to_ms(
+                getattr(request, "rebalance_timeout", None), session_timeout_ms
+            ),
+            group_instance_id=getattr(request, "group_instance_id", None),
+            client_id=ctx.client_id,
+            client_host=_client_host(ctx),
+            # KIP-394: only v4+ clients know to retry with the member id we hand out.
+            require_known_member_id=ctx.api_version >= 4,
+        )
+        reason = getattr(request, "reason", None)
+        if reason:
+            log.debug("JoinGroup %r from %r: %s", req.group_id, req.member_id, reason)
+        resp = await self.service.shell.join_group(req)
+        protocol_name = resp.protocol_name
+        if protocol_name is None and ctx.api_version < 7:
+            protocol_name = ""  # non-nullable before v7
+        return {
+            "error_code": resp.error_code,
+            "generation_id": resp.generation_id,
+            "protocol_type": resp.protocol_type,
+            "protocol_name": protocol_name,
+            "leader": resp.leader,
+            "skip_assignment": False,
+            "member_id": resp.member_id,
+            "members": [
+                {
+                    "member_id": mem.member_id,
+                    "group_instance_id": mem.group_instance_id,
+                    "metadata": mem.metadata,
+                }
+                for mem in resp.members
+            ],
+        }
+
+    async def sync_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        req = m.SyncGroupRequest(
+            group_id=request.group_id,
+            generation_id=request.generation_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            protocol_type=getattr(request, "protocol_type", None),
+            protocol_name=getattr(request, "protocol_name", None),
+            assignments=tuple((a.member_id, bytes(a.assignment)) for a in request.assignments),
+        )
+        resp = await self.service.shell.sync_group(req)
+        return {
+            "error_code": resp.error_code,
+            "protocol_type": resp.protocol_type,
+            "protocol_name": resp.protocol_name,
+            "assignment": resp.assignment,
+        }
+
+    async def heartbeat(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        req = m.HeartbeatRequest(
+            group_id=request.group_id,
+            generation_id=request.generation_id,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+        )
+        resp = await self.service.shell.heartbeat(req)
+        return {"error_code": resp.error_code}
+
+    async def leave_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        if ctx.api_version >= 3:
+            members = tuple(
+                m.LeaveMember(x.member_id, x.group_instance_id) for x in request.members
+            )
+        else:
+            members = (m.LeaveMember(request.member_id),)
+        resp = await self.service.shell.leave_group(m.LeaveGroupRequest(request.group_id, members))
+        code = resp.error_code
+        if ctx.api_version < 3 and code is ErrorCode.none and resp.members:
+            # v0-2 have only the top-level code: it carries the one member's result.
+            code = resp.members[0].error_code
+        return {
+            "error_code": code,
+            "members": [
+                {
+                    "member_id": r.member_id,
+                    "group_instance_id": r.group_instance_id,
+                    "error_code": r.error_code,
+                }
+                for r in resp.members
+            ],
+        }
+
+    # ------------------------------------------------------------------ offsets
+    async def offset_commit(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        req = m.OffsetCommitRequest(
+            group_id=request.group_id,
+            topics=tuple(
+                m.OffsetCommitTopic(
+                    t.name,
+                    tuple(
+                        m.OffsetCommitPartition(
+                            p.partition_index,
+                            p.committed_offset,
+                            getattr(p, "committed_leader_epoch", -1),
+                            p.committed_metadata,
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in request.topics
+            ),
+            generation_id=request.generation_id_or_member_epoch,
+            member_id=request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+        )
+        # v2-4 carry a retention time; offsets do not expire yet (docs/groups.md).
+        resp = await self.service.shell.offset_commit(req)
+        return {
+            "topics": [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        {"partition_index": p.partition, "error_code": p.error_code}
+                        for p in t.partitions
+                    ],
+                }
+                for t in resp.topics
+            ]
+        }
+
+    async def _fetch_one(
+        self, group_id: str, topics: Iterable[Any] | None, require_stable: bool
+    ) -> tuple[m.OffsetFetchResponse, m.OffsetFetchRequest]:
+        req = m.OffsetFetchRequest(
+            group_id=group_id,
+            topics=None
+            if topics is None
+            else tuple(m.OffsetFetchTopic(t.name, tuple(t.partition_indexes)) for t in topics),
+            # Without transactions no offset is ever pending, so every fetch is stable.
+            require_stable=require_stable,
+        )
+        return await self.service.shell.offset_fetch(req), req
+
+    async def offset_fetch(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        require_stable = bool(getattr(request, "require_stable", False))
+        if ctx.api_version >= 8:
+            groups = list(request.groups)
+            if len(groups) > MAX_GROUPS_PER_REQUEST:
+                return {
+                    "groups": [
+                        {
+                            "group_id": g.group_id,
+                            "topics": [],
+                            "error_code": ErrorCode.invalid_request,
+                        }
+                        for g in groups
+                    ]
+                }
+            out = []
+            for group in groups:
+                resp, _ = await self._fetch_one(group.group_id, group.topics, require_stable)
+                out.append(
+                    {
+                        "group_id": group.group_id,
+                        "topics": _fetched_topics(resp.topics),
+                        "error_code": resp.error_code,
+                    }
+                )
+            return {"groups": out}
+        resp, req = await self._fetch_one(request.group_id, request.topics, require_stable)
+        if ctx.api_version < 2 and resp.error_code is not ErrorCode.none:
+            # v1 has no top-level error: every requested partition carries it (as Kafka).
+            topics = [
+                {
+                    "name": t.name,
+                    "partitions": [
+                        _fetched_partition(m.FetchedOffset(p, -1, error_code=resp.error_code))
+                        for p in t.partitions
+                    ],
+                }
+                for t in req.topics or ()
+            ]
+            return {"topics": topics, "error_code": resp.error_code}
+        return {"topics": _fetched_topics(resp.topics), "error_code": resp.error_code}
+
+    # ------------------------------------------------------------------ admin
+    async def list_groups(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        states_filter = tuple(getattr(request, "states_filter", ()))
+        types_filter = {t.lower() for t in getattr(request, "types_filter", ())}
+        resp = await self.service.shell.list_groups(states_filter)
+        groups = resp.groups
+        if types_filter and CLASSIC_GROUP_TYPE not in types_filter:
+            groups = ()
+        return {
+            "error_code": resp.error_code,
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "protocol_type": g.protocol_type,
+                    "group_state": g.state,
+                    "group_type": CLASSIC_GROUP_TYPE,
+                }
+                for g in groups
+            ],
+        }
+
+    async def describe_groups(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        group_ids = list(request.groups)
+        if len(group_ids) > MAX_GROUPS_PER_REQUEST:
+            described = [m.DescribedGroup(g, ErrorCode.invalid_request, "") for g in group_ids]
+        else:
+            described = await self.service.shell.describe_groups(group_ids)
+        return {"groups": [_described_dict(ctx.api_version, g) for g in described]}
+
+    async def delete_groups(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        names = list(request.groups_names)
+        if len(names) > MAX_GROUPS_PER_REQUEST:
+            results = [m.DeleteGroupResult(g, ErrorCode.invalid_request) for g in names]
+        else:
+            results = await self.service.shell.delete_groups(names)
+        return {"results": [{"group_id": r.group_id, "error_code": r.error_code} for r in results]}
+
+
+def _coordinator_dict(key: str, location: CoordinatorLocation) -> dict[str, Any]:
+    code, node_id, host, port = location
+    return {
+        "key": key,
+        "node_id": node_id,
+        "host": host,
+        "port": port,
+        "error_code": code,
+        "error_message": _error_message(code),
+    }
+
+
+def _fetched_partition(p: m.FetchedOffset) -> dict[str, Any]:
+    return {
+        "partition_index": p.partition,
+        "committed_offset": p.offset,
+        "committed_leader_epoch": p.leader_epoch,
+        "metadata": p.metadata,
+        "error_code": p.error_code,
+    }
+
+
+def _fetched_topics(topics: Iterable[m.FetchedTopic]) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "partitions": [_fetched_partition(p) for p in t.partitions]}
+        for t in topics
+    ]
+
+
+def _described_dict(version: int, g: m.DescribedGroup) -> dict[str, Any]:
+    code, message = g.error_code, None
+    if version >= 6 and code is ErrorCode.none and g.state == "Dead":
+        # KIP-1043: v6 reports an unknown group as an error instead of a Dead group.
+        code, message = ErrorCode.group_id_not_found, f"group {g.group_id!r} not found"
+    return {
+        "error_code": code,
+        "error_message": message,
+        "group_id": g.group_id,
+        "group_state": g.state,
+        "protocol_type": g.protocol_type,
+        "protocol_data": g.protocol_data,
+        "members": [
+            {
+                "member_id": mem.member_id,
+                "group_instance_id": mem.group_instance_id,
+                "client_id": mem.client_id,
+                "client_host": mem.client_host,
+                "member_metadata": mem.metadata,
+                "member_assignment": mem.assignment,
+            }
+            for mem in g.members
+        ],
+        "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+    }
