@@ -1,0 +1,262 @@
+"""Nemeses: faults injected on a schedule, each recorded in the history as a start/stop pair.
+
+Families (``--nemesis kill,pause,partition,restart``; ``all`` is every one):
+
+- ``kill``      kill -9, restarted at the stop: one random node, the controller (metadata
+                quorum) leader, a partition leader, or a majority of nodes;
+- ``pause``     SIGSTOP, SIGCONT at the stop: a random node, the controller leader or a
+                partition leader;
+- ``partition`` dropped packets (a grudge): isolate one node, isolate the controller leader,
+                random halves, a majorities ring, or a bridge;
+- ``restart``   every node killed and restarted together (no membership change).
+
+The schedule is Jepsen's: wait an interval, start a fault of a random enabled family, wait
+an interval, stop it, repeat, until cancelled. Whatever is cancelled, ``heal_all`` always runs
+so the final reads see a whole cluster. The cluster is anything with the ClusterControl
+methods (the real jepsen.cluster.Cluster, or a fake in tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from jepsen.history import FAULT_START, FAULT_STOP, Recorder
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("kill", "pause", "partition", "restart")
+MODES = {
+    "kill": ("one", "controller-leader", "partition-leader", "majority"),
+    "pause": ("one", "controller-leader", "partition-leader"),
+    "partition": ("one", "controller-leader", "halves", "ring", "bridge"),
+    "restart": ("all",),
+}
+# Healing must finish even when the run is being cancelled; past this something is wrong
+# with the machine and the run reports it rather than hanging.
+HEAL_TIMEOUT_S = 60.0
+# One fault's start (a leader lookup and a few signals or nft calls) gives up after this.
+START_TIMEOUT_S = 20.0
+
+Grudge = dict[str, list[str]]
+
+
+class ClusterControl(Protocol):
+    @property
+    def names(self) -> list[str]: ...
+    async def kill(self, name: str) -> None: ...
+    async def start(self, name: str) -> None: ...
+    async def pause(self, name: str) -> None: ...
+    async def resume(self, name: str) -> None: ...
+    async def partition(self, grudge: Mapping[str, Sequence[str]]) -> None: ...
+    async def heal_network(self) -> None: ...
+    async def controller_leader(self) -> str | None: ...
+    async def partition_leaders(self) -> dict[int, str]: ...
+
+
+def parse_families(spec: str) -> list[str]:
+    """ "kill,partition" -> ["kill", "partition"]; "all" -> every family; "none" or "" -> []."""
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if items in ([], ["none"]):
+        return []
+    if items == ["all"]:
+        return list(FAMILIES)
+    unknown = [s for s in items if s not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown nemesis {unknown}; choose from {', '.join(FAMILIES)}, all, none")
+    return list(dict.fromkeys(items))
+
+
+# -- grudges: for each node, the peers it cannot hear (always symmetric) ----------------------
+
+
+def complete_grudge(side_a: Iterable[str], side_b: Iterable[str]) -> Grudge:
+    """Nobody in side_a hears anybody in side_b, and the reverse."""
+    a, b = sorted(side_a), sorted(side_b)
+    grudge: Grudge = {n: list(b) for n in a}
+    grudge.update({n: list(a) for n in b})
+    return grudge
+
+
+def isolate(node: str, nodes: Sequence[str]) -> Grudge:
+    return complete_grudge([node], [n for n in nodes if n != node])
+
+
+def halves(nodes: Sequence[str], rng: random.Random) -> tuple[Grudge, list[str]]:
+    """Random minority | majority split; returns the grudge and the minority side."""
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    minority = sorted(shuffled[: len(nodes) // 2])
+    return complete_grudge(minority, shuffled[len(nodes) // 2 :]), minority
+
+
+def majorities_ring(nodes: Sequence[str], rng: random.Random) -> Grudge:
+    """Nodes on a shuffled ring each hear only their nearest neighbours, so every node sees a
+    majority (itself included) but no two see the same one. Needs 5+ nodes: with 3, a node's
+    two neighbours are everyone, so it degenerates to isolating one node's link to another
+    (each node still sees a majority of two)."""
+    ring = list(nodes)
+    rng.shuffle(ring)
+    n = len(ring)
+    if n < 5:
+        # 3 nodes: cut a single link; the two ends each keep a majority through the third.
+        return complete_grudge([ring[0]], [ring[1]])
+    # Neighbours on each side so that the node plus 2*reach is at least a majority.
+    reach = (n // 2 + 1) // 2
+    grudge: Grudge = {}
+    for i, node in enumerate(ring):
+        near = {ring[(i + d) % n] for d in range(-reach, reach + 1)}
+        grudge[node] = sorted(set(ring) - near)
+    return grudge
+
+
+def bridge(nodes: Sequence[str], rng: random.Random) -> tuple[Grudge, str]:
+    """Two halves that cannot talk, and one node in the middle that hears both; returns the
+    grudge and the bridging node."""
+    shuffled = list(nodes)
+    rng.shuffle(shuffled)
+    half = len(shuffled) // 2
+    middle = shuffled[half]
+    return complete_grudge(shuffled[:half], shuffled[half + 1 :]), middle
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    """An applied fault: what to record at its stop and what undoes it."""
+
+    family: str
+    kind: str
+    targets: list[str]
+
+
+class Nemesis:
+    def __init__(
+        self,
+        cluster: ClusterControl,
+        families: Sequence[str],
+        recorder: Recorder,
+        rng: random.Random,
+        interval_s: float,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.cluster = cluster
+        self.families = list(families)
+        self.recorder = recorder
+        self.rng = rng
+        self.interval_s = interval_s
+        self.active: list[Fault] = []
+        self.started = 0
+
+    # ------------------------------------------------------------------ schedule
+    async def run(self) -> None:
+        """Start and stop faults until cancelled, then heal everything (shielded)."""
+        try:
+            if not self.families:
+                await trio.sleep_forever()
+            while True:
+                await trio.sleep(self.interval_s)
+                family = self.rng.choice(self.families)
+                with trio.move_on_after(START_TIMEOUT_S):
+                    await self.start_fault(family)
+                await trio.sleep(self.interval_s)
+                await self.stop_all_active()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.heal_all()
+
+    async def start_fault(self, family: str) -> Fault | None:
+        mode = self.rng.choice(MODES[family])
+        names = list(self.cluster.names)
+        try:
+            fault = await self._apply(family, mode, names)
+        except Exception as exc:
+            # The fault did not take (e.g. a lookup failed): record it as a failed start.
+            log.warning("nemesis %s-%s failed to start: %r", family, mode, exc)
+            self.recorder.fault(FAULT_START, f"{family}-{mode}", [], applied=False)
+            return None
+        self.recorder.fault(FAULT_START, fault.kind, fault.targets)
+        self.active.append(fault)
+        self.started += 1
+        return fault
+
+    async def _target(self, mode: str, names: list[str]) -> tuple[str, str]:
+        """One node for a single-node mode, falling back to a random one when the leader is
+        unknown; the returned mode says which it was."""
+        if mode == "controller-leader":
+            leader = await self.cluster.controller_leader()
+            if leader is not None:
+                return leader, mode
+        elif mode == "partition-leader":
+            leaders = await self.cluster.partition_leaders()
+            if leaders:
+                return leaders[self.rng.choice(sorted(leaders))], mode
+        return self.rng.choice(names), "one"
+
+    async def _apply(self, family: str, mode: str, names: list[str]) -> Fault:
+        if family == "kill":
+            if mode == "majority":
+                targets = sorted(self.rng.sample(names, len(names) // 2 + 1))
+            else:
+                target, mode = await self._target(mode, names)
+                targets = [target]
+            for t in targets:
+                await self.cluster.kill(t)
+            return Fault(family, f"kill-{mode}", targets)
+        if family == "pause":
+            target, mode = await self._target(mode, names)
+            await self.cluster.pause(target)
+            return Fault(family, f"pause-{mode}", [target])
+        if family == "partition":
+            if mode in ("one", "controller-leader"):
+                target, mode = await self._target(mode, names)
+                grudge, targets = isolate(target, names), [target]
+            elif mode == "halves":
+                grudge, targets = halves(names, self.rng)
+            elif mode == "ring":
+                grudge = majorities_ring(names, self.rng)
+                targets = sorted(n for n, g in grudge.items() if g)
+            else:
+                grudge, middle = bridge(names, self.rng)
+                targets = [middle]
+            await self.cluster.partition(grudge)
+            return Fault(family, f"partition-{mode}", targets)
+        if family == "restart":
+            for name in names:
+                await self.cluster.kill(name)
+            return Fault(family, "restart-all", sorted(names))
+        raise ValueError(f"unknown nemesis family {family!r}")
+
+    async def stop_fault(self, fault: Fault) -> None:
+        if fault.family in ("kill", "restart"):
+            for name in fault.targets:
+                await self.cluster.start(name)
+        elif fault.family == "pause":
+            for name in fault.targets:
+                await self.cluster.resume(name)
+        elif fault.family == "partition":
+            await self.cluster.heal_network()
+        self.active.remove(fault)
+        self.recorder.fault(FAULT_STOP, fault.kind, fault.targets)
+
+    async def stop_all_active(self) -> None:
+        for fault in list(self.active):
+            await self.stop_fault(fault)
+
+    async def heal_all(self) -> None:
+        """Stop every recorded fault, then make sure of it: every node resumed and running,
+        the network whole. Safe to call any number of times."""
+        with trio.fail_after(HEAL_TIMEOUT_S):
+            await self.stop_all_active()
+            await self.cluster.heal_network()
+            for name in self.cluster.names:
+                await self.cluster.resume(name)
+                await self.cluster.start(name)

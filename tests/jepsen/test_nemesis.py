@@ -1,0 +1,201 @@
+"""Nemesis scheduling and fault choice against a fake cluster (the one fake: at the edge)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock
+
+from jepsen.history import FAULT_START, FAULT_STOP, Recorder
+from jepsen.nemesis import (
+    FAMILIES,
+    Nemesis,
+    bridge,
+    halves,
+    isolate,
+    majorities_ring,
+    parse_families,
+)
+
+
+class FakeCluster:
+    """Records every control call with trio's (mock) time; tracks node states so tests can
+    assert that the run ends whole."""
+
+    def __init__(self, n: int = 5, controller: str | None = "n1") -> None:
+        self.names = [f"n{i}" for i in range(1, n + 1)]
+        self.up = set(self.names)
+        self.paused: set[str] = set()
+        self.grudge: dict[str, list[str]] = {}
+        self.controller = controller
+        self.calls: list[tuple[float, str, object]] = []
+
+    def _log(self, what: str, arg: object = None) -> None:
+        self.calls.append((trio.current_time(), what, arg))
+
+    async def kill(self, name: str) -> None:
+        self._log("kill", name)
+        self.up.discard(name)
+
+    async def start(self, name: str) -> None:
+        self._log("start", name)
+        self.up.add(name)
+
+    async def pause(self, name: str) -> None:
+        self._log("pause", name)
+        self.paused.add(name)
+
+    async def resume(self, name: str) -> None:
+        self._log("resume", name)
+        self.paused.discard(name)
+
+    async def partition(self, grudge: Mapping[str, Sequence[str]]) -> None:
+        self._log("partition", dict(grudge))
+        self.grudge = {k: list(v) for k, v in grudge.items()}
+
+    async def heal_network(self) -> None:
+        self._log("heal", None)
+        self.grudge = {}
+
+    async def controller_leader(self) -> str | None:
+        return self.controller
+
+    async def partition_leaders(self) -> dict[int, str]:
+        return {0: "n2", 1: "n3"}
+
+    @property
+    def whole(self) -> bool:
+        return self.up == set(self.names) and not self.paused and not self.grudge
+
+
+def recorder() -> Recorder:
+    return Recorder(lambda: int(trio.current_time() * 1e9))
+
+
+async def run_nemesis(nemesis: Nemesis, limit_s: float) -> None:
+    with trio.move_on_after(limit_s):
+        await nemesis.run()
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_schedule_alternates_start_and_stop_every_interval(
+    seed: int, mock_clock: MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0
+    cluster, rec = FakeCluster(), recorder()
+    nemesis = Nemesis(cluster, list(FAMILIES), rec, random.Random(seed), interval_s=10)
+    t0 = trio.current_time()
+    await run_nemesis(nemesis, 65)
+    events = [(round((op.time_ns / 1e9) - t0), op.f, op.type) for op in rec.history.ops]
+    starts = [t for t, f, _ in events if f == FAULT_START]
+    stops = [t for t, f, _ in events if f == FAULT_STOP]
+    assert starts == [10, 30, 50], f"seed={seed} {events}"
+    # Three scheduled stops plus nothing left for the final heal.
+    assert stops == [20, 40, 60], f"seed={seed} {events}"
+    assert all(op.type == "info" for op in rec.history.ops), f"seed={seed}"
+    assert cluster.whole, f"seed={seed}"
+    assert not any(w.healed is False for w in rec.history.fault_windows()), f"seed={seed}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_cancel_mid_fault_heals_and_records_the_stop(
+    family: str, mock_clock: MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0
+    seed = 3
+    cluster, rec = FakeCluster(), recorder()
+    nemesis = Nemesis(cluster, [family], rec, random.Random(seed), interval_s=10)
+    await run_nemesis(nemesis, 15)  # cancelled 5 s into the first fault
+    windows = rec.history.fault_windows()
+    assert len(windows) == 1 and windows[0].healed, f"seed={seed} {windows}"
+    assert windows[0].kind.startswith(family + "-")
+    assert cluster.whole, f"seed={seed} family={family}"
+    assert not nemesis.active
+
+
+async def test_no_nemesis_records_nothing(mock_clock: MockClock) -> None:
+    mock_clock.autojump_threshold = 0
+    cluster, rec = FakeCluster(), recorder()
+    await run_nemesis(Nemesis(cluster, [], rec, random.Random(0), interval_s=1), 30)
+    assert rec.history.ops == []
+    assert cluster.whole
+
+
+async def test_leader_targeting_and_fallback(mock_clock: MockClock) -> None:
+    mock_clock.autojump_threshold = 0
+    rng = random.Random(1)
+    for mode, expect in (("controller-leader", "n1"), ("partition-leader", {"n2", "n3"})):
+        cluster, rec = FakeCluster(), recorder()
+        nemesis = Nemesis(cluster, ["kill"], rec, rng, interval_s=1)
+        target, used = await nemesis._target(mode, cluster.names)
+        assert used == mode and (target == expect or target in expect)
+    # No known controller leader: a random node, and the recorded mode says so.
+    cluster = FakeCluster(controller=None)
+    nemesis = Nemesis(cluster, ["kill"], recorder(), rng, interval_s=1)
+    target, used = await nemesis._target("controller-leader", cluster.names)
+    assert used == "one" and target in cluster.names
+
+
+async def test_failed_start_is_recorded_as_fail(mock_clock: MockClock) -> None:
+    mock_clock.autojump_threshold = 0
+
+    class Broken(FakeCluster):
+        async def pause(self, name: str) -> None:
+            raise OSError("no such process")
+
+    cluster, rec = Broken(), recorder()
+    nemesis = Nemesis(cluster, ["pause"], rec, random.Random(0), interval_s=1)
+    assert await nemesis.start_fault("pause") is None
+    assert [(op.f, op.type) for op in rec.history.ops] == [(FAULT_START, "fail")]
+    assert nemesis.active == []
+
+
+def test_parse_families() -> None:
+    assert parse_families("kill,partition") == ["kill", "partition"]
+    assert parse_families("all") == list(FAMILIES)
+    assert parse_families("none") == [] and parse_families("") == []
+    with pytest.raises(ValueError, match="unknown nemesis"):
+        parse_families("kill,flood")
+
+
+def check_grudge(grudge: dict[str, list[str]], names: list[str]) -> None:
+    for node, blocked in grudge.items():
+        assert node in names and node not in blocked
+        for peer in blocked:
+            assert node in grudge.get(peer, []), f"{node} blocks {peer} but not the reverse"
+
+
+def hears(grudge: dict[str, list[str]], node: str, names: list[str]) -> set[str]:
+    return set(names) - set(grudge.get(node, []))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.sampled_from([3, 5]), seed=st.integers(0, 2**32 - 1))
+def test_grudges_are_symmetric_and_shaped(n: int, seed: int) -> None:
+    names = [f"n{i}" for i in range(1, n + 1)]
+    rng = random.Random(seed)
+    majority = n // 2 + 1
+
+    g = isolate("n2", names)
+    check_grudge(g, names)
+    assert hears(g, "n2", names) == {"n2"}
+
+    g, minority = halves(names, rng)
+    check_grudge(g, names)
+    assert len(minority) == n // 2
+    assert all(hears(g, m, names) == set(minority) for m in minority)
+
+    g = majorities_ring(names, rng)
+    check_grudge(g, names)
+    assert any(g.values()), "the ring must cut something"
+    assert all(len(hears(g, node, names)) >= majority for node in names), f"seed={seed}"
+
+    g, middle = bridge(names, rng)
+    check_grudge(g, names)
+    assert hears(g, middle, names) == set(names)
+    assert all(len(hears(g, node, names)) < n for node in names if node != middle)
