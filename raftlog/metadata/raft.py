@@ -40,6 +40,7 @@ from raftlog.metadata.raft_messages import (
 )
 from raftlog.metadata.raft_roles import (
     Candidate,
+    Elections,
     Follower,
     Leader,
     NotLeader,
@@ -53,7 +54,6 @@ from raftlog.metadata.raft_roles import (
     Snapshot,
     Unattached,
     Voted,
-    check_transition,
 )
 
 __all__ = ["NotLeader", "QuorumState", "RaftConfig", "RaftCore", "Ready", "Snapshot"]
@@ -63,7 +63,7 @@ def _epoch_of(entry: Entry) -> int:
     return entry.epoch
 
 
-class RaftCore:
+class RaftCore(Elections):
     """One node's Raft state machine. Voter iff node_id in voters; otherwise an observer."""
 
     def __init__(
@@ -109,7 +109,8 @@ class RaftCore:
         self._last_fetch_ms: dict[int, int] = {}
         self._parked: dict[int, tuple[Fetch, int]] = {}
         self._sent_hw: dict[int, int] = {}
-        self._reads: list[tuple[object, set[int]]] = []
+        self._reads: list[tuple[object, int, set[int]]] = []  # token, sequence, confirmed by
+        self._read_sequence = 0  # leader: read_index() calls this epoch; follower: last seen
         self._begin_resend_ms = 0
         self._role: Role = self._initial_role(persisted, now_ms)
         self._reported: RoleChange | None = None
@@ -125,14 +126,6 @@ class RaftCore:
     @property
     def role(self) -> Role:
         return self._role
-
-    @property
-    def epoch(self) -> int:
-        return self._role.epoch
-
-    @property
-    def leader_id(self) -> int | None:
-        return self._role.quorum_state(self.node_id).leader_id if self._has_leader() else None
 
     @property
     def log_start(self) -> int:
@@ -155,9 +148,6 @@ class RaftCore:
     def entries(self) -> list[Entry]:
         """A copy of the in-memory log (entries after the snapshot)."""
         return list(self._log)
-
-    def _has_leader(self) -> bool:
-        return isinstance(self._role, Follower | Leader)
 
     # ----------------------------------------------------------------- driver API
 
@@ -294,44 +284,22 @@ class RaftCore:
         entry is committed. Answered with None if leadership is lost first."""
         if not isinstance(self._role, Leader):
             raise NotLeader(self.leader_id, self.epoch)
-        self._reads.append((token, set()))
+        self._read_sequence += 1
+        self._reads.append((token, self._read_sequence, set()))
         # Parked fetches arrived before the read: answer them so the followers fetch again
         # at once and their next fetch confirms leadership without waiting a long poll out.
         for replica in list(self._parked):
             self._answer_parked(replica)
         self._answer_reads()
 
-    # ----------------------------------------------------------------- roles
+    # ----------------------------------------------------------------- role hooks
 
-    def _send_end_quorum_epoch(self, successors: tuple[int, ...]) -> None:
-        for v in self.voters:
-            if v != self.node_id:
-                self._send(v, EndQuorumEpoch(self.epoch, self.node_id, successors))
-
-    def _initial_role(self, qs: QuorumState, now_ms: int) -> Role:
-        if qs.leader_id == self.node_id:
-            # A restarted leader never resumes leading: its in-memory progress is gone.
-            return Resigned(qs.epoch, self._election_deadline(now_ms))
-        if qs.leader_id is not None:
-            return Follower(qs.epoch, qs.leader_id, qs.voted_for, now_ms + self._fetch_timeout())
-        if qs.voted_for is not None:
-            return Voted(qs.epoch, qs.voted_for, self._election_deadline(now_ms))
-        return Unattached(qs.epoch, self._election_deadline(now_ms))
-
-    def _election_deadline(self, now_ms: int) -> int:
-        if not self.is_voter:
-            return now_ms + self.config.request_timeout_ms
-        timeout_ms = self.config.election_timeout_ms
-        return now_ms + timeout_ms + self._rng.randrange(timeout_ms)
-
-    def _fetch_timeout(self) -> int:
-        return self.config.fetch_timeout_ms
-
-    def _become(self, new: Role) -> None:
-        old = self._role
-        check_transition(self.node_id, old, new)
+    def _role_changed(self, old: Role, new: Role) -> None:
+        """Reset the per-role bookkeeping that does not survive a role change."""
+        if new.epoch != old.epoch or isinstance(new, Leader):
+            self._read_sequence = 0  # read sequences are only meaningful within one epoch
         if isinstance(old, Leader):
-            for token, _ in self._reads:
+            for token, _, _ in self._reads:
                 self._ready.reads.append((token, None))
             self._reads = []
             self._parked = {}
@@ -341,60 +309,11 @@ class RaftCore:
         if not isinstance(new, Follower) or not isinstance(old, Follower):
             self._fetch_inflight_deadline_ms = None
             self._snapshot_fetch = None
-        self._role = new
         if isinstance(new, Follower):
             self._fetch_target = new.leader_id
-        qs = new.quorum_state(self.node_id)
-        if qs != self._persisted:
-            self._persisted = qs
-            self._ready.quorum_state = qs
-        self._report_role()
 
-    def _report_role(self) -> None:
-        change = RoleChange(self._role.name, self._role.epoch, self.leader_id)
-        if change != self._reported:
-            self._reported = change
-            self._ready.role_change = change
-
-    def _start_prospective(self, now_ms: int, voted_for: int | None, leader: int | None) -> None:
-        self._become(
-            Prospective(
-                self.epoch,
-                voted_for,
-                leader,
-                frozenset({self.node_id}),
-                frozenset(),
-                self._election_deadline(now_ms),
-            )
-        )
-        vote = Vote(True, self.node_id, self.epoch + 1, self.log_end, self.last_epoch)
-        for v in self.voters:
-            if v != self.node_id:
-                self._send(v, vote)
-        self._maybe_win_prevote(now_ms)
-
-    def _maybe_win_prevote(self, now_ms: int) -> None:
-        role = self._role
-        if isinstance(role, Prospective) and len(role.granted) >= self._majority:
-            self._become(
-                Candidate(
-                    role.epoch + 1,
-                    frozenset({self.node_id}),
-                    frozenset(),
-                    self._election_deadline(now_ms),
-                )
-            )
-            vote = Vote(False, self.node_id, self.epoch, self.log_end, self.last_epoch)
-            for v in self.voters:
-                if v != self.node_id:
-                    self._send(v, vote)
-            self._maybe_win_election(now_ms)
-
-    def _maybe_win_election(self, now_ms: int) -> None:
-        role = self._role
-        if not isinstance(role, Candidate) or len(role.granted) < self._majority:
-            return
-        self._become(Leader(role.epoch, self.log_end))
+    def _start_leading(self, now_ms: int) -> None:
+        epoch = self._role.epoch
         others = [v for v in self.voters if v != self.node_id]
         self._acked = {v: 0 for v in others}
         # Grace period for check-quorum: count everyone as heard from at election time.
@@ -402,46 +321,10 @@ class RaftCore:
         self._last_fetch_ms = {}
         self._begin_resend_ms = now_ms + self.config.fetch_max_wait_ms
         for v in others:
-            self._send(v, BeginQuorumEpoch(role.epoch, self.node_id))
+            self._send(v, BeginQuorumEpoch(epoch, self.node_id))
         # The no-op entry of the epoch: the HW may only move onto an offset of this epoch,
         # so committing it commits every earlier entry (Raft's "commit only current term").
-        self._append([Entry(self.log_end, role.epoch, self.config.leader_change_payload)])
-
-    def _observe(self, now_ms: int, epoch: int, leader_id: int | None) -> None:
-        """Learn from any message: a newer epoch, or the leader of the current epoch."""
-        if leader_id == self.node_id:
-            leader_id = None  # only this node can claim its own leadership
-        role = self._role
-        if epoch > role.epoch:
-            if leader_id is not None:
-                self._become(Follower(epoch, leader_id, None, now_ms + self._fetch_timeout()))
-            else:
-                self._become(Unattached(epoch, self._election_deadline(now_ms)))
-        elif epoch == role.epoch and leader_id is not None:
-            # A Prospective that already gave up on this very leader does not take it back
-            # on hearsay: it retries that leader itself when its election timeout passes.
-            if isinstance(role, Unattached | Voted | Candidate) or (
-                isinstance(role, Prospective) and role.leader_id is None
-            ):
-                voted = role.quorum_state(self.node_id).voted_for
-                self._become(Follower(epoch, leader_id, voted, now_ms + self._fetch_timeout()))
-            else:
-                return
-        else:
-            return
-        if isinstance(self._role, Follower):
-            self._maybe_fetch(now_ms)
-
-    def _has_live_leader(self, now_ms: int) -> bool:
-        role = self._role
-        if isinstance(role, Leader):
-            return True
-        return (
-            isinstance(role, Follower)
-            and role.leader_heard
-            and not role.leader_resigned
-            and now_ms < role.fetch_deadline_ms
-        )
+        self._append([Entry(self.log_end, epoch, self.config.leader_change_payload)])
 
     # ----------------------------------------------------------------- log helpers
 
@@ -529,16 +412,19 @@ class RaftCore:
         start = fetch.fetch_offset - self._log_start
         entries = tuple(self._log[start : start + self.config.max_fetch_entries])
         self._sent_hw[fetch.replica_id] = self.high_watermark
-        self._send(
-            fetch.replica_id,
-            FetchResponse(
-                self.epoch,
-                self.node_id,
-                fetch.fetch_offset,
-                fetch.last_fetched_epoch,
-                self.high_watermark,
-                entries,
-            ),
+        self._send(fetch.replica_id, self._fetch_reply(fetch, entries=entries))
+
+    def _fetch_reply(self, fetch: Fetch, **fields: Any) -> FetchResponse:
+        """A FetchResponse echoing the request's position, with this node's view of the epoch."""
+        leading = isinstance(self._role, Leader)
+        return FetchResponse(
+            self.epoch,
+            self.leader_id,
+            fetch.fetch_offset,
+            fetch.last_fetched_epoch,
+            self.high_watermark if leading else 0,
+            read_sequence=self._read_sequence if leading else 0,
+            **fields,
         )
 
     def _answer_reads(self) -> None:
@@ -547,12 +433,12 @@ class RaftCore:
             return
         if self.high_watermark <= role.epoch_start_offset:
             return  # the HW of a new leader may lag what an older leader committed
-        keep: list[tuple[object, set[int]]] = []
-        for token, confirmed in self._reads:
+        keep: list[tuple[object, int, set[int]]] = []
+        for token, sequence, confirmed in self._reads:
             if len(confirmed) + 1 >= self._majority:
                 self._ready.reads.append((token, self.high_watermark))
             else:
-                keep.append((token, confirmed))
+                keep.append((token, sequence, confirmed))
         self._reads = keep
 
     def _on_fetch(self, now_ms: int, from_id: int, msg: Fetch) -> None:
@@ -562,24 +448,15 @@ class RaftCore:
             role = self._role
         if not isinstance(role, Leader) or msg.epoch != role.epoch:
             error = ERROR_FENCED_EPOCH if msg.epoch < role.epoch else ERROR_NOT_LEADER
-            self._send(
-                from_id,
-                FetchResponse(
-                    role.epoch,
-                    self.leader_id,
-                    msg.fetch_offset,
-                    msg.last_fetched_epoch,
-                    0,
-                    error=error,
-                ),
-            )
+            self._send(from_id, self._fetch_reply(msg, error=error))
             return
         replica = msg.replica_id
         is_voter = replica in self._acked
         if is_voter:
             self._last_fetch_ms[replica] = now_ms
-            for _, confirmed in self._reads:
-                confirmed.add(replica)
+            for _, sequence, confirmed in self._reads:
+                if msg.read_sequence >= sequence:
+                    confirmed.add(replica)
         self._parked.pop(replica, None)
         snapshot = self._snapshot
         found = self._end_offset_for_epoch(msg.last_fetched_epoch)
@@ -590,34 +467,14 @@ class RaftCore:
         )
         if snapshot is not None and (below_start or found is None):
             snap_id = SnapshotId(snapshot.end_offset, snapshot.epoch)
-            self._send(
-                replica,
-                FetchResponse(
-                    role.epoch,
-                    self.node_id,
-                    msg.fetch_offset,
-                    msg.last_fetched_epoch,
-                    self.high_watermark,
-                    snapshot_id=snap_id,
-                ),
-            )
+            self._send(replica, self._fetch_reply(msg, snapshot_id=snap_id))
             self._answer_reads()
             return
         assert found is not None
         found_epoch, end_offset = found
         if found_epoch != msg.last_fetched_epoch or end_offset < msg.fetch_offset:
             diverging = DivergingEpoch(found_epoch, min(end_offset, msg.fetch_offset))
-            self._send(
-                replica,
-                FetchResponse(
-                    role.epoch,
-                    self.node_id,
-                    msg.fetch_offset,
-                    msg.last_fetched_epoch,
-                    self.high_watermark,
-                    diverging_epoch=diverging,
-                ),
-            )
+            self._send(replica, self._fetch_reply(msg, diverging_epoch=diverging))
             self._answer_reads()
             return
         # The follower's log matches ours below fetch_offset, and it only fetches once what it
@@ -702,6 +559,7 @@ class RaftCore:
                 self.log_end,
                 self.last_epoch,
                 self.config.fetch_max_wait_ms,
+                self._read_sequence,
             )
         self._send(target, message)
         self._fetch_inflight_deadline_ms = (
@@ -747,6 +605,7 @@ class RaftCore:
         if self._snapshot_fetch is not None:
             return
         self._fetch_inflight_deadline_ms = None
+        self._read_sequence = max(self._read_sequence, msg.read_sequence)
         if not role.leader_resigned:
             self._role = dataclasses.replace(
                 role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms, leader_heard=True
@@ -818,94 +677,15 @@ class RaftCore:
         ready.entries = []
         ready.committed = []
 
-    # ----------------------------------------------------------------- election messages
-
-    def _on_vote(self, now_ms: int, from_id: int, msg: Vote) -> None:
-        log_ok = (msg.last_epoch, msg.last_offset) >= (self.last_epoch, self.log_end)
-        eligible = self.is_voter and msg.candidate_id in self.voters and log_ok
-        if msg.pre_vote:
-            # Pre-vote changes nothing here; refused while we still hear from a leader, so a
-            # node that was partitioned away cannot depose a healthy one when it returns.
-            granted = (
-                eligible and msg.candidate_epoch > self.epoch and not self._has_live_leader(now_ms)
-            )
-            self._send(from_id, VoteResponse(True, self.epoch, self.leader_id, granted))
-            return
-        if msg.candidate_epoch > self.epoch and self.is_voter:
-            self._become(Unattached(msg.candidate_epoch, self._election_deadline(now_ms)))
-        role = self._role
-        granted = False
-        if eligible and msg.candidate_epoch == role.epoch:
-            current_vote = role.quorum_state(self.node_id).voted_for
-            if isinstance(role, Unattached) or (
-                isinstance(role, Prospective) and role.leader_id is None and current_vote is None
-            ):
-                self._become(Voted(role.epoch, msg.candidate_id, self._election_deadline(now_ms)))
-                granted = True
-            elif isinstance(role, Voted) and role.voted_for == msg.candidate_id:
-                granted = True
-        self._send(from_id, VoteResponse(False, self.epoch, self.leader_id, granted))
-
-    def _on_vote_response(self, now_ms: int, from_id: int, msg: VoteResponse) -> None:
-        self._observe(now_ms, msg.epoch, msg.leader_id)
-        role = self._role
-        if from_id not in self.voters:
-            return
-        if msg.pre_vote and isinstance(role, Prospective) and msg.epoch <= role.epoch:
-            if msg.vote_granted:
-                self._role = dataclasses.replace(role, granted=role.granted | {from_id})
-                self._maybe_win_prevote(now_ms)
-            else:
-                self._role = dataclasses.replace(role, rejected=role.rejected | {from_id})
-        elif not msg.pre_vote and isinstance(role, Candidate) and msg.epoch == role.epoch:
-            if msg.vote_granted:
-                self._role = dataclasses.replace(role, granted=role.granted | {from_id})
-                self._maybe_win_election(now_ms)
-            else:
-                role = dataclasses.replace(role, rejected=role.rejected | {from_id})
-                if len(role.rejected) >= self._majority:
-                    # Lost: back off a random while before asking again (pre-vote first).
-                    backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
-                    role = dataclasses.replace(role, election_deadline_ms=now_ms + backoff_ms)
-                self._role = role
-
-    def _on_begin_quorum_epoch(self, now_ms: int, from_id: int, msg: BeginQuorumEpoch) -> None:
-        self._observe(now_ms, msg.epoch, msg.leader_id)
-        self._send(from_id, BeginQuorumEpochResponse(self.epoch, self.leader_id))
-
-    def _on_end_quorum_epoch(self, now_ms: int, from_id: int, msg: EndQuorumEpoch) -> None:
-        self._observe(now_ms, msg.epoch, msg.leader_id)
-        role = self._role
-        if isinstance(role, Follower) and (role.epoch, role.leader_id) == (
-            msg.epoch,
-            msg.leader_id,
-        ):
-            # The first preferred successor starts at once; later ones wait longer so the
-            # most caught-up voter most likely wins.
-            if self.node_id in msg.preferred_successors:
-                rank = msg.preferred_successors.index(self.node_id)
-            else:
-                rank = len(msg.preferred_successors)
-            backoff_ms = 0
-            if rank > 0:
-                backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1) * rank
-            self._role = dataclasses.replace(
-                role, fetch_deadline_ms=now_ms + backoff_ms, leader_resigned=True
-            )
-        self._send(from_id, EndQuorumEpochResponse(self.epoch, self.leader_id))
-
-    def _on_response(self, now_ms: int, from_id: int, msg: Any) -> None:
-        self._observe(now_ms, msg.epoch, msg.leader_id)
-
     _HANDLERS: ClassVar[dict[type, Callable[[RaftCore, int, int, Any], None]]] = {
         Fetch: _on_fetch,
         FetchResponse: _on_fetch_response,
         FetchSnapshot: _on_fetch_snapshot,
         FetchSnapshotResponse: _on_fetch_snapshot_response,
-        Vote: _on_vote,
-        VoteResponse: _on_vote_response,
-        BeginQuorumEpoch: _on_begin_quorum_epoch,
-        BeginQuorumEpochResponse: _on_response,
-        EndQuorumEpoch: _on_end_quorum_epoch,
-        EndQuorumEpochResponse: _on_response,
+        Vote: Elections._on_vote,
+        VoteResponse: Elections._on_vote_response,
+        BeginQuorumEpoch: Elections._on_begin_quorum_epoch,
+        BeginQuorumEpochResponse: Elections._on_response,
+        EndQuorumEpoch: Elections._on_end_quorum_epoch,
+        EndQuorumEpochResponse: Elections._on_response,
     }

@@ -272,6 +272,9 @@ class Fetch(Message):
     fetch_offset: int
     last_fetched_epoch: int
     max_wait_ms: int
+    # The latest read_sequence this replica got from the leader: a fetch carrying the number
+    # of a read_index() call was sent after that call (the leader's ReadIndex confirmation).
+    read_sequence: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +295,7 @@ class FetchResponse(Message):
     diverging_epoch: DivergingEpoch | None = None
     snapshot_id: SnapshotId | None = None
     error: int = ERROR_NONE
+    read_sequence: int = 0  # the leader's count of read_index() calls in this epoch
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,8 +172,24 @@ def test_read_index_waits_for_a_majority_fetch_after_the_request() -> None:
     leader.take_ready()
     leader.read_index(2, "r1")
     assert leader.take_ready().reads == []
-    leader.receive(3, 3, Fetch(3, epoch, 1, epoch, 50))
+    # A fetch that may have been sent before the read (it carries an older read sequence,
+    # e.g. a delayed duplicate) proves nothing.
+    leader.receive(3, 3, Fetch(3, epoch, 1, epoch, 50, read_sequence=0))
+    ready = leader.take_ready()
+    assert ready.reads == []
+    ((_, resp),) = messages_of(ready, FetchResponse)
+    assert resp.read_sequence == 1  # type: ignore[attr-defined]
+    leader.receive(4, 3, Fetch(3, epoch, 1, epoch, 50, read_sequence=1))
     assert leader.take_ready().reads == [("r1", 1)]
+
+
+def test_pending_read_fails_when_leadership_is_lost() -> None:
+    leader = make(1)
+    elect(leader)
+    leader.take_ready()
+    leader.read_index(1, "r1")
+    leader.receive(2, 2, Vote(False, 2, leader.epoch + 1, 100, leader.epoch))
+    assert ("r1", None) in leader.take_ready().reads
 
 
 def test_check_quorum_resigns_a_lonely_leader() -> None:

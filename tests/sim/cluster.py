@@ -116,6 +116,9 @@ class Simulation:
         self.pending_writes: dict[tuple[int, int, int], bytes] = {}  # (node, inc, off) -> data
         self.acked: dict[bytes, int] = {}
         self.proposed = 0
+        self.pending_reads: dict[object, int] = {}  # token -> offset the answer must reach
+        self.reads_answered = 0
+        self._read_tokens = 0
         self.messages_delivered = 0
         self.events = 0
         for node in self.nodes.values():
@@ -219,6 +222,8 @@ class Simulation:
         node.last_hw = ready.high_watermark
         if node.sm_end < ready.high_watermark:
             self.fail(f"node {node.node_id} applied {node.sm_end} < HW {ready.high_watermark}")
+        for token, offset in ready.reads:
+            self._check_read(node, token, offset)
         change = ready.role_change
         if change is not None and change.role == "leader":
             first = self.leader_of_epoch.setdefault(change.epoch, node.node_id)
@@ -381,6 +386,33 @@ class Simulation:
         disk.durable_end = max(disk.durable_end, end_offset)
         self._drive(node)
         return True
+
+    def read(self, node_id: int) -> bool:
+        """A linearizable read at node_id; its answer must cover every write acked before."""
+        core = self.nodes[node_id].core
+        if core is None:
+            return False
+        self._read_tokens += 1
+        token = self._read_tokens
+        try:
+            core.read_index(self.now_ms, token)
+        except NotLeader:
+            return False
+        self.pending_reads[token] = max(self.acked.values(), default=-1) + 1
+        self._drive(self.nodes[node_id])
+        return True
+
+    def _check_read(self, node: Node, token: object, offset: int | None) -> None:
+        must_cover = self.pending_reads.pop(token)  # type: ignore[call-overload]
+        if offset is None:
+            return  # leadership lost: the client retries elsewhere
+        self.reads_answered += 1
+        if offset < must_cover:
+            self.fail(
+                f"node {node.node_id} read at {offset} misses writes acked below {must_cover}"
+            )
+        if offset > len(self.committed) and offset > node.sm_end:
+            self.fail(f"node {node.node_id} read at {offset} beyond anything committed")
 
     # ------------------------------------------------------------------ observation
 

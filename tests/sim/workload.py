@@ -69,7 +69,10 @@ def _client_write(sim: Simulation, count: int) -> None:
         return
     if core.role.name != "leader" and core.leader_id is not None:
         node_id = core.leader_id
-    sim.propose(node_id, count)
+    if sim.rng.random() < 0.2:
+        sim.read(node_id)
+    else:
+        sim.propose(node_id, count)
 
 
 def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:
