@@ -145,24 +145,35 @@ def build_index(history: History) -> Index:
             is_final = op.f == FINAL_POLL
             idx.final_polls_ok += is_final
             idx.poll_offsets[op.index] = per_key = {}
-            for key, pairs in poll_reads(op).items():
+            value = op.value
+            if not isinstance(value, dict):
+                continue
+            for raw_key, pairs in value.items():
+                key = str(raw_key)
                 log = idx.key(key)
-                per_key[key] = [o for o, _ in pairs]
-                # Inlined KeyLog.place: this loop runs once per record read (millions).
+                per_key[key] = offsets = []
+                # Inlined KeyLog.place over the raw JSON pairs: this loop runs once per
+                # record read (millions), so no intermediate lists and type() over isinstance.
                 value_at, offset_of, first_reader = log.value_at, log.offset_of, log.first_reader
-                for offset, value in pairs:
-                    seen = value_at.setdefault(offset, value)
-                    if seen != value:
-                        log.conflicts.setdefault(offset, {seen}).add(value)
-                    first = offset_of.setdefault(value, offset)
+                final_values = log.final_values if is_final else None
+                for offset, v in pairs or ():
+                    if offset is None:
+                        continue
+                    if type(v) is not int and type(v) is not str:
+                        v = norm_value(v)
+                    offsets.append(offset)
+                    if final_values is not None:
+                        final_values.add(v)
+                    seen = value_at.setdefault(offset, v)
+                    if seen != v:
+                        log.conflicts.setdefault(offset, {seen}).add(v)
+                    first = offset_of.setdefault(v, offset)
                     if first != offset:
-                        log.dup_offsets.setdefault(value, {first}).add(offset)
-                    if value not in first_reader:
-                        first_reader[value] = op.index
-                if is_final:
-                    log.final_values.update(v for _, v in pairs)
+                        log.dup_offsets.setdefault(v, {first}).add(offset)
+                    if v not in first_reader:
+                        first_reader[v] = op.index
                 # max, not the last pair: a broken poll may return offsets out of order.
-                top = max(per_key[key], default=-1)
+                top = max(offsets, default=-1)
                 if top > log.max_read_offset:
                     log.max_read_offset = top
                     log.max_read_index = op.index
