@@ -1,0 +1,290 @@
+"""Follower fetchers: one trio task per leader broker, batching every partition it leads for us.
+
+A round is: ask each partition's FollowerState for its next fetch, send them as ONE
+replica.fetch call, apply the answers (append as follower, truncate on a diverging epoch,
+restart at the leader's log start when out of range, learn the leader's HW), then fsync what was
+appended before the next round. The next round's fetch offsets are the acknowledgement the
+leader counts towards its HW, so the fsync must come first (persist before you promise); the
+flushes of one round share a group commit in the Flusher.
+
+Failures (the leader unreachable, a timeout, an error answer) back off for
+replica_fetch_backoff_ms and try again; metadata moves partitions between fetchers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.replication.fetch_wire import (
+    ReplicaFetchAnswer,
+    ReplicaFetchPartition,
+    ReplicaFetchRequest,
+    decode_response,
+    encode_request,
+)
+from raftlog.replication.follower import (
+    FetchRequest,
+    FetchResponse,
+    FollowerAction,
+    FollowerState,
+)
+from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.storage import Flusher
+
+log = logging.getLogger("raftlog.replication")
+
+SendFetch = Callable[[int, dict], Awaitable[dict]]
+
+
+@dataclass(frozen=True)
+class FetcherSettings:
+    replica_id: int
+    # How long the leader may park a fetch that has nothing new.
+    max_wait_ms: int
+    # Wait this long after a failed round before the next one.
+    backoff_ms: int
+    # An answer later than max_wait_ms + this is treated as lost (the connection hung).
+    rpc_timeout_slack_ms: int
+
+
+class ReplicaFetcher:
+    """Fetches every partition this broker follows from one leader broker."""
+
+    def __init__(self, pool: FetcherPool, leader_id: int) -> None:
+        self.pool = pool
+        self.leader_id = leader_id
+        self.keys: set[TopicPartition] = set()
+        self.cancel_scope = trio.CancelScope()
+        self._wakeup = trio.Event()
+        self.rounds = 0  # completed fetch rounds (tests and status)
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def run(self) -> None:
+        with self.cancel_scope:
+            while True:
+                await self._round()
+
+    async def _wait_for_work(self, timeout_ms: float) -> None:
+        with trio.move_on_after(timeout_ms / 1000):
+            await self._wakeup.wait()
+        self._wakeup = trio.Event()
+
+    def _due_requests(self) -> list[tuple[HostedPartition, FollowerState, FetchRequest]]:
+        now_ms = self.pool.clock_ms()
+        due = []
+        for key in sorted(self.keys):
+            hosted = self.pool.hosted(key)
+            if hosted is None:
+                continue
+            follower = hosted.replica.follower
+            if follower is None or follower.leader_id != self.leader_id:
+                continue
+            request = follower.fetch_request(now_ms)
+            if request is not None:
+                due.append((hosted, follower, request))
+        return due
+
+    async def _round(self) -> None:
+        settings = self.pool.settings
+        due = self._due_requests()
+        if not due:
+            # Nothing to ask (backing off, or no partitions yet): wait for new work.
+            await self._wait_for_work(settings.backoff_ms)
+            return
+        request = ReplicaFetchRequest(
+            replica_id=settings.replica_id,
+            max_wait_ms=settings.max_wait_ms,
+            min_bytes=1,
+            partitions=tuple(
+                ReplicaFetchPartition(
+                    h.topic,
+                    h.partition,
+                    r.fetch_offset,
+                    r.last_fetched_epoch,
+                    r.current_leader_epoch,
+                )
+                for h, _, r in due
+            ),
+        )
+        timeout_s = (settings.max_wait_ms + settings.rpc_timeout_slack_ms) / 1000
+        try:
+            with trio.fail_after(timeout_s):
+                reply = await self.pool.send_fetch(self.leader_id, encode_request(request))
+            answers = {(a.topic, a.partition): a for a in decode_response(reply)}
+        except Exception as exc:  # any transport failure means "retry later"
+            log.info("replica fetch from broker %d failed: %r", self.leader_id, exc)
+            now_ms = self.pool.clock_ms()
+            for _, follower, fetch in due:
+                follower.on_fetch_response(
+                    now_ms, FetchResponse(fetch.request_id, ErrorCode.network_exception, -1, -1)
+                )
+            await trio.sleep(settings.backoff_ms / 1000)
+            return
+        appended, failed = self._apply_answers(due, answers)
+        await self._flush(appended)
+        now_ms = self.pool.clock_ms()
+        for hosted in appended:
+            current = hosted.replica.follower
+            if current is not None:
+                current.on_flushed(now_ms)
+        for hosted, _, _ in due:
+            self.pool.on_progress(hosted)
+        self.rounds += 1
+        if failed:
+            await trio.sleep(settings.backoff_ms / 1000)
+
+    def _apply_answers(
+        self,
+        due: list[tuple[HostedPartition, FollowerState, FetchRequest]],
+        answers: dict[TopicPartition, ReplicaFetchAnswer],
+    ) -> tuple[list[HostedPartition], bool]:
+        now_ms = self.pool.clock_ms()
+        appended: list[HostedPartition] = []
+        failed = False
+        for hosted, follower, fetch in due:
+            # Metadata may have replaced the follower (new epoch) or dropped the partition while
+            # the fetch was out: that answer belongs to a state that no longer exists.
+            if (
+                self.pool.hosted(hosted.key) is not hosted
+                or hosted.replica.follower is not follower
+            ):
+                continue
+            answer = answers.get(hosted.key)
+            if answer is None:
+                response = FetchResponse(fetch.request_id, ErrorCode.network_exception, -1, -1)
+                records = b""
+            else:
+                response = FetchResponse(
+                    fetch.request_id,
+                    answer.error,
+                    answer.high_watermark,
+                    answer.log_start_offset,
+                    answer.diverging_epoch,
+                    bool(answer.records),
+                )
+                records = answer.records
+            step = follower.on_fetch_response(now_ms, response)
+            partition_log = hosted.log
+            try:
+                if step.action is FollowerAction.APPEND:
+                    partition_log.append_as_follower(records, now_ms)
+                    appended.append(hosted)
+                    self._follow_log_start(hosted, follower, response.log_start_offset)
+                elif step.action is FollowerAction.RESET:
+                    assert step.reset_to_offset is not None
+                    log.warning(
+                        "%s-%d: offset %d is out of the leader's range; restarting at %d",
+                        hosted.topic,
+                        hosted.partition,
+                        fetch.fetch_offset,
+                        step.reset_to_offset,
+                    )
+                    partition_log.truncate_fully_and_start_at(step.reset_to_offset)
+                elif step.action is FollowerAction.TRUNCATED:
+                    log.info(
+                        "%s-%d: diverged from leader %d; truncated to %s",
+                        hosted.topic,
+                        hosted.partition,
+                        self.leader_id,
+                        step.truncated_to_offset,
+                    )
+                elif step.action is FollowerAction.BACKOFF:
+                    failed = True
+            except KafkaError as exc:
+                # A batch the log refuses (bad CRC, offset gap): fetch again after a pause
+                # rather than stop replicating the partition.
+                log.warning(
+                    "%s-%d: follower append failed: %s", hosted.topic, hosted.partition, exc
+                )
+                failed = True
+        return appended, failed
+
+    @staticmethod
+    def _follow_log_start(
+        hosted: HostedPartition, follower: FollowerState, leader_log_start_offset: int
+    ) -> None:
+        # The leader's retention moved its log start: follow it, never past our own HW.
+        target = min(leader_log_start_offset, follower.high_watermark)
+        if target > hosted.log.log_start_offset:
+            hosted.log.advance_log_start(target)
+
+    async def _flush(self, appended: list[HostedPartition]) -> None:
+        if not appended:
+            return
+        flusher = self.pool.flusher
+        # Concurrent flush calls of one round land in the same fsync round (group commit).
+        async with trio.open_nursery() as nursery:
+            for hosted in appended:
+                nursery.start_soon(flusher.flush, hosted.log, hosted.log.log_end_offset)
+
+
+class FetcherPool:
+    """The set of fetchers, one per leader broker; moves partitions when leaders change."""
+
+    def __init__(
+        self,
+        settings: FetcherSettings,
+        *,
+        hosted: Callable[[TopicPartition], HostedPartition | None],
+        send_fetch: SendFetch,
+        flusher: Flusher,
+        clock_ms: Callable[[], int],
+        on_progress: Callable[[HostedPartition], None],
+    ) -> None:
+        self.settings = settings
+        self.hosted = hosted
+        self.send_fetch = send_fetch
+        self.flusher = flusher
+        self.clock_ms = clock_ms
+        self.on_progress = on_progress
+        self.fetchers: dict[int, ReplicaFetcher] = {}
+        self._leader_of: dict[TopicPartition, int] = {}
+        self._nursery: trio.Nursery | None = None
+
+    def start(self, nursery: trio.Nursery) -> None:
+        self._nursery = nursery
+        for fetcher in self.fetchers.values():
+            nursery.start_soon(fetcher.run)
+
+    def leader_of(self, key: TopicPartition) -> int | None:
+        return self._leader_of.get(key)
+
+    def assign(self, key: TopicPartition, leader_id: int | None) -> None:
+        """Fetch `key` from `leader_id` from now on (None: stop fetching it)."""
+        old = self._leader_of.get(key)
+        if old == leader_id:
+            if leader_id is not None:
+                self.fetchers[leader_id].wake()
+            return
+        if old is not None:
+            previous = self.fetchers[old]
+            previous.keys.discard(key)
+            del self._leader_of[key]
+            if not previous.keys:
+                previous.cancel_scope.cancel()
+                del self.fetchers[old]
+        if leader_id is None:
+            return
+        fetcher = self.fetchers.get(leader_id)
+        if fetcher is None:
+            fetcher = self.fetchers[leader_id] = ReplicaFetcher(self, leader_id)
+            if self._nursery is not None:
+                self._nursery.start_soon(fetcher.run)
+        fetcher.keys.add(key)
+        self._leader_of[key] = leader_id
+        fetcher.wake()
+
+    def stop(self) -> None:
+        """Cancel every fetcher (controlled shutdown); assignments are forgotten."""
+        for fetcher in self.fetchers.values():
+            fetcher.cancel_scope.cancel()
+        self.fetchers.clear()
+        self._leader_of.clear()
+        self._nursery = None

@@ -1,0 +1,658 @@
+"""ReplicaManager: the trio driver of every partition replica this broker hosts.
+
+The sans-IO core (partition.py, leader.py, follower.py, purgatory.py) decides; this module
+does the I/O around it, in the order the core expects:
+- metadata (apply_metadata) makes each replica leader or follower with the controller's
+  epochs; stale states are refused by the core, deleted topics lose their data;
+- produce appends through the leader, asks the leader-flush task for an fsync (group commit in
+  the Flusher) and parks in the purgatory until acks are met or the deadline passes;
+- follower fetchers (fetcher.py) pull from leaders; the leader side (serving.py) answers them
+  with long-polls woken by LEO/HW events, and serves consumers never past the HW;
+- background tasks tick the ISR rules, expire purgatory deadlines, checkpoint HWs and run
+  retention/compaction; ISR changes go to the controller through alter_partition, one in
+  flight per partition (LeaderState keeps that rule), and their answers are fed back.
+
+docs/replication.md ("The driver") explains the flows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.image import PartitionState as ImagePartitionState
+from raftlog.net.kafka.backend import (
+    EpochEndOffset,
+    FetchResult,
+    IsolationLevel,
+    LeaderHint,
+    ListOffsetsResult,
+    ProduceResult,
+)
+from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
+from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.leader import LeaderEffects, LeaderState
+from raftlog.replication.partition import (
+    NO_LEADER,
+    AlterPartitionRequest,
+    Partition,
+    PartitionState,
+    ReplicationSettings,
+    Transition,
+)
+from raftlog.replication.purgatory import (
+    Completion,
+    DelayedProduce,
+    ProduceAnswer,
+    ProduceCompletion,
+    ProduceWait,
+    Purgatory,
+    PurgatoryFullError,
+    produce_answer,
+)
+from raftlog.replication.serving import ReadPaths
+from raftlog.storage import Flusher, LogManager
+from raftlog.storage.cleaner import clean_log
+from raftlog.storage.config import TOPIC_CONFIG_KEYS
+from raftlog.storage.retention import retention_target
+
+log = logging.getLogger("raftlog.replication")
+
+AlterPartitionFn = Callable[[AlterPartition], Awaitable[AlterPartitionReply]]
+
+# Kafka's replica.high.watermark.checkpoint.interval.ms.
+HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS = 5_000
+# Kafka's log.retention.check.interval.ms is 5 minutes; compaction runs on the same beat.
+LOG_CLEANUP_INTERVAL_MS = 300_000
+# Parked produces (acks=all / acks=1 waiting for fsync) across all partitions.
+MAX_DELAYED_PRODUCES = 100_000
+# A follower waits this long after a failed fetch round before the next one.
+REPLICA_FETCH_BACKOFF_MS = 100
+# A replica fetch answer later than replica_fetch_wait_max_ms + this is treated as lost.
+REPLICA_FETCH_RPC_SLACK_MS = 5_000
+# The ISR check runs every replica_lag_time_max_ms / 2 (Kafka's rule), at most this often.
+MIN_ISR_TICK_MS = 10
+# Topics the replica manager never touches (the metadata log has its own driver).
+INTERNAL_LOG_PREFIX = "__cluster_metadata"
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """One hosted replica, for `topics describe` and status pages."""
+
+    topic: str
+    partition: int
+    role: str  # "leader", "follower" or "none" (offline / not assigned a role yet)
+    leader_id: int
+    leader_epoch: int
+    partition_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+class _Pending:
+    """A parked produce: the purgatory completes it, the produce coroutine waits on it."""
+
+    __slots__ = ("error", "event")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.error = ErrorCode.none
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        node_id: int,
+        config: NodeConfig,
+        log_manager: LogManager,
+        flusher: Flusher,
+        *,
+        alter_partition: AlterPartitionFn,
+        send_fetch: SendFetch,
+        clock_ms: Callable[[], int],
+        high_watermark_checkpoint_interval_ms: int = HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS,
+        log_cleanup_interval_ms: int = LOG_CLEANUP_INTERVAL_MS,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.log_manager = log_manager
+        self.flusher = flusher
+        self.clock_ms = clock_ms
+        self._alter_partition = alter_partition
+        self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
+        self.log_cleanup_interval_ms = log_cleanup_interval_ms
+        self.settings = ReplicationSettings(
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            flush_policy=config.flush_policy,
+            replica_fetch_timeout_ms=config.replica_fetch_wait_max_ms + REPLICA_FETCH_RPC_SLACK_MS,
+            replica_fetch_backoff_ms=REPLICA_FETCH_BACKOFF_MS,
+        )
+        self.image = MetadataImage.empty()
+        self.partitions: dict[TopicPartition, HostedPartition] = {}
+        self.purgatory = Purgatory(max_waiters=MAX_DELAYED_PRODUCES)
+        self._data_events: dict[TopicPartition, trio.Event] = {}
+        self._checkpointed_hws: dict[TopicPartition, int] | None = None
+        self._hw_dirty = False
+        self._dirty_leaders: set[TopicPartition] = set()
+        self._flush_wakeup = trio.Event()
+        self._deadline_wakeup = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
+        self.fetchers = FetcherPool(
+            FetcherSettings(
+                replica_id=node_id,
+                max_wait_ms=config.replica_fetch_wait_max_ms,
+                backoff_ms=REPLICA_FETCH_BACKOFF_MS,
+                rpc_timeout_slack_ms=REPLICA_FETCH_RPC_SLACK_MS,
+            ),
+            hosted=self.partitions.get,
+            send_fetch=send_fetch,
+            flusher=flusher,
+            clock_ms=clock_ms,
+            on_progress=self._on_follower_progress,
+        )
+        self.reads = ReadPaths(self)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background tasks until cancelled: fetchers, ticks, flushes, checkpoints, cleanup."""
+        if self._checkpointed_hws is None:
+            self._checkpointed_hws = await trio.to_thread.run_sync(
+                self.log_manager.read_high_watermarks
+            )
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._isr_tick_loop)
+            nursery.start_soon(self._deadline_loop)
+            nursery.start_soon(self._leader_flush_loop)
+            nursery.start_soon(self._checkpoint_loop)
+            nursery.start_soon(self._cleanup_loop)
+            self.fetchers.start(nursery)
+            for fn, args in self._queued:
+                nursery.start_soon(fn, *args)
+            self._queued.clear()
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is None:
+            self._queued.append((fn, args))
+        else:
+            self._nursery.start_soon(fn, *args)
+
+    async def shutdown(self) -> None:
+        """Controlled shutdown: stop fetching, fail parked requests, final flush, HW checkpoint.
+
+        Call before cancelling run(); the node closes the LogManager afterwards.
+        """
+        self.fetchers.stop()
+        for key in list(self.partitions):
+            self._complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
+        logs = [h.log for h in self.partitions.values() if not h.log.closed]
+
+        def flush_all() -> None:
+            for partition_log in logs:
+                if not partition_log.closed:
+                    partition_log.flush_now()
+
+        # Straight to disk in one worker call: the flusher may already be stopping.
+        await trio.to_thread.run_sync(flush_all)
+        await self.checkpoint_high_watermarks()
+
+    # ------------------------------------------------------------------ metadata
+    def apply_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        """Become leader/follower of assigned partitions, drop unassigned or deleted ones."""
+        self.image = image
+        if self._checkpointed_hws is None:
+            # Called before run(): a small file, read once.
+            self._checkpointed_hws = self.log_manager.read_high_watermarks()
+        changes = delta.local_changes(self.node_id)
+        for topic_id, index in sorted(changes.deleted, key=lambda k: (k[0].int, k[1])):
+            self._remove_replica(topic_id, index)
+        assigned = {**changes.leaders, **changes.followers}
+        for (topic_id, index), state in sorted(
+            assigned.items(), key=lambda i: (i[0][0].int, i[0][1])
+        ):
+            topic = image.topics_by_id[topic_id]
+            self._apply_partition(topic.name, index, topic_id, state)
+        for resource_type, name in delta.changed_configs:
+            if resource_type == "topic":
+                self._update_topic_config(name)
+
+    def _log_overrides(self, topic: str) -> dict[str, str]:
+        raw = self.image.configs.get(("topic", topic), {})
+        # Only log settings reach storage; min.insync.replicas and friends are read here.
+        return {k: v for k, v in raw.items() if k in TOPIC_CONFIG_KEYS}
+
+    def _update_topic_config(self, topic: str) -> None:
+        overrides = self._log_overrides(topic)
+        for hosted in self.partitions.values():
+            if hosted.topic == topic and not hosted.log.closed:
+                self.log_manager.update_config(topic, hosted.partition, overrides)
+
+    def _host(self, topic: str, index: int, topic_id: uuid.UUID) -> HostedPartition:
+        key = (topic, index)
+        hosted = self.partitions.get(key)
+        if hosted is not None and hosted.topic_id != topic_id:
+            # A topic deleted and re-created under the same name: the old data must go.
+            self._drop(hosted, delete_data=True)
+            hosted = None
+        if hosted is not None:
+            return hosted
+        now_ms = self.clock_ms()
+        existed = self.log_manager.get(topic, index) is not None
+        overrides = self._log_overrides(topic)
+        partition_log = self.log_manager.get_or_create(topic, index, overrides, now_ms=now_ms)
+        if existed:
+            self.log_manager.update_config(topic, index, overrides)
+        settings = dataclasses.replace(
+            self.settings, flush_policy=partition_log.config.flush_policy
+        )
+        assert self._checkpointed_hws is not None
+        replica = Partition(
+            self.node_id,
+            partition_log,
+            settings,
+            high_watermark=self._checkpointed_hws.get(key, 0),
+        )
+        hosted = HostedPartition(topic, index, topic_id, partition_log, replica)
+        self.partitions[key] = hosted
+        return hosted
+
+    def _apply_partition(
+        self, topic: str, index: int, topic_id: uuid.UUID, image_state: ImagePartitionState
+    ) -> None:
+        hosted = self._host(topic, index, topic_id)
+        state = PartitionState(
+            leader_id=image_state.leader,
+            leader_epoch=image_state.leader_epoch,
+            partition_epoch=image_state.partition_epoch,
+            replicas=tuple(image_state.replicas),
+            isr=frozenset(image_state.isr),
+        )
+        result = hosted.replica.apply_metadata(self.clock_ms(), state)
+        if result.transition is Transition.STALE:
+            log.info(
+                "%s-%d: refused stale metadata %s (have %s)",
+                topic,
+                index,
+                state,
+                hosted.replica.state,
+            )
+            return
+        if result.transition is Transition.UNCHANGED:
+            return
+        if result.lost_leadership:
+            self._complete(
+                self.purgatory.fail_partition(hosted.key, ErrorCode.not_leader_or_follower)
+            )
+        if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
+            follower = hosted.replica.follower
+            self.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
+            hosted.wake_waiters()
+            self._signal_data(hosted.key)
+            self._hw_dirty = True
+            log.info(
+                "%s-%d: %s at leader epoch %d (leader %d, ISR %s)",
+                topic,
+                index,
+                result.transition.value,
+                state.leader_epoch,
+                state.leader_id,
+                sorted(state.isr),
+            )
+        if result.transition is Transition.BECAME_LEADER:
+            # Our own acknowledgement is the flushed offset: make sure it is current.
+            self._request_leader_flush(hosted.key)
+        if result.effects is not None:
+            self.handle_effects(hosted, result.effects)
+
+    def _remove_replica(self, topic_id: uuid.UUID, index: int) -> None:
+        for hosted in list(self.partitions.values()):
+            if hosted.topic_id == topic_id and hosted.partition == index:
+                self._drop(hosted, delete_data=True)
+
+    def _drop(self, hosted: HostedPartition, *, delete_data: bool) -> None:
+        key = hosted.key
+        del self.partitions[key]
+        self.fetchers.assign(key, None)
+        self._complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
+        hosted.wake_waiters()
+        self._signal_data(key)
+        self._dirty_leaders.discard(key)
+        self._hw_dirty = True
+        if delete_data:
+            # The rename inside delete() makes the removal atomic; the rmtree of a deleted
+            # topic's files is the only blocking part (see docs/replication.md).
+            self.log_manager.delete(hosted.topic, hosted.partition)
+            log.info("%s-%d: replica removed and its data deleted", hosted.topic, hosted.partition)
+
+    # ------------------------------------------------------------------ leader effects
+    def handle_effects(self, hosted: HostedPartition, effects: LeaderEffects) -> None:
+        leader = hosted.replica.leader
+        if leader is None:
+            return
+        if effects.alter_partition is not None:
+            self._spawn(self._send_alter_partition, hosted, leader, effects.alter_partition)
+        self._complete(self.purgatory.on_progress(hosted.key, leader.progress(), _no_bytes))
+        if effects.high_watermark_advanced:
+            self._hw_dirty = True
+            self._signal_data(hosted.key)
+            # Parked follower fetches answer at once so followers learn the new HW.
+            hosted.wake_waiters()
+
+    def _complete(self, completions: list[Completion]) -> None:
+        for completion in completions:
+            if isinstance(completion, ProduceCompletion):
+                pending: _Pending = completion.token
+                pending.error = completion.error
+                pending.event.set()
+
+    async def _send_alter_partition(
+        self, hosted: HostedPartition, leader: LeaderState, request: AlterPartitionRequest
+    ) -> None:
+        registration = self.image.brokers.get(self.node_id)
+        message = AlterPartition(
+            broker_id=self.node_id,
+            broker_epoch=registration.epoch if registration is not None else -1,
+            topic_id=hosted.topic_id,
+            partition=hosted.partition,
+            leader_epoch=request.leader_epoch,
+            partition_epoch=request.partition_epoch,
+            new_isr=tuple(sorted(request.new_isr)),
+        )
+        result: PartitionState | ErrorCode
+        try:
+            reply = await self._alter_partition(message)
+        except Exception as exc:  # an unreachable controller: retry on a later tick
+            log.warning("%s-%d: AlterPartition failed: %r", hosted.topic, hosted.partition, exc)
+            result = ErrorCode.request_timed_out
+        else:
+            if reply.error_code != ErrorCode.none:
+                log.info(
+                    "%s-%d: AlterPartition %s refused: %s %s",
+                    hosted.topic,
+                    hosted.partition,
+                    sorted(request.new_isr),
+                    reply.error_code.name,
+                    reply.error_message or "",
+                )
+                result = reply.error_code
+            else:
+                result = PartitionState(
+                    leader_id=reply.leader,
+                    leader_epoch=reply.leader_epoch,
+                    partition_epoch=reply.partition_epoch,
+                    replicas=leader.state.replicas,
+                    isr=frozenset(reply.isr),
+                )
+        # Only the leader state that asked may take the answer (a newer epoch ignores it).
+        if self.partitions.get(hosted.key) is hosted and hosted.replica.leader is leader:
+            self.handle_effects(hosted, leader.on_alter_partition_result(request, result))
+
+    def _signal_data(self, key: TopicPartition) -> None:
+        event = self._data_events.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def data_event(self, topic: str, partition: int) -> trio.Event:
+        """Set on the next HW advance or leadership change of the partition."""
+        key = (topic, partition)
+        event = self._data_events.get(key)
+        if event is None:
+            event = self._data_events[key] = trio.Event()
+        return event
+
+    def _on_follower_progress(self, hosted: HostedPartition) -> None:
+        self._hw_dirty = True
+
+    # ------------------------------------------------------------------ produce
+    def leader_hint(self, topic: str, partition: int) -> LeaderHint | None:
+        info = self.image.topic(topic)
+        state = None if info is None else info.partitions.get(partition)
+        if state is None or state.leader == NO_LEADER:
+            return None
+        return LeaderHint(state.leader, state.leader_epoch)
+
+    def not_leader_error(self, topic: str, partition: int) -> ErrorCode:
+        info = self.image.topic(topic)
+        if info is None or partition not in info.partitions:
+            return ErrorCode.unknown_topic_or_partition
+        return ErrorCode.not_leader_or_follower
+
+    def min_insync_replicas(self, topic: str) -> int:
+        return int(
+            self.image.topic_config(topic, "min.insync.replicas", self.config.min_insync_replicas)
+        )
+
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        producer: object = None,
+    ) -> ProduceResult:
+        """Append as leader and answer when `acks` is met (see the module docstring)."""
+        if acks not in (-1, 0, 1):
+            return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
+        key = (topic, partition)
+        hosted = self.partitions.get(key)
+        leader = None if hosted is None else hosted.replica.leader
+        if hosted is None or leader is None:
+            return ProduceResult(
+                self.not_leader_error(topic, partition),
+                current_leader=self.leader_hint(topic, partition),
+            )
+        min_isr = self.min_insync_replicas(topic)
+        error = leader.check_produce(acks, min_isr)
+        if error != ErrorCode.none:
+            return ProduceResult(
+                error,
+                error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
+            )
+        now_ms = self.clock_ms()
+        try:
+            info = hosted.log.append_as_leader(records, leader.leader_epoch, now_ms)
+        except KafkaError as exc:
+            return ProduceResult(exc.code, error_message=exc.message)
+        hosted.wake_waiters()  # parked follower fetches: new data
+        self._request_leader_flush(key)
+        self.handle_effects(hosted, leader.on_local_append(now_ms))
+        done = ProduceResult(base_offset=info.first_offset, log_start_offset=info.log_start_offset)
+        answer = produce_answer(acks, hosted.log.config.flush_policy)
+        if answer in (ProduceAnswer.NEVER, ProduceAnswer.NOW):
+            return done
+        wait = (
+            ProduceWait.FLUSHED
+            if answer is ProduceAnswer.AFTER_FLUSH
+            else ProduceWait.HIGH_WATERMARK
+        )
+        pending = _Pending()
+        deadline_ms = now_ms + max(0, min(timeout_ms, self.config.request_timeout_ms))
+        waiter = DelayedProduce(key, info.last_offset + 1, deadline_ms, min_isr, pending, wait)
+        try:
+            completion = self.purgatory.add_produce(waiter, leader.progress())
+        except PurgatoryFullError as exc:
+            return ProduceResult(ErrorCode.request_timed_out, error_message=str(exc))
+        if completion is not None:
+            pending.error = completion.error
+        else:
+            self._deadline_wakeup.set()
+            await pending.event.wait()
+        if pending.error != ErrorCode.none:
+            hint = None
+            if pending.error == ErrorCode.not_leader_or_follower:
+                hint = self.leader_hint(topic, partition)
+            return ProduceResult(pending.error, current_leader=hint)
+        return done
+
+    def _request_leader_flush(self, key: TopicPartition) -> None:
+        self._dirty_leaders.add(key)
+        self._flush_wakeup.set()
+
+    # ------------------------------------------------------------------ read paths (serving.py)
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        max_bytes: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> FetchResult:
+        """Consumer fetch: FileRegions of whole batches, never past the HW."""
+        return await self.reads.fetch(
+            topic, partition, fetch_offset, max_bytes, current_leader_epoch, isolation
+        )
+
+    async def list_offset(
+        self,
+        topic: str,
+        partition: int,
+        timestamp_ms: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> ListOffsetsResult:
+        return await self.reads.list_offset(
+            topic, partition, timestamp_ms, current_leader_epoch, isolation
+        )
+
+    async def offset_for_leader_epoch(
+        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
+    ) -> EpochEndOffset:
+        return await self.reads.offset_for_leader_epoch(
+            topic, partition, current_leader_epoch, leader_epoch
+        )
+
+    async def handle_replica_fetch(self, body: dict) -> dict:
+        """RPC method "replica.fetch": the leader side of follower fetches (long-poll)."""
+        return await self.reads.handle_replica_fetch(body)
+
+    # ------------------------------------------------------------------ background tasks
+    async def _leader_flush_loop(self) -> None:
+        """fsync what leaders appended (one group commit per round), then report it."""
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup = trio.Event()
+            keys, self._dirty_leaders = self._dirty_leaders, set()
+            batch = [self.partitions[k] for k in sorted(keys) if k in self.partitions]
+            async with trio.open_nursery() as nursery:
+                for hosted in batch:
+                    nursery.start_soon(self.flusher.flush, hosted.log, hosted.log.log_end_offset)
+            now_ms = self.clock_ms()
+            for hosted in batch:
+                leader = hosted.replica.leader
+                if leader is not None and self.partitions.get(hosted.key) is hosted:
+                    self.handle_effects(hosted, leader.on_flushed(now_ms))
+
+    async def _isr_tick_loop(self) -> None:
+        interval_ms = max(MIN_ISR_TICK_MS, self.config.replica_lag_time_max_ms // 2)
+        while True:
+            await trio.sleep(interval_ms / 1000)
+            now_ms = self.clock_ms()
+            for hosted in list(self.partitions.values()):
+                leader = hosted.replica.leader
+                if leader is not None:
+                    self.handle_effects(hosted, leader.on_tick(now_ms))
+
+    async def _deadline_loop(self) -> None:
+        while True:
+            next_ms = self.purgatory.next_deadline_ms()
+            timeout_s = math.inf if next_ms is None else max(0, next_ms - self.clock_ms()) / 1000
+            with trio.move_on_after(timeout_s):
+                await self._deadline_wakeup.wait()
+            self._deadline_wakeup = trio.Event()
+            self._complete(self.purgatory.on_deadline(self.clock_ms(), self._progress_of))
+
+    def _progress_of(self, key: Any) -> Any:
+        hosted = self.partitions.get(key)
+        leader = None if hosted is None else hosted.replica.leader
+        return None if leader is None else leader.progress()
+
+    async def checkpoint_high_watermarks(self) -> None:
+        """Write every hosted replica's HW to the checkpoint file (worker thread)."""
+        self._hw_dirty = False
+        hws = {k: h.replica.high_watermark for k, h in self.partitions.items()}
+        await trio.to_thread.run_sync(self.log_manager.write_high_watermarks, hws)
+        self._checkpointed_hws = {**(self._checkpointed_hws or {}), **hws}
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await trio.sleep(self.high_watermark_checkpoint_interval_ms / 1000)
+            if self._hw_dirty:
+                await self.checkpoint_high_watermarks()
+
+    async def _cleanup_loop(self) -> None:
+        while True:
+            await trio.sleep(self.log_cleanup_interval_ms / 1000)
+            await self.run_log_cleanup()
+
+    async def run_log_cleanup(self) -> None:
+        """Retention and compaction of every hosted log, never past its HW."""
+        for hosted in list(self.partitions.values()):
+            partition_log = hosted.log
+            if partition_log.closed:
+                continue
+            now_ms = self.clock_ms()
+            high_watermark = hosted.replica.high_watermark
+            target = min(retention_target(partition_log, now_ms), high_watermark)
+            if target > partition_log.log_start_offset:
+                deleted = partition_log.advance_log_start(target)
+                log.info(
+                    "%s: retention deleted %d segment(s)", partition_log.directory.name, deleted
+                )
+            if partition_log.config.compact:
+                await clean_log(partition_log, clean_below_offset=high_watermark, now_ms=now_ms)
+        self.flusher.wake()  # checkpoints (log start, recovery point) are now due
+
+    # ------------------------------------------------------------------ status
+    def partition_states(self) -> dict[TopicPartition, PartitionStatus]:
+        out = {}
+        for key, hosted in sorted(self.partitions.items()):
+            replica = hosted.replica
+            state = replica.state
+            role = "leader" if replica.leader else "follower" if replica.follower else "none"
+            # The leader's committed ISR may be newer than the metadata it was built from.
+            isr = replica.leader.isr if replica.leader is not None else (state.isr if state else ())
+            out[key] = PartitionStatus(
+                topic=hosted.topic,
+                partition=hosted.partition,
+                role=role,
+                leader_id=state.leader_id if state else NO_LEADER,
+                leader_epoch=state.leader_epoch if state else -1,
+                partition_epoch=replica.leader.partition_epoch
+                if replica.leader
+                else (state.partition_epoch if state else -1),
+                replicas=state.replicas if state else (),
+                isr=tuple(sorted(isr)),
+                high_watermark=replica.high_watermark,
+                log_start_offset=hosted.log.log_start_offset,
+                log_end_offset=hosted.log.log_end_offset,
+            )
+        return out
+
+
+def _no_bytes(key: Any, start_offset: int, end_offset: int) -> int:
+    # Consumer fetch waits live in the Kafka layer (data_event); the purgatory here only holds
+    # produces, so it never asks for byte counts.
+    return 0

@@ -1,0 +1,295 @@
+"""The leader's read paths: replica fetches (long-poll) and consumer fetch / list offsets.
+
+A mixin of ReplicaManager, split out to keep each module to one job. Records are never
+decoded or re-encoded: consumers get file regions of the segment (sent with sendfile), followers
+get the same bytes read in a worker thread (they travel inside a msgpack frame).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.net.kafka.backend import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    MAX_TIMESTAMP,
+    EpochEndOffset,
+    FetchResult,
+    FileRegion,
+    IsolationLevel,
+    ListOffsetsResult,
+)
+from raftlog.replication.fetch_wire import (
+    ReplicaFetchAnswer,
+    ReplicaFetchPartition,
+    decode_request,
+    encode_response,
+)
+from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.leader import LeaderState
+from raftlog.replication.partition import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
+from raftlog.storage import OffsetOutOfRangeError, PartitionLog
+
+if TYPE_CHECKING:
+    from raftlog.replication.manager import ReplicaManager
+
+log = logging.getLogger("raftlog.replication")
+
+# Room left in an internal frame for the envelope and per-partition fields of a fetch answer.
+REPLICA_FETCH_FRAME_OVERHEAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HeldFileRegion(FileRegion):
+    """A FileRegion that keeps the segment's file object alive until the region is sent, so a
+    segment deleted by retention meanwhile cannot have its descriptor number reused."""
+
+    owner: Any = field(default=None, compare=False, repr=False)
+
+
+def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorCode:
+    """KIP-320 fencing of a client's view of the leader epoch (-1: the client does not know)."""
+    if current_leader_epoch == UNDEFINED_EPOCH or current_leader_epoch == leader.leader_epoch:
+        return ErrorCode.none
+    if current_leader_epoch < leader.leader_epoch:
+        return ErrorCode.fenced_leader_epoch
+    return ErrorCode.unknown_leader_epoch
+
+
+class ReadPaths:
+    """Consumer and replica reads of one ReplicaManager (which delegates to this)."""
+
+    def __init__(self, manager: ReplicaManager) -> None:
+        self.manager = manager
+
+    def _leader_for(
+        self, topic: str, partition: int, current_leader_epoch: int
+    ) -> tuple[HostedPartition | None, LeaderState | None, ErrorCode]:
+        hosted = self.manager.partitions.get((topic, partition))
+        leader = None if hosted is None else hosted.replica.leader
+        if hosted is None or leader is None:
+            return None, None, self.manager.not_leader_error(topic, partition)
+        return hosted, leader, check_leader_epoch(leader, current_leader_epoch)
+
+    # ------------------------------------------------------------------ consumers
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        max_bytes: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> FetchResult:
+        """Whole batches from fetch_offset, never past the HW (no transactions: LSO = HW)."""
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        if hosted is None or leader is None or error != ErrorCode.none:
+            hint = self.manager.leader_hint(topic, partition) if leader is None else None
+            return FetchResult(error, current_leader=hint)
+        partition_log = hosted.log
+        high_watermark = leader.high_watermark
+        base = FetchResult(
+            high_watermark=high_watermark,
+            last_stable_offset=high_watermark,
+            log_start_offset=partition_log.log_start_offset,
+        )
+        if not partition_log.log_start_offset <= fetch_offset <= partition_log.log_end_offset:
+            return FetchResult(
+                ErrorCode.offset_out_of_range,
+                high_watermark=high_watermark,
+                last_stable_offset=high_watermark,
+                log_start_offset=partition_log.log_start_offset,
+            )
+        if fetch_offset >= high_watermark:
+            return base
+        max_bytes = max(0, min(max_bytes, self.manager.config.fetch_max_bytes))
+        try:
+            result = partition_log.read(fetch_offset, max_bytes, max_offset=high_watermark)
+        except OffsetOutOfRangeError:
+            return FetchResult(
+                ErrorCode.offset_out_of_range,
+                high_watermark=high_watermark,
+                last_stable_offset=high_watermark,
+                log_start_offset=partition_log.log_start_offset,
+            )
+        except KafkaError as exc:
+            return FetchResult(exc.code)
+        records = [HeldFileRegion(r.fd, r.position, r.length, owner=r.file) for r in result.regions]
+        return FetchResult(
+            high_watermark=high_watermark,
+            last_stable_offset=high_watermark,
+            log_start_offset=partition_log.log_start_offset,
+            records=records,
+        )
+
+    async def list_offset(
+        self,
+        topic: str,
+        partition: int,
+        timestamp_ms: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> ListOffsetsResult:
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        if hosted is None or leader is None or error != ErrorCode.none:
+            return ListOffsetsResult(error)
+        partition_log = hosted.log
+        high_watermark = leader.high_watermark
+        if timestamp_ms == LATEST_TIMESTAMP:
+            return ListOffsetsResult(offset=high_watermark, leader_epoch=leader.leader_epoch)
+        if timestamp_ms == EARLIEST_TIMESTAMP:
+            return ListOffsetsResult(offset=partition_log.log_start_offset)
+        if timestamp_ms == MAX_TIMESTAMP:
+            return _max_timestamp(partition_log, high_watermark)
+        found = await trio.to_thread.run_sync(partition_log.offset_for_timestamp, timestamp_ms)
+        if found is None or found[0] >= high_watermark:
+            return ListOffsetsResult()  # Kafka: offset -1, timestamp -1 when nothing matches
+        offset, found_ms = found
+        return ListOffsetsResult(timestamp_ms=found_ms, offset=offset)
+
+    async def offset_for_leader_epoch(
+        self,
+        topic: str,
+        partition: int,
+        current_leader_epoch: int,
+        leader_epoch: int,
+    ) -> EpochEndOffset:
+        """KIP-279/320: the largest epoch <= leader_epoch and where it ends in our log."""
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        if hosted is None or leader is None or error != ErrorCode.none:
+            return EpochEndOffset(error)
+        epoch, end_offset = hosted.log.end_offset_for_epoch(leader_epoch)
+        return EpochEndOffset(leader_epoch=epoch, end_offset=end_offset)
+
+    # ------------------------------------------------------------------ replicas
+    async def handle_replica_fetch(self, body: dict) -> dict:
+        """The leader side of replica.fetch: validate, maybe park, answer with records."""
+        request = decode_request(body)
+        now_ms = self.manager.clock_ms()
+        answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
+        reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]] = []
+        for item in request.partitions:
+            key = (item.topic, item.partition)
+            hosted = self.manager.partitions.get(key)
+            leader = None if hosted is None else hosted.replica.leader
+            if hosted is None or leader is None:
+                answers[key] = _refusal(item, self.manager.not_leader_error(*key))
+                continue
+            decision = leader.on_follower_fetch(
+                now_ms,
+                request.replica_id,
+                item.fetch_offset,
+                item.last_fetched_epoch,
+                item.leader_epoch,
+            )
+            self.manager.handle_effects(hosted, decision.effects)
+            if decision.outcome is FetchOutcome.READ:
+                reads.append((item, hosted, leader))
+            else:
+                answers[key] = _answer_without_records(item, decision)
+        has_data = any(i.fetch_offset < h.log.log_end_offset for i, h, _ in reads)
+        if reads and not answers and not has_data and request.max_wait_ms > 0:
+            await self._park(
+                reads, min(request.max_wait_ms, self.manager.config.replica_fetch_wait_max_ms)
+            )
+        answers.update(await self._read_for_replicas(reads))
+        return encode_response([answers[(p.topic, p.partition)] for p in request.partitions])
+
+    async def _park(
+        self,
+        reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]],
+        max_wait_ms: int,
+    ) -> None:
+        """Wait for an LEO/HW advance or role change of any requested partition (no polling)."""
+        wakeup = trio.Event()
+        for _, hosted, _ in reads:
+            hosted.waiters.add(wakeup)
+        try:
+            with trio.move_on_after(max_wait_ms / 1000):
+                await wakeup.wait()
+        finally:
+            for _, hosted, _ in reads:
+                hosted.waiters.discard(wakeup)
+
+    async def _read_for_replicas(
+        self,
+        reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]],
+    ) -> dict[TopicPartition, ReplicaFetchAnswer]:
+        answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
+        regions: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState, Any]] = []
+        budget_bytes = (
+            self.manager.config.internal_frame_max_bytes - REPLICA_FETCH_FRAME_OVERHEAD_BYTES
+        )
+        for item, hosted, leader in reads:
+            key = (item.topic, item.partition)
+            # The leadership this fetch was validated against may have ended while it was parked.
+            if (
+                self.manager.partitions.get(key) is not hosted
+                or hosted.replica.leader is not leader
+            ):
+                answers[key] = _refusal(item, ErrorCode.not_leader_or_follower)
+                continue
+            max_bytes = max(0, min(self.manager.config.replica_fetch_max_bytes, budget_bytes))
+            try:
+                result = hosted.log.read(item.fetch_offset, max_bytes, min_one_batch=not regions)
+            except OffsetOutOfRangeError:
+                answers[key] = ReplicaFetchAnswer(
+                    item.topic,
+                    item.partition,
+                    ErrorCode.offset_out_of_range,
+                    leader.high_watermark,
+                    hosted.log.log_start_offset,
+                )
+                continue
+            except KafkaError as exc:
+                answers[key] = _refusal(item, exc.code)
+                continue
+            budget_bytes -= result.size_bytes
+            regions.append((item, hosted, leader, result))
+        payloads = await trio.to_thread.run_sync(
+            lambda: [result.read_bytes() for _, _, _, result in regions]
+        )
+        for (item, hosted, leader, _), records in zip(regions, payloads, strict=True):
+            answers[(item.topic, item.partition)] = ReplicaFetchAnswer(
+                item.topic,
+                item.partition,
+                ErrorCode.none,
+                leader.high_watermark,
+                hosted.log.log_start_offset,
+                records=records,
+            )
+        return answers
+
+
+def _refusal(item: ReplicaFetchPartition, error: ErrorCode) -> ReplicaFetchAnswer:
+    return ReplicaFetchAnswer(item.topic, item.partition, error, -1, -1)
+
+
+def _answer_without_records(
+    item: ReplicaFetchPartition, decision: FetchDecision
+) -> ReplicaFetchAnswer:
+    return ReplicaFetchAnswer(
+        item.topic,
+        item.partition,
+        decision.error,
+        decision.high_watermark,
+        decision.log_start_offset,
+        decision.diverging_epoch,
+    )
+
+
+def _max_timestamp(partition_log: PartitionLog, high_watermark: int) -> ListOffsetsResult:
+    best: tuple[int, int] | None = None
+    for segment in partition_log.segments:
+        offset = segment.offset_of_max_timestamp
+        usable = segment.size_bytes and offset < high_watermark and segment.max_timestamp_ms >= 0
+        if usable and (best is None or segment.max_timestamp_ms > best[0]):
+            best = (segment.max_timestamp_ms, offset)
+    if best is None:
+        return ListOffsetsResult()
+    return ListOffsetsResult(timestamp_ms=best[0], offset=best[1])

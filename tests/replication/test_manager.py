@@ -1,0 +1,443 @@
+"""ReplicaManager end to end, in one process: three managers on real storage, no sockets.
+
+send_fetch calls the target manager's handle_replica_fetch (bodies round-trip through msgpack,
+as on the wire); alter_partition goes to a real sans-IO Controller whose records are applied to
+an image that every running manager receives (a small in-test metadata bus). Tests wait for
+conditions with deadlines; they never sleep for state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode
+from raftlog.metadata.controller import Controller
+from raftlog.metadata.controller_messages import (
+    AlterPartition,
+    AlterPartitionReply,
+    BrokerHeartbeat,
+    CreateTopics,
+    DeleteTopics,
+    NewTopic,
+    RegisterBroker,
+)
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from raftlog.records import iter_batches
+from raftlog.replication.manager import ReplicaManager
+from raftlog.storage import LogManager
+from tests.storage.helpers import batch
+
+TOPIC = "orders"
+BROKERS = (1, 2, 3)
+DEADLINE_S = 15.0
+
+
+def cluster_config() -> NodeConfig:
+    return NodeConfig(
+        replica_lag_time_max_ms=300,
+        replica_fetch_wait_max_ms=100,
+        request_timeout_ms=20_000,
+        default_replication_factor=3,
+    )
+
+
+def clock_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+async def wait_until(
+    condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S
+) -> None:
+    with trio.move_on_after(timeout_s):
+        while not condition():  # noqa: ASYNC110 - a deadline-bounded condition wait
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def _wire(value: Any) -> Any:
+    """What the internal RPC would deliver: msgpack there and back (no pickle, no objects)."""
+    return msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False)
+
+
+class Cluster:
+    """Three brokers, a controller, and the plumbing between them."""
+
+    def __init__(self, root: Path, nursery: trio.Nursery) -> None:
+        self.root = root
+        self.nursery = nursery
+        self.config = cluster_config()
+        self.image = MetadataImage.empty("test-cluster")
+        self.records: list[Any] = []
+        self.offset = -1
+        self.controller = Controller(self.image, self.config, 0)
+        self.managers: dict[int, ReplicaManager] = {}
+        self.log_managers: dict[int, LogManager] = {}
+        self.broker_epochs: dict[int, int] = {}
+        self.paused: set[int] = set()  # brokers whose fetching fails as if the network were cut
+        self._stops: dict[int, tuple[trio.CancelScope, trio.Event]] = {}
+
+    # ---------------------------------------------------------------- metadata bus
+    def commit(self, records: tuple[Any, ...]) -> None:
+        if not records:
+            return
+        self.records.extend(records)
+        self.offset += len(records)
+        self.image, delta = self.image.apply(records, self.offset)
+        self.controller.committed(self.offset)
+        for manager in list(self.managers.values()):
+            manager.apply_metadata(self.image, delta)
+
+    def handle(self, request: Any) -> Any:
+        result = self.controller.handle(request, clock_ms())
+        self.commit(result.records)
+        return result.reply
+
+    async def alter_partition(self, request: AlterPartition) -> AlterPartitionReply:
+        await trio.lowlevel.checkpoint()  # a real RPC yields; so does this one
+        return self.handle(request)
+
+    def full_delta(self) -> tuple[MetadataImage, MetadataDelta]:
+        if not self.records:
+            return self.image, MetadataDelta()
+        return MetadataImage.empty("test-cluster").apply(self.records, self.offset)
+
+    # ---------------------------------------------------------------- network
+    def send_fetch_from(self, source: int) -> Callable[[int, dict], Any]:
+        async def send_fetch(leader_id: int, body: dict) -> dict:
+            await trio.lowlevel.checkpoint()
+            target = self.managers.get(leader_id)
+            if source in self.paused or target is None:
+                raise ConnectionError(f"broker {source} cannot reach broker {leader_id}")
+            reply = await target.handle_replica_fetch(_wire(body))
+            if source in self.paused:  # cut while the fetch was parked: the answer is lost
+                raise ConnectionError(f"broker {source} lost the answer of broker {leader_id}")
+            return _wire(reply)
+
+        return send_fetch
+
+    # ---------------------------------------------------------------- brokers
+    def register_all(self) -> None:
+        for broker_id in BROKERS:
+            reply = self.handle(
+                RegisterBroker(
+                    broker_id, uuid.uuid4(), "127.0.0.1", 9000 + broker_id, "127.0.0.1", 0
+                )
+            )
+            assert reply.error_code == ErrorCode.none, reply
+            self.broker_epochs[broker_id] = reply.broker_epoch
+        for broker_id in BROKERS:
+            self.heartbeat(broker_id)
+
+    def heartbeat(self, broker_id: int, *, want_fence: bool = False) -> None:
+        reply = self.handle(
+            BrokerHeartbeat(
+                broker_id, self.broker_epochs[broker_id], self.offset, want_fence=want_fence
+            )
+        )
+        assert reply.error_code == ErrorCode.none, reply
+
+    async def start(self, broker_id: int) -> ReplicaManager:
+        log_manager = LogManager(self.root / f"broker-{broker_id}", self.config)
+        await log_manager.open_all_async(now_ms=clock_ms())
+        manager = ReplicaManager(
+            broker_id,
+            self.config,
+            log_manager,
+            log_manager.flusher,
+            alter_partition=self.alter_partition,
+            send_fetch=self.send_fetch_from(broker_id),
+            clock_ms=clock_ms,
+        )
+        stopped = trio.Event()
+
+        async def run_node(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            try:
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(log_manager.flusher.run)
+                        await nursery.start(manager.run)
+                        task_status.started(scope)
+            finally:
+                stopped.set()
+
+        scope = await self.nursery.start(run_node)
+        self._stops[broker_id] = (scope, stopped)
+        self.log_managers[broker_id] = log_manager
+        self.managers[broker_id] = manager
+        manager.apply_metadata(*self.full_delta())
+        return manager
+
+    async def stop(self, broker_id: int) -> None:
+        manager = self.managers.pop(broker_id)
+        await manager.shutdown()
+        scope, stopped = self._stops.pop(broker_id)
+        scope.cancel()
+        await stopped.wait()
+        self.log_managers.pop(broker_id).close_all()
+
+    async def stop_all(self) -> None:
+        for broker_id in list(self.managers):
+            await self.stop(broker_id)
+
+    # ---------------------------------------------------------------- views
+    def partition(self, topic: str = TOPIC) -> Any:
+        info = self.image.topic(topic)
+        assert info is not None
+        return info.partitions[0]
+
+    @property
+    def leader_id(self) -> int:
+        return self.partition().leader
+
+    def status(self, broker_id: int, topic: str = TOPIC) -> Any:
+        return self.managers[broker_id].partition_states()[(topic, 0)]
+
+    def log_bytes(self, broker_id: int, topic: str = TOPIC) -> bytes:
+        partition_log = self.log_managers[broker_id].get(topic, 0)
+        assert partition_log is not None
+        return partition_log.read(0, 1 << 30).read_bytes()
+
+    def in_sync(self, brokers: tuple[int, ...] = BROKERS, topic: str = TOPIC) -> bool:
+        leader = self.status(self.leader_id, topic)
+        return all(
+            self.status(b, topic).log_end_offset == leader.log_end_offset
+            and self.status(b, topic).high_watermark == leader.log_end_offset
+            for b in brokers
+        )
+
+
+async def start_cluster(root: Path, nursery: trio.Nursery, min_isr: int = 2) -> Cluster:
+    cluster = Cluster(root, nursery)
+    cluster.register_all()
+    for broker_id in BROKERS:
+        await cluster.start(broker_id)
+    reply = cluster.handle(
+        CreateTopics((NewTopic(TOPIC, 1, 3, configs={"min.insync.replicas": str(min_isr)}),))
+    )
+    assert reply.results[0].error_code == ErrorCode.none, reply
+    return cluster
+
+
+def followers(cluster: Cluster) -> list[int]:
+    return [b for b in BROKERS if b != cluster.leader_id]
+
+
+async def produce(cluster: Cluster, acks: int = -1, count: int = 3, leader: int | None = None):
+    leader_id = cluster.leader_id if leader is None else leader
+    return await cluster.managers[leader_id].produce(TOPIC, 0, batch(count), acks, 10_000)
+
+
+def last_offsets(records: bytes) -> list[int]:
+    return [header.last_offset for _, header in iter_batches(records)]
+
+
+async def read_consumer(manager: ReplicaManager, offset: int = 0) -> tuple[Any, bytes]:
+    result = await manager.fetch(TOPIC, 0, offset, 1 << 20, -1)
+    data = b"".join(trio_read(r) for r in result.records)
+    return result, data
+
+
+def trio_read(region: Any) -> bytes:
+    return region.read() if hasattr(region, "read") else bytes(region)
+
+
+# ==================================================================== tests
+async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        leader = cluster.managers[cluster.leader_id]
+        event = leader.data_event(TOPIC, 0)
+        for i in range(5):
+            result = await produce(cluster)
+            assert result.error == ErrorCode.none, result
+            assert result.base_offset == 3 * i
+            assert cluster.status(cluster.leader_id).high_watermark >= 3 * i + 3
+        assert event.is_set()  # the HW advanced
+
+        # A tail nobody else has: consumers must not see it.
+        cluster.paused.update(followers(cluster))
+        result = await produce(cluster, acks=1)
+        assert result.error == ErrorCode.none and result.base_offset == 15
+        status = cluster.status(cluster.leader_id)
+        assert status.log_end_offset == 18 and status.high_watermark == 15
+        fetched, data = await read_consumer(leader)
+        assert fetched.error == ErrorCode.none and fetched.high_watermark == 15
+        assert last_offsets(data) == [2, 5, 8, 11, 14]
+        empty, _ = await read_consumer(leader, 15)
+        assert empty.error == ErrorCode.none and not empty.records
+        latest = await leader.list_offset(TOPIC, 0, LATEST_TIMESTAMP, -1)
+        earliest = await leader.list_offset(TOPIC, 0, EARLIEST_TIMESTAMP, -1)
+        assert (latest.offset, earliest.offset) == (15, 0)
+
+        cluster.paused.clear()
+        await wait_until(cluster.in_sync, "every replica at the leader's LEO and HW")
+        expected = cluster.log_bytes(cluster.leader_id)
+        assert last_offsets(expected) == [2, 5, 8, 11, 14, 17]
+        for broker_id in BROKERS:
+            assert cluster.log_bytes(broker_id) == expected, broker_id
+
+        epoch = cluster.partition().leader_epoch
+        end = await leader.offset_for_leader_epoch(TOPIC, 0, epoch, epoch)
+        assert (end.leader_epoch, end.end_offset) == (epoch, 18)
+        follower = cluster.managers[followers(cluster)[0]]
+        refused = await follower.fetch(TOPIC, 0, 0, 1024, -1)
+        assert refused.error == ErrorCode.not_leader_or_follower
+        assert refused.current_leader is not None
+        assert refused.current_leader.leader_id == cluster.leader_id
+        not_led = await follower.produce(TOPIC, 0, batch(1), -1, 1000)
+        assert not_led.error == ErrorCode.not_leader_or_follower
+        ahead = await leader.fetch(TOPIC, 0, 0, 1024, epoch + 1)
+        assert ahead.error == ErrorCode.unknown_leader_epoch
+        await cluster.stop_all()
+
+
+async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        assert (await produce(cluster)).error == ErrorCode.none
+        leader_id = cluster.leader_id
+        first, second = followers(cluster)
+
+        # One follower stops fetching: acks=all waits until the ISR drops it, then succeeds.
+        cluster.paused.add(first)
+        result = await produce(cluster)
+        assert result.error == ErrorCode.none, result
+        assert cluster.status(leader_id).isr == tuple(sorted((leader_id, second)))
+        assert set(cluster.partition().isr) == {leader_id, second}  # committed by the controller
+
+        # The second one stops too: the append happened with ISR 2, the HW then needs a shrink.
+        cluster.paused.add(second)
+        result = await produce(cluster)
+        assert result.error == ErrorCode.not_enough_replicas_after_append, result
+        assert cluster.status(leader_id).isr == (leader_id,)
+        result = await produce(cluster)
+        assert result.error == ErrorCode.not_enough_replicas, result
+        assert (await produce(cluster, acks=1)).error == ErrorCode.none
+
+        cluster.paused.clear()
+        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand to three")
+        assert (await produce(cluster)).error == ErrorCode.none
+        await wait_until(cluster.in_sync, "replicas in sync")
+        expected = cluster.log_bytes(leader_id)
+        assert all(cluster.log_bytes(b) == expected for b in BROKERS)
+        await cluster.stop_all()
+
+
+async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        for _ in range(3):
+            assert (await produce(cluster)).error == ErrorCode.none
+        await wait_until(cluster.in_sync, "replicas in sync")
+        acknowledged = cluster.log_bytes(cluster.leader_id)
+        old_leader = cluster.leader_id
+        old_epoch = cluster.partition().leader_epoch
+
+        # The leader appends a tail nobody fetches, then the controller fences it.
+        cluster.paused.update(followers(cluster))
+        assert (await produce(cluster, acks=1, count=5)).error == ErrorCode.none
+        assert cluster.status(old_leader).log_end_offset == 14
+        cluster.heartbeat(old_leader, want_fence=True)
+        new_leader = cluster.leader_id
+        assert new_leader != old_leader and cluster.partition().leader_epoch == old_epoch + 1
+        assert cluster.status(old_leader).role == "follower"
+        assert cluster.status(new_leader).role == "leader"
+        cluster.paused.clear()
+
+        # The old leader rejoins: its tail diverges and is cut back to the acknowledged data.
+        await wait_until(
+            lambda: cluster.status(old_leader).log_end_offset == 9, "the old leader to truncate"
+        )
+        cluster.heartbeat(old_leader)  # unfenced again, so it may re-enter the ISR
+        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
+        result = await produce(cluster)
+        assert result.error == ErrorCode.none and result.base_offset == 9
+        await wait_until(cluster.in_sync, "replicas in sync")
+        final = cluster.log_bytes(new_leader)
+        assert last_offsets(final) == [2, 5, 8, 11]
+        # Acknowledged batches keep their bytes (offsets and epoch included) everywhere.
+        assert final.startswith(acknowledged)
+        assert all(cluster.log_bytes(b) == final for b in BROKERS)
+        await cluster.stop_all()
+
+
+async def test_deleted_topic_removes_replicas_and_data(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        assert (await produce(cluster)).error == ErrorCode.none
+        directories = [tmp_path / f"broker-{b}" / f"{TOPIC}-0" for b in BROKERS]
+        assert all(d.is_dir() for d in directories)
+        reply = cluster.handle(DeleteTopics(names=(TOPIC,)))
+        assert reply.results[0].error_code == ErrorCode.none
+        for broker_id in BROKERS:
+            assert cluster.managers[broker_id].partition_states() == {}
+            assert cluster.log_managers[broker_id].get(TOPIC, 0) is None
+        assert not any(d.exists() for d in directories)
+        result = await cluster.managers[1].produce(TOPIC, 0, batch(1), -1, 1000)
+        assert result.error == ErrorCode.unknown_topic_or_partition
+        await cluster.stop_all()
+
+
+async def test_restarted_broker_starts_from_its_hw_checkpoint_and_catches_up(
+    tmp_path: Path,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        for _ in range(2):
+            assert (await produce(cluster)).error == ErrorCode.none
+        await wait_until(cluster.in_sync, "replicas in sync")
+        leader_id = cluster.leader_id
+        restarted = followers(cluster)[0]
+        await cluster.stop(restarted)
+
+        # Writes go on while it is away (the ISR drops it after the lag time).
+        for _ in range(3):
+            assert (await produce(cluster)).error == ErrorCode.none
+        assert cluster.status(leader_id).high_watermark == 15
+
+        cluster.paused.add(restarted)  # hold its fetching to look at the recovered state
+        await cluster.start(restarted)
+        recovered = cluster.status(restarted)
+        assert recovered.role == "follower"
+        assert (recovered.log_end_offset, recovered.high_watermark) == (6, 6)
+        cluster.paused.clear()
+        await wait_until(cluster.in_sync, "the restarted broker to catch up")
+        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
+        expected = cluster.log_bytes(leader_id)
+        assert cluster.log_bytes(restarted) == expected
+        await cluster.stop_all()
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+async def test_acks_zero_and_one_answer_after_the_local_append(tmp_path: Path, acks: int) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        leader_id = cluster.leader_id
+        cluster.paused.update(followers(cluster))
+        result = await produce(cluster, acks=acks)
+        assert result.error == ErrorCode.none and result.base_offset == 0
+        leader_log = cluster.log_managers[leader_id].get(TOPIC, 0)
+        assert leader_log is not None
+        if acks == 1:  # flush_policy=always: acks=1 means on the leader's disk
+            assert leader_log.flushed_offset >= 3
+        bad = await cluster.managers[leader_id].produce(TOPIC, 0, b"\x00" * 70, acks, 1000)
+        assert bad.error == ErrorCode.corrupt_message
+        cluster.paused.clear()
+        await wait_until(cluster.in_sync, "replicas in sync")
+        await cluster.stop_all()
