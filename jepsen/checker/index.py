@@ -34,25 +34,6 @@ def send_key_value(op: Op) -> tuple[str, Any] | None:
     return str(value[0]), norm_value(value[1])
 
 
-def poll_reads(op: Op) -> dict[str, list[tuple[int, Any]]]:
-    """A poll completion's reads as {key: [(offset, value), ...]}, in returned order."""
-    value = op.value
-    if not isinstance(value, dict):
-        return {}
-    out: dict[str, list[tuple[int, Any]]] = {}
-    for key, pairs in value.items():
-        rows = []
-        for o, v in pairs or ():
-            if o is None:
-                continue
-            # type() checks, not isinstance: this runs per record and ints are the norm.
-            if type(v) is not int and type(v) is not str:
-                v = norm_value(v)
-            rows.append((o if type(o) is int else int(o), v))
-        out[str(key)] = rows
-    return out
-
-
 @dataclass(slots=True)
 class Write:
     """The completion of the send that wrote ``value`` to ``key``."""
