@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.__main__ import EXIT_ERROR, EXIT_INVALID, EXIT_UNAVAILABLE, EXIT_VALID, main
+from jepsen.__main__ import EXIT_ERROR, EXIT_INVALID, EXIT_VALID, main
 from jepsen.checker import check
 from jepsen.history import HistoryBuilder, write_history
 from jepsen.report import render, summary_text
@@ -80,16 +80,12 @@ def test_cli_check_reports_an_invalid_history(
     assert "INVALID (lost-write)" in out and 'e.g. lost-write: {"key":"k","value":1' in out
 
 
-def test_cli_errors_and_unavailable_commands(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_input_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # run/matrix belong to the cluster harness and are tested with it.
     assert main(["report", str(tmp_path / "missing")]) == EXIT_ERROR
     (tmp_path / HISTORY_FILE).write_text("not json\n")
     assert main(["check", str(tmp_path)]) == EXIT_ERROR
     assert "header is not JSON" in capsys.readouterr().err
-    for command in ("run", "matrix"):
-        assert main([command, "--nemesis", "kill"]) == EXIT_UNAVAILABLE
-        assert "not available yet" in capsys.readouterr().out
 
 
 def test_summary_lists_counts_faults_and_one_example_per_anomaly() -> None:
