@@ -2,8 +2,10 @@
 
     python -m jepsen report [DIR] [--recheck]   re-render a run (default: the latest)
     python -m jepsen check DIR                  check history.jsonl, write results.json
-    python -m jepsen run ...                    one run against a local cluster (not yet)
-    python -m jepsen matrix ...                 every nemesis x workload (not yet)
+    python -m jepsen run [--nodes 3] [--time-limit 60] [--nemesis kill,partition]
+                         [--nemesis-interval 10] [--unsafe] [--seed N]
+    python -m jepsen matrix [--runs 3] [--time-limit 120]   table into docs/jepsen.md
+    python -m jepsen cleanup                    remove namespaces a crashed run left
 
 Exit status: 0 valid, 1 invalid (anomalies found), 2 usage or input error, 3 not available.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from jepsen.history import HistoryError
 
@@ -36,14 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("dir", nargs="?", default="latest", help="run directory, name or 'latest'")
     chk.set_defaults(handler=cmd_check)
 
-    # The cluster control, nemeses and workload land later; these reserve their names so the
-    # Makefile and docs can already point at them.
-    for name, text in (
-        ("run", "run one workload under one nemesis against a local cluster"),
-        ("matrix", "run every nemesis x workload combination"),
-    ):
-        p = sub.add_parser(name, help=f"{text} (not available yet)")
-        p.set_defaults(handler=cmd_unavailable, takes_any_args=True)
+    run = sub.add_parser("run", help="run the workload under a nemesis against a local cluster")
+    _run_options(run)
+    run.set_defaults(handler=cmd_run)
+
+    mat = sub.add_parser(
+        "matrix", help="none/kill/pause/partition/all x N runs; table into docs/jepsen.md"
+    )
+    _run_options(mat, time_limit_s=120.0, matrix=True)
+    mat.set_defaults(handler=cmd_matrix)
+
+    clean = sub.add_parser("cleanup", help="remove namespaces, bridges and nodes a run left behind")
+    clean.set_defaults(handler=cmd_cleanup)
     return parser
 
 
@@ -71,18 +78,106 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_VALID if results["valid"] else EXIT_INVALID
 
 
-def cmd_unavailable(args: argparse.Namespace) -> int:
-    print(f"jepsen {args.command}: not available yet (needs the cluster control and nemeses)")
-    return EXIT_UNAVAILABLE
+def _run_options(
+    p: argparse.ArgumentParser, time_limit_s: float = 60.0, matrix: bool = False
+) -> None:
+    p.add_argument("--nodes", type=int, default=3, choices=(3, 5), help="cluster size")
+    p.add_argument(
+        "--time-limit", type=float, default=time_limit_s, metavar="S", help="workload seconds"
+    )
+    if not matrix:
+        p.add_argument(
+            "--nemesis",
+            default="kill,partition",
+            help="comma-separated: kill, pause, partition, restart; or all, none",
+        )
+    else:
+        p.add_argument(
+            "--nemesis",
+            default="none,kill,pause,partition,all",
+            help="the matrix's nemeses, each run on its own (a name, all or none)",
+        )
+        p.add_argument("--runs", type=int, default=3, help="runs per nemesis")
+        p.add_argument("--doc", default="docs/jepsen.md", help="where the results table goes")
+    p.add_argument("--nemesis-interval", type=float, default=10.0, metavar="S")
+    p.add_argument(
+        "--unsafe",
+        action="store_true",
+        help="Kafka's documented lossy setup: acks=1, min ISR 1, unclean election, fsync interval",
+    )
+    p.add_argument("--seed", type=int, default=None, help="replay a run's choices")
+    p.add_argument("--senders", type=int, default=4)
+    p.add_argument("--pollers", type=int, default=2)
+    p.add_argument("--no-progress", action="store_true", help="no live display")
+
+
+def _base_options(args: argparse.Namespace, nemesis: tuple[str, ...]) -> Any:
+    from jepsen.runner import RunOptions
+
+    return RunOptions(
+        nodes=args.nodes,
+        time_limit_s=args.time_limit,
+        nemesis=nemesis,
+        nemesis_interval_s=args.nemesis_interval,
+        unsafe=args.unsafe,
+        seed=args.seed,
+        senders=args.senders,
+        pollers=args.pollers,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from jepsen.nemesis import parse_families
+    from jepsen.runner import run, unavailable_reason
+    from jepsen.store import SUMMARY_FILE
+
+    families = tuple(parse_families(args.nemesis))
+    reason = unavailable_reason()
+    if reason:
+        print(f"jepsen {args.command}: not available yet: {reason}")
+        return EXIT_UNAVAILABLE
+    outcome = run(_base_options(args, families))
+    print((outcome.run_dir / SUMMARY_FILE).read_text(encoding="utf-8"), end="")
+    print(f"run directory: {outcome.run_dir}")
+    return EXIT_VALID if outcome.valid else EXIT_INVALID
+
+
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jepsen.nemesis import parse_families
+    from jepsen.runner import run_matrix, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"jepsen {args.command}: not available yet: {reason}")
+        return EXIT_UNAVAILABLE
+    nemeses = tuple(n.strip() for n in args.nemesis.split(",") if n.strip())
+    for nemesis in nemeses:
+        parse_families(nemesis)  # reject a typo before hours of runs
+    rows = run_matrix(_base_options(args, ()), args.runs, Path(args.doc), nemeses)
+    for r in rows:
+        verdict = r.error or ("valid" if r.valid else "INVALID " + r.anomalies)
+        print(f"{r.nemesis:10} run {r.run}: {verdict}  ({r.run_dir})")
+    print(f"table written to {args.doc}")
+    return EXIT_VALID if all(r.valid for r in rows) else EXIT_INVALID
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from jepsen.netns import cleanup_all, missing_prerequisites
+
+    if missing_prerequisites():
+        print("jepsen cleanup: " + "; ".join(missing_prerequisites()), file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    removed = cleanup_all()
+    print("removed: " + (", ".join(removed) if removed else "nothing"))
+    return EXIT_VALID
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    # run/matrix accept any options for now (their flags are not designed yet); every other
-    # command is strict.
-    args, extra = parser.parse_known_args(argv)
-    if extra and not getattr(args, "takes_any_args", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
     except (FileNotFoundError, HistoryError, ValueError) as exc:

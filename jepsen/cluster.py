@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,9 @@ class ClusterOptions:
         }
 
 
-def node_config(net: RunNetwork, node: str, data_dir: Path, opts: ClusterOptions) -> NodeConfig:
+def node_config(
+    net: RunNetwork, node: str, data_dir: Path, opts: ClusterOptions, cluster_id: str
+) -> NodeConfig:
     """The node's config: listeners on its namespace address, every node a voter, timeouts
     short enough that a 60 s run sees several failovers."""
     voters = ",".join(
@@ -75,6 +78,7 @@ def node_config(net: RunNetwork, node: str, data_dir: Path, opts: ClusterOptions
     address = net.address(node)
     return NodeConfig(
         node_id=net.node_names.index(node) + 1,
+        cluster_id=cluster_id,
         roles=["controller", "broker"],
         data_dir=str(data_dir),
         client_listener=f"{address}:{CLIENT_PORT}",
@@ -131,11 +135,13 @@ class Cluster:
     @classmethod
     def create(cls, net: RunNetwork, nodes_dir: Path, opts: ClusterOptions) -> Cluster:
         cluster = cls(net, opts)
+        # Every node of one cluster must share its id; a fresh one per run.
+        cluster_id = uuid.uuid4().hex
         for name in net.node_names:
             node_dir = nodes_dir / name
             (node_dir / "data").mkdir(parents=True, exist_ok=True)
             node = Node(name, net.node_names.index(name) + 1, net.address(name), node_dir)
-            config = node_config(net, name, node_dir / "data", opts)
+            config = node_config(net, name, node_dir / "data", opts, cluster_id)
             node.config_path.write_text(config.to_toml(), encoding="utf-8")
             cluster.nodes[name] = node
         return cluster
