@@ -1,0 +1,258 @@
+"""`raftlog cluster up|down|status|kill|restart`: a local multi-node cluster.
+
+`up` writes node configs under --dir, starts one process per node and waits (with a
+deadline) until a controller is elected and every broker is unfenced. In the foreground it
+then waits for Ctrl-C/SIGTERM and stops every node cleanly; with --detach it returns and
+`down` stops the nodes later.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+from raftlog_cli import cluster_local as local
+from raftlog_cli.cluster_health import gather_status, probe_ready
+from raftlog_cli.common import (
+    DEFAULT_CLUSTER_DIR,
+    Options,
+    common_options,
+    connect,
+    run_async,
+)
+from raftlog_cli.errors import CliError
+from raftlog_cli.render import Renderer
+
+DEFAULT_READY_TIMEOUT_S = 60.0
+READY_POLL_INTERVAL_S = 0.25
+
+
+def dir_option(func: Any) -> Any:
+    return click.option(
+        "--dir",
+        "cluster_dir",
+        default=DEFAULT_CLUSTER_DIR,
+        show_default=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Directory of the local cluster.",
+    )(func)
+
+
+@click.group("cluster")
+def cluster_group() -> None:
+    """Run a local cluster (one process per node) and check its health."""
+
+
+def _require(cluster_dir: Path) -> local.LocalCluster:
+    found = local.load_cluster(cluster_dir)
+    if found is None:
+        raise CliError(f"no local cluster in {cluster_dir} (start one: raftlog cluster up)")
+    return found
+
+
+def _running(cluster: local.LocalCluster) -> dict[int, int]:
+    return {n.node_id: pid for n in cluster.nodes if (pid := local.running_pid(n)) is not None}
+
+
+async def _wait_ready(
+    cluster: local.LocalCluster, node_ids: set[int], timeout_s: float, out: Renderer
+) -> str:
+    """Poll until ready; a node that exits or the deadline is an error naming its log."""
+    detail = "starting"
+    with out.progress(f"Starting {len(cluster.nodes)} raftlog nodes...") as update:
+        with trio.move_on_after(timeout_s):
+            while True:
+                for node in cluster.nodes:
+                    if node.node_id in node_ids and local.running_pid(node) is None:
+                        tail = local.log_tail(node)
+                        raise CliError(
+                            f"node {node.node_id} exited during start-up; see {node.log_path}"
+                            + (f": {tail}" if tail else "")
+                        )
+                ready, detail = await probe_ready(cluster.bootstrap_servers, node_ids)
+                update(detail)
+                if ready:
+                    return detail
+                await trio.sleep(READY_POLL_INTERVAL_S)
+    logs = ", ".join(str(cluster.node(i).log_path) for i in sorted(node_ids))
+    raise CliError(f"cluster not ready after {timeout_s:g} s ({detail}); see the node logs: {logs}")
+
+
+@cluster_group.command("up")
+@click.option(
+    "--nodes", type=click.IntRange(1, local.MAX_LOCAL_NODES), default=3, show_default=True
+)
+@dir_option
+@click.option("--detach", is_flag=True, help="Return once the cluster is ready.")
+@click.option(
+    "--base-port",
+    type=click.IntRange(1024, 65535 - local.INTERNAL_PORT_OFFSET - local.MAX_LOCAL_NODES),
+    default=local.DEFAULT_BASE_PORT,
+    show_default=True,
+    help="Client port of node 1 (internal ports are 10000 higher).",
+)
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=1),
+    default=DEFAULT_READY_TIMEOUT_S,
+    show_default=True,
+    help="How long to wait for the cluster to become ready.",
+)
+@click.option("--json", "json_mode", is_flag=True, help="Print JSON.")
+def up(
+    nodes: int,
+    cluster_dir: Path,
+    detach: bool,
+    base_port: int,
+    timeout_s: float,
+    json_mode: bool,
+) -> None:
+    """Start a local cluster of combined controller+broker nodes."""
+    out = Renderer(json_mode=json_mode)
+    cluster = local.load_cluster(cluster_dir)
+    if cluster is not None:
+        running = _running(cluster)
+        if running:
+            raise CliError(
+                f"a cluster is already running in {cluster_dir} (nodes "
+                f"{', '.join(map(str, sorted(running)))}; bootstrap servers "
+                f"{cluster.bootstrap_servers}); stop it with: raftlog cluster down"
+            )
+        if len(cluster.nodes) != nodes:
+            raise CliError(
+                f"{cluster_dir} holds a {len(cluster.nodes)}-node cluster; start it with "
+                f"--nodes {len(cluster.nodes)} or remove it with: raftlog cluster down --purge"
+            )
+    else:
+        cluster = local.plan_cluster(cluster_dir, nodes, base_port)
+    busy = [
+        port
+        for n in cluster.nodes
+        for port in (n.client_port, n.internal_port)
+        if local.port_in_use(port)
+    ]
+    if busy:
+        raise CliError(
+            f"ports {', '.join(map(str, busy))} are in use (another cluster or program?); "
+            "choose others with --base-port"
+        )
+    local.write_cluster(cluster)
+    for node in cluster.nodes:
+        local.start_node(node)
+    node_ids = {n.node_id for n in cluster.nodes}
+
+    async def start() -> str:
+        try:
+            return await _wait_ready(cluster, node_ids, timeout_s, out)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await local.stop_nodes(list(cluster.nodes))
+            raise
+
+    detail = run_async(None, start)
+    info = {
+        "dir": str(cluster.root),
+        "cluster_id": cluster.cluster_id,
+        "bootstrap_servers": cluster.bootstrap_servers,
+        "nodes": [n.to_json() for n in cluster.nodes],
+        "ready": detail,
+    }
+    out.cluster_started(info)
+    if detach:
+        return
+
+    async def foreground() -> dict[int, str]:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        click.echo("Stopping the cluster...", err=True)
+        return await local.stop_nodes(list(cluster.nodes))
+
+    _report_stopped(out, run_async(None, foreground))
+
+
+def _report_stopped(out: Renderer, outcome: dict[int, str]) -> None:
+    text = ", ".join(f"node {i} {how}" for i, how in outcome.items())
+    out.message(f"Cluster stopped: {text}", {"stopped": {str(i): h for i, h in outcome.items()}})
+
+
+@cluster_group.command("down")
+@dir_option
+@click.option("--purge", is_flag=True, help="Also delete the cluster directory and its data.")
+@click.option("--json", "json_mode", is_flag=True, help="Print JSON.")
+def down(cluster_dir: Path, purge: bool, json_mode: bool) -> None:
+    """Stop every node of the local cluster (controlled shutdown, then SIGKILL)."""
+    out = Renderer(json_mode=json_mode)
+    cluster = _require(cluster_dir)
+    outcome = run_async(None, lambda: local.stop_nodes(list(cluster.nodes)))
+    if purge:
+        shutil.rmtree(cluster.root)
+    _report_stopped(out, outcome)
+
+
+@cluster_group.command("status")
+@dir_option
+@common_options
+def status(cluster_dir: Path, opts: Options) -> None:
+    """Quorum leader and epoch, voter lag, fenced brokers, under-replicated and offline
+    partitions. Exit code 0 when healthy, 1 when degraded."""
+    cluster = local.load_cluster(cluster_dir)
+    if cluster is not None and not opts.explicit_bootstrap:
+        opts.bootstrap_server = (
+            ",".join(n.client_address for n in cluster.nodes if local.running_pid(n) is not None)
+            or cluster.bootstrap_servers
+        )
+
+    async def go() -> dict[str, Any]:
+        async with connect(opts) as client:
+            return await gather_status(client, cluster)
+
+    report = run_async(opts, go)
+    opts.out.cluster_status(report)
+    if not report["healthy"]:
+        raise click.exceptions.Exit(1)
+
+
+@cluster_group.command("kill")
+@click.argument("node_id", metavar="NODE", type=int)
+@dir_option
+def kill(node_id: int, cluster_dir: Path) -> None:
+    """SIGKILL one node (no controlled shutdown: a crash)."""
+    node = _lookup(cluster_dir, node_id)
+    pid = local.signal_node(node, signal.SIGKILL)
+    if pid is None:
+        raise CliError(f"node {node_id} is not running")
+    run_async(None, lambda: local.wait_exited({node: pid}, local.SHUTDOWN_TIMEOUT_S))
+    click.echo(f"Killed node {node_id} (pid {pid})")
+
+
+@cluster_group.command("restart")
+@click.argument("node_id", metavar="NODE", type=int)
+@dir_option
+@click.option(
+    "--timeout-s", type=click.FloatRange(min=1), default=DEFAULT_READY_TIMEOUT_S, show_default=True
+)
+def restart(node_id: int, cluster_dir: Path, timeout_s: float) -> None:
+    """Stop NODE if it runs (controlled shutdown), start it, wait until it is unfenced."""
+    cluster = _require(cluster_dir)
+    node = _lookup(cluster_dir, node_id)
+
+    async def go() -> str:
+        await local.stop_nodes([node])
+        local.start_node(node)
+        return await _wait_ready(cluster, {node_id}, timeout_s, Renderer(json_mode=False))
+
+    run_async(None, go)
+    click.echo(f"Restarted node {node_id}")
+
+
+def _lookup(cluster_dir: Path, node_id: int) -> local.LocalNode:
+    cluster = _require(cluster_dir)
+    try:
+        return cluster.node(node_id)
+    except LookupError as exc:
+        raise CliError(str(exc)) from None

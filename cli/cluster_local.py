@@ -1,0 +1,275 @@
+"""A local cluster on disk and its node processes: layout, configs, pid files, signals.
+
+Layout of a cluster directory (default .raftlog/):
+
+    cluster.json           bootstrap servers and one entry per node (what `status` reads)
+    node-N/node.toml       the node's NodeConfig
+    node-N/node.log        its stdout and stderr
+    node-N/node.pid        its process id while it runs
+    node-N/data/           its data_dir (metadata log, partition logs, checkpoints)
+
+Pids are checked against /proc/PID/cmdline before any signal, so a stale pid file whose
+number now belongs to another program is never signalled.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from raftlog.config import NodeConfig
+
+CLUSTER_FILE = "cluster.json"
+DEFAULT_BASE_PORT = 9092
+# Internal (Raft and replication) ports sit this far above the client ports: 9092 -> 19092.
+INTERNAL_PORT_OFFSET = 10_000
+LOOPBACK = "127.0.0.1"
+MAX_LOCAL_NODES = 9
+# A node doing a controlled shutdown hands off leadership first; give it time.
+SHUTDOWN_TIMEOUT_S = 30.0
+PROCESS_POLL_INTERVAL_S = 0.05
+LOG_TAIL_LINES = 5
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    node_id: int
+    client_port: int
+    internal_port: int
+    node_dir: Path
+
+    @property
+    def config_path(self) -> Path:
+        return self.node_dir / "node.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.node_dir / "node.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.node_dir / "node.pid"
+
+    @property
+    def client_address(self) -> str:
+        return f"{LOOPBACK}:{self.client_port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "client_port": self.client_port,
+            "internal_port": self.internal_port,
+            "dir": str(self.node_dir),
+        }
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    root: Path
+    cluster_id: str
+    nodes: tuple[LocalNode, ...]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(n.client_address for n in self.nodes)
+
+    def node(self, node_id: int) -> LocalNode:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        known = ", ".join(str(n.node_id) for n in self.nodes)
+        raise LookupError(f"no node {node_id} in the cluster in {self.root} (nodes: {known})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "bootstrap_servers": self.bootstrap_servers,
+            "nodes": [n.to_json() for n in self.nodes],
+        }
+
+
+def plan_cluster(root: Path, nodes: int, base_port: int) -> LocalCluster:
+    """The cluster `up` would create (nothing is written)."""
+    root = root.resolve()
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    members = tuple(
+        LocalNode(
+            node_id=i,
+            client_port=base_port + i - 1,
+            internal_port=base_port + INTERNAL_PORT_OFFSET + i - 1,
+            node_dir=root / f"node-{i}",
+        )
+        for i in range(1, nodes + 1)
+    )
+    return LocalCluster(root, cluster_id, members)
+
+
+def node_config(cluster: LocalCluster, node: LocalNode) -> NodeConfig:
+    """Combined controller+broker config; every node is a voter."""
+    voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.internal_port}" for n in cluster.nodes)
+    replication = min(3, len(cluster.nodes))
+    return NodeConfig(
+        node_id=node.node_id,
+        roles=["controller", "broker"],
+        data_dir=str(node.node_dir / "data"),
+        cluster_id=cluster.cluster_id,
+        client_listener=f"{LOOPBACK}:{node.client_port}",
+        internal_listener=f"{LOOPBACK}:{node.internal_port}",
+        controller_quorum_voters=voters,
+        default_replication_factor=replication,
+        offsets_topic_replication_factor=replication,
+        min_insync_replicas=1,
+    )
+
+
+def write_cluster(cluster: LocalCluster) -> None:
+    """Write every node's config and cluster.json (configs first: cluster.json marks done)."""
+    for node in cluster.nodes:
+        (node.node_dir / "data").mkdir(parents=True, exist_ok=True)
+        node.config_path.write_text(node_config(cluster, node).to_toml())
+    _write_atomically(cluster.root / CLUSTER_FILE, json.dumps(cluster.to_json(), indent=2) + "\n")
+
+
+def load_cluster(root: Path) -> LocalCluster | None:
+    path = root / CLUSTER_FILE
+    try:
+        data = json.loads(path.read_text())
+        nodes = tuple(
+            LocalNode(
+                int(n["node_id"]), int(n["client_port"]), int(n["internal_port"]), Path(n["dir"])
+            )
+            for n in data["nodes"]
+        )
+        return LocalCluster(root.resolve(), str(data["cluster_id"]), nodes)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is damaged ({exc}); remove {root} to start afresh") from None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- processes
+def node_command(node: LocalNode) -> list[str]:
+    return [sys.executable, "-m", "raftlog_cli.main", "node", "--config", str(node.config_path)]
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status if pid is our own child (tests start nodes in-process)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def running_pid(node: LocalNode) -> int | None:
+    """The node's pid if its process is alive and really is this node."""
+    try:
+        pid = int(node.pid_path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    _reap(pid)
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+    if state == "Z" or str(node.config_path).encode() not in cmdline:
+        return None
+    return pid
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def start_node(node: LocalNode) -> int:
+    """Start the node detached from our session (it outlives `up --detach` and is not hit
+    by the terminal's Ctrl-C; `up` in the foreground forwards SIGTERM itself)."""
+    with node.log_path.open("ab") as log:
+        process = subprocess.Popen(
+            node_command(node),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    _write_atomically(node.pid_path, f"{process.pid}\n")
+    return process.pid
+
+
+def log_tail(node: LocalNode, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = node.log_path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+async def wait_exited(pid_of: dict[LocalNode, int], timeout_s: float) -> list[LocalNode]:
+    """Wait (polling, with a deadline) until the processes exit; return those still alive."""
+    with trio.move_on_after(timeout_s):
+        # Polling is the only way: these processes are usually not our children (`down` runs
+        # in a later process), so there is nothing to wait on.
+        while any(running_pid(n) == pid for n, pid in pid_of.items()):  # noqa: ASYNC110
+            await trio.sleep(PROCESS_POLL_INTERVAL_S)
+    return [n for n, pid in pid_of.items() if running_pid(n) == pid]
+
+
+def signal_node(node: LocalNode, signum: signal.Signals) -> int | None:
+    pid = running_pid(node)
+    if pid is None:
+        return None
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+async def stop_nodes(
+    nodes: list[LocalNode], timeout_s: float = SHUTDOWN_TIMEOUT_S
+) -> dict[int, str]:
+    """SIGTERM each node (controlled shutdown), wait with a deadline, then SIGKILL.
+
+    Returns node id -> how it ended: "stopped", "killed" or "not running".
+    """
+    outcome: dict[int, str] = {}
+    pid_of: dict[LocalNode, int] = {}
+    for node in nodes:
+        pid = signal_node(node, signal.SIGTERM)
+        if pid is None:
+            outcome[node.node_id] = "not running"
+        else:
+            pid_of[node] = pid
+    for node in await wait_exited(pid_of, timeout_s):
+        signal_node(node, signal.SIGKILL)
+        outcome[node.node_id] = "killed"
+    await wait_exited(pid_of, timeout_s)
+    for node in pid_of:
+        outcome.setdefault(node.node_id, "stopped")
+        node.pid_path.unlink(missing_ok=True)
+    return dict(sorted(outcome.items()))

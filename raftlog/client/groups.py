@@ -1,0 +1,370 @@
+"""Consumer-group admin and offset look-ups: list/describe groups, committed offsets, lag.
+
+The group APIs (FindCoordinator, ListGroups, DescribeGroups, OffsetFetch, OffsetCommit) and
+OffsetForLeaderEpoch are negotiated here, per connection, from the versions the broker
+announced in ApiVersions, so the shared client table does not have to know about them. A
+broker that serves no group API gets a clear UnsupportedVersion rather than a wire error.
+
+Group requests go to the group's coordinator (FindCoordinator first); coordinator moves and
+loads are retried a bounded number of times, like leadership errors in Cluster.retrying.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import trio
+
+from raftlog.client.admin import Admin
+from raftlog.client.cluster import Cluster, raise_for
+from raftlog.client.connection import BrokerConnection, ConnectionClosed, UnsupportedVersion
+from raftlog.client.protocol import API_KEYS, build_request
+from raftlog.errors import ErrorCode, KafkaError
+
+T = TypeVar("T")
+
+# api name -> (min, max) version this module speaks. The upper ends stop before the batched
+# (multi-group) forms, which need nothing this client uses.
+GROUP_API_VERSIONS: dict[str, tuple[int, int]] = {
+    "find_coordinator": (1, 4),
+    "list_groups": (1, 4),
+    "describe_groups": (1, 5),
+    "offset_fetch": (1, 7),
+    "offset_commit": (2, 8),
+    "offset_for_leader_epoch": (2, 4),
+}
+# The coordinator is loading or moved: ask FindCoordinator again and retry.
+COORDINATOR_RETRIABLE = frozenset(
+    {
+        ErrorCode.coordinator_not_available,
+        ErrorCode.not_coordinator,
+        ErrorCode.coordinator_load_in_progress,
+    }
+)
+MAX_COORDINATOR_RETRIES = 5
+COORDINATOR_BACKOFF_MS = 100
+GROUP_KEY_TYPE = 0
+NO_OFFSET = -1
+
+
+def negotiated_version(connection: BrokerConnection, api: str) -> int:
+    """The highest version of api both this module and the broker support."""
+    client_min, client_max = GROUP_API_VERSIONS[api]
+    broker = connection.broker_versions.get(API_KEYS[api])
+    if broker is not None:
+        chosen = min(client_max, broker[1])
+        if chosen >= max(client_min, broker[0]):
+            return chosen
+    raise UnsupportedVersion(
+        f"broker {connection.address[0]}:{connection.address[1]} does not serve {api}"
+    )
+
+
+async def call(connection: BrokerConnection, api: str, values: dict[str, Any]) -> Any:
+    payload = build_request(api, negotiated_version(connection, api), values)
+    return await connection.request(payload)
+
+
+@dataclass(frozen=True)
+class GroupListing:
+    group_id: str
+    protocol_type: str
+    state: str
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    client_id: str
+    client_host: str
+    group_instance_id: str | None
+    # (topic, partition) pairs from the consumer protocol assignment.
+    assignment: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    coordinator_id: int
+    members: tuple[GroupMember, ...]
+
+
+@dataclass(frozen=True)
+class CommittedOffset:
+    topic: str
+    partition: int
+    offset: int  # -1: nothing committed
+    high_watermark: int  # -1 when unknown (the partition has no leader)
+    metadata: str | None = None
+
+    @property
+    def lag(self) -> int | None:
+        if self.offset < 0 or self.high_watermark < 0:
+            return None
+        return max(0, self.high_watermark - self.offset)
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """A partition's high watermark and its leader's log end offset."""
+
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int = field(default=0)
+
+
+def decode_assignment(data: bytes | None) -> tuple[tuple[str, int], ...]:
+    """The (topic, partition) pairs of a ConsumerProtocolAssignment (any version).
+
+    Other protocol types (or an empty assignment) give (); a truncated one also gives ()
+    because a describe must not fail on one member's odd bytes.
+    """
+    if not data or len(data) < 6:
+        return ()
+    try:
+        pos = 2  # int16 version; every version starts with the same topic array
+        (topic_count,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out: list[tuple[str, int]] = []
+        for _ in range(max(0, topic_count)):
+            (name_length,) = struct.unpack_from(">h", data, pos)
+            pos += 2
+            topic = bytes(data[pos : pos + name_length]).decode()
+            pos += name_length
+            (partition_count,) = struct.unpack_from(">i", data, pos)
+            pos += 4
+            for _ in range(max(0, partition_count)):
+                (partition,) = struct.unpack_from(">i", data, pos)
+                pos += 4
+                out.append((topic, partition))
+        return tuple(sorted(out))
+    except (struct.error, UnicodeDecodeError):
+        return ()
+
+
+class GroupAdmin:
+    """Group listing, description and committed offsets over a Cluster."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    async def _coordinator(self, group_id: str) -> tuple[int, BrokerConnection]:
+        connection = await self.cluster.any_broker()
+        response = await call(
+            connection,
+            "find_coordinator",
+            {"key": group_id, "key_type": GROUP_KEY_TYPE, "coordinator_keys": [group_id]},
+        )
+        entry = response.coordinators[0] if hasattr(response, "coordinators") else response
+        raise_for(entry.error_code, f"find_coordinator {group_id}", entry.error_message)
+        node_id = int(entry.node_id)
+        return node_id, await self.cluster.connect((entry.host, int(entry.port)))
+
+    async def _with_coordinator(
+        self, group_id: str, operation: Callable[[int, BrokerConnection], Awaitable[T]]
+    ) -> T:
+        attempt = 0
+        while True:
+            try:
+                node_id, connection = await self._coordinator(group_id)
+                return await operation(node_id, connection)
+            except KafkaError as exc:
+                if exc.code not in COORDINATOR_RETRIABLE or attempt >= MAX_COORDINATOR_RETRIES:
+                    raise
+            except (ConnectionClosed, OSError):
+                if attempt >= MAX_COORDINATOR_RETRIES:
+                    raise
+            attempt += 1
+            # A back-off between attempts, not a wait for state: the next attempt re-checks.
+            await trio.sleep(COORDINATOR_BACKOFF_MS * attempt / 1000)
+
+    async def list_groups(self) -> list[GroupListing]:
+        """Groups of every broker (each lists the groups it coordinates), sorted by id."""
+        await self.cluster.refresh_metadata([])
+        addresses = list(self.cluster.brokers.values()) or self.cluster.bootstrap
+        found: dict[str, GroupListing] = {}
+        for address in addresses:
+            connection = await self.cluster.connect(address)
+            response = await call(connection, "list_groups", {"states_filter": []})
+            raise_for(response.error_code, "list_groups")
+            for g in response.groups:
+                found[g.group_id] = GroupListing(
+                    group_id=g.group_id,
+                    protocol_type=g.protocol_type,
+                    state=getattr(g, "group_state", "") or "",
+                )
+        return [found[name] for name in sorted(found)]
+
+    async def describe_group(self, group_id: str) -> GroupDescription:
+        async def describe(node_id: int, connection: BrokerConnection) -> GroupDescription:
+            response = await call(
+                connection,
+                "describe_groups",
+                {"groups": [group_id], "include_authorized_operations": False},
+            )
+            g = response.groups[0]
+            raise_for(g.error_code, f"describe_groups {group_id}")
+            members = tuple(
+                GroupMember(
+                    member_id=m.member_id,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    group_instance_id=getattr(m, "group_instance_id", None),
+                    assignment=(
+                        decode_assignment(m.member_assignment)
+                        if g.protocol_type == "consumer"
+                        else ()
+                    ),
+                )
+                for m in g.members
+            )
+            return GroupDescription(
+                group_id=g.group_id,
+                state=g.group_state,
+                protocol_type=g.protocol_type,
+                protocol=g.protocol_data,
+                coordinator_id=node_id,
+                members=tuple(sorted(members, key=lambda m: m.member_id)),
+            )
+
+        return await self._with_coordinator(group_id, describe)
+
+    async def committed_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None = None
+    ) -> list[CommittedOffset]:
+        """Committed offset, high watermark and lag per partition (None: all committed)."""
+
+        async def fetch(node_id: int, connection: BrokerConnection) -> Any:
+            topics: list[dict[str, Any]] | None = None
+            if partitions is not None:
+                by_topic: dict[str, list[int]] = {}
+                for topic, partition in partitions:
+                    by_topic.setdefault(topic, []).append(partition)
+                topics = [
+                    {"name": t, "partition_indexes": sorted(ps)} for t, ps in by_topic.items()
+                ]
+            response = await call(
+                connection,
+                "offset_fetch",
+                {"group_id": group_id, "topics": topics, "require_stable": False},
+            )
+            raise_for(getattr(response, "error_code", 0), f"offset_fetch {group_id}")
+            return response
+
+        response = await self._with_coordinator(group_id, fetch)
+        out = []
+        for t in response.topics:
+            for p in t.partitions:
+                raise_for(p.error_code, f"offset_fetch {group_id} {t.name}-{p.partition_index}")
+                partition = int(p.partition_index)
+                out.append(
+                    CommittedOffset(
+                        topic=t.name,
+                        partition=partition,
+                        offset=int(p.committed_offset),
+                        high_watermark=await self._high_watermark(t.name, partition),
+                        metadata=p.metadata,
+                    )
+                )
+        return sorted(out, key=lambda c: (c.topic, c.partition))
+
+    async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit as a standalone (simple) consumer: generation -1, no member id.
+
+        Kafka accepts such commits only while the group has no active members, which is how
+        `raftlog consume --group` uses it.
+        """
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            by_topic.setdefault(topic, []).append(
+                {
+                    "partition_index": partition,
+                    "committed_offset": offset,
+                    "committed_leader_epoch": -1,
+                    "commit_timestamp": -1,
+                    "committed_metadata": "",
+                }
+            )
+        values = {
+            "group_id": group_id,
+            "generation_id_or_member_epoch": -1,
+            "member_id": "",
+            "group_instance_id": None,
+            "retention_time_ms": -1,
+            "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
+        }
+
+        async def commit(node_id: int, connection: BrokerConnection) -> None:
+            response = await call(connection, "offset_commit", values)
+            for t in response.topics:
+                for p in t.partitions:
+                    raise_for(
+                        p.error_code, f"offset_commit {group_id} {t.name}-{p.partition_index}"
+                    )
+
+        await self._with_coordinator(group_id, commit)
+
+    async def _high_watermark(self, topic: str, partition: int) -> int:
+        try:
+            return (await Admin(self.cluster).list_offsets(topic, partition, "latest")).offset
+        except KafkaError:
+            return -1
+
+
+async def partition_offsets(cluster: Cluster, topic: str, partition: int) -> PartitionOffsets:
+    """High watermark (ListOffsets latest) and log end offset (OffsetForLeaderEpoch at the
+    current leader epoch, which the leader answers with its LEO) of one partition."""
+    admin = Admin(cluster)
+    high_watermark = (await admin.list_offsets(topic, partition, "latest")).offset
+    log_start = (await admin.list_offsets(topic, partition, "earliest")).offset
+
+    async def attempt() -> int:
+        connection, info = await cluster.leader(topic, partition)
+        response = await call(
+            connection,
+            "offset_for_leader_epoch",
+            {
+                "replica_id": -1,
+                "topics": [
+                    {
+                        "topic": topic,
+                        "partitions": [
+                            {
+                                "partition": partition,
+                                "current_leader_epoch": info.leader_epoch,
+                                "leader_epoch": max(info.leader_epoch, 0),
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+        result = response.topics[0].partitions[0]
+        raise_for(result.error_code, f"offset_for_leader_epoch {topic}-{partition}")
+        return int(result.end_offset)
+
+    try:
+        log_end = await cluster.retrying(attempt, refresh_topics=[topic])
+    except UnsupportedVersion:
+        log_end = high_watermark
+    return PartitionOffsets(high_watermark, max(log_end, high_watermark), log_start)
+
+
+__all__ = [
+    "GROUP_API_VERSIONS",
+    "CommittedOffset",
+    "GroupAdmin",
+    "GroupDescription",
+    "GroupListing",
+    "GroupMember",
+    "PartitionOffsets",
+    "decode_assignment",
+    "negotiated_version",
+    "partition_offsets",
+]

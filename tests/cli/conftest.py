@@ -1,0 +1,57 @@
+"""CLI tests run `raftlog ...` with click's CliRunner against a real Kafka server (the
+in-process server of tests/kafka on its memory backend).
+
+The server lives in the test's trio loop; the CLI calls trio.run itself, so each invocation
+runs in a worker thread (one at a time: CliRunner swaps sys.stdout for the call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+from click.testing import CliRunner, Result
+from raftlog_cli.main import cli
+
+from tests.cli.group_handlers import GroupStore, group_registry
+from tests.kafka.conftest import Broker, start_broker
+
+# One CLI call against a local in-process broker; far above what any call needs.
+CLI_CALL_DEADLINE_S = 30
+
+
+@dataclass
+class Cli:
+    broker: Broker
+    groups: GroupStore
+
+    async def __call__(
+        self, *args: str, input: str | None = None, bootstrap: bool = True
+    ) -> Result:
+        argv: Sequence[str] = list(args)
+        if bootstrap:
+            argv = [*argv, "--bootstrap-server", self.broker.bootstrap]
+        return await invoke(argv, input=input)
+
+
+async def invoke(argv: Sequence[str], input: str | None = None) -> Result:
+    runner = CliRunner()
+    with trio.fail_after(CLI_CALL_DEADLINE_S):
+        return await trio.to_thread.run_sync(
+            lambda: runner.invoke(
+                cli, list(argv), input=input, catch_exceptions=False, prog_name="raftlog"
+            ),
+            abandon_on_cancel=True,
+        )
+
+
+@pytest.fixture
+async def raftlog(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cli]:
+    store = GroupStore()
+    broker = await start_broker(nursery, tmp_path, registry=group_registry(store))
+    store.port = broker.port
+    yield Cli(broker, store)
+    broker.backend.close()
