@@ -129,7 +129,7 @@ def _base_options(args: argparse.Namespace, nemesis: tuple[str, ...]) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from jepsen.nemesis import parse_families
-    from jepsen.runner import run, unavailable_reason
+    from jepsen.runner import RunError, run, unavailable_reason
     from jepsen.store import SUMMARY_FILE
 
     families = tuple(parse_families(args.nemesis))
@@ -137,7 +137,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if reason:
         print(f"jepsen {args.command}: not available yet: {reason}")
         return EXIT_UNAVAILABLE
-    outcome = run(_base_options(args, families))
+    try:
+        outcome = run(_base_options(args, families))
+    except RunError as exc:
+        print(f"jepsen run: failed: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     print((outcome.run_dir / SUMMARY_FILE).read_text(encoding="utf-8"), end="")
     print(f"run directory: {outcome.run_dir}")
     return EXIT_VALID if outcome.valid else EXIT_INVALID

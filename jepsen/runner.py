@@ -114,7 +114,10 @@ def run(opts: RunOptions) -> RunOutcome:
             "topic": cluster_opts.topic,
             "partitions": cluster_opts.partitions,
         }
-        warnings = trio.run(_run_async, opts, cluster_opts, net, run_dir, seed, history_meta)
+        try:
+            warnings = trio.run(_run_async, opts, cluster_opts, net, run_dir, seed, history_meta)
+        except BaseExceptionGroup as group:
+            raise _single_cause(group) from group
     finally:
         net.destroy()
         atexit.unregister(net.destroy)
@@ -122,6 +125,30 @@ def run(opts: RunOptions) -> RunOutcome:
         handler.close()
     results = _check_and_render(run_dir, warnings)
     return RunOutcome(run_dir, results, warnings)
+
+
+class RunError(RuntimeError):
+    """The run could not complete (the cluster did not start, a tool failed); the run
+    directory keeps what was recorded and the node logs."""
+
+
+def _single_cause(group: BaseExceptionGroup) -> BaseException:
+    """Nurseries wrap errors in groups; a person wants the one error that stopped the run."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for sub in exc.exceptions:
+                walk(sub)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+        return RunError(str(leaves[0]))
+    if any(isinstance(e, KeyboardInterrupt) for e in leaves):
+        return KeyboardInterrupt()
+    return RunError("; ".join(repr(e) for e in leaves))
 
 
 def _log_to(path: Path) -> logging.Handler:
