@@ -6,6 +6,7 @@
   (flushed) offset of any ISR member, the leader's own included.
 - Replicas are identical up to the smaller of their two HWs.
 - One leader per leader epoch.
+- What a consumer read (below the HW) stays in the log: same offset, same payload.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ HW_ABOVE_DURABLE = "hw_above_durable"
 REPLICAS_DIVERGE = "replicas_diverge"
 TWO_LEADERS = "two_leaders_in_one_epoch"
 NOT_CONVERGED = "not_converged"
+CONSUMED_WRITE_LOST = "consumed_write_lost"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Checker:
         self.acks: list[Ack] = []
         self.acked_offsets: dict[int, str] = {}
         self.max_acked_offset = -1
+        self.consumed: dict[int, str] = {}
         self.leader_of_epoch: dict[int, int] = {}
         self._last_hw: dict[tuple[int, int, int], int] = {}
         # (broker, incarnation, leader epoch, log generation) -> acks verified in that log.
@@ -73,6 +76,15 @@ class Checker:
         self.acked_offsets[offset] = payload
         self.acks.append(Ack(producer_id, payload, offset, floor_offset))
         self.max_acked_offset = max(self.max_acked_offset, offset)
+
+    def on_consumed(self, offset: int, payload: str) -> None:
+        seen = self.consumed.setdefault(offset, payload)
+        acked = self.acked_offsets.get(offset, payload)
+        if seen != payload or acked != payload:
+            self.fail(
+                CONSUMED_WRITE_LOST,
+                f"offset {offset} read as {payload!r}, earlier read {seen!r}, acked {acked!r}",
+            )
 
     def on_become_leader(self, broker_id: int, leader_epoch: int) -> None:
         previous = self.leader_of_epoch.setdefault(leader_epoch, broker_id)
@@ -154,6 +166,10 @@ class Checker:
         acked_in_log = [e.offset for e in committed if e.offset in self.acked_offsets]
         if acked_in_log != sorted(self.acked_offsets):
             self.fail(ACKED_WRITE_LOST, "the committed log misses acked offsets")
+        for offset, payload in self.consumed.items():
+            entry = active.log.entry_at(offset)
+            if entry is None or entry.payload != payload or offset >= hw:
+                self.fail(CONSUMED_WRITE_LOST, f"consumed {payload!r}@{offset}, log has {entry}")
         for member in sim.controller.state.isr:
             other = sim.brokers[member]
             if other.log.digest_below(hw) != active.log.digest_below(hw):

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from raftlog.errors import ErrorCode
@@ -22,7 +22,6 @@ from raftlog.replication.follower import FetchRequest, FetchResponse, FollowerAc
 from raftlog.replication.leader import LeaderEffects
 from raftlog.replication.partition import (
     NO_LEADER,
-    AlterPartitionRequest,
     FetchOutcome,
     Partition,
     PartitionState,
@@ -40,9 +39,9 @@ from raftlog.replication.purgatory import (
 )
 from tests.replication.memory_log import Entry, MemoryLog
 from tests.sim.partition_checker import Checker, InvariantViolation
+from tests.sim.partition_controller import BROKER_IDS, SimController
 
 PARTITION = ("sim", 0)
-BROKER_IDS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -100,82 +99,20 @@ class SimBroker:
         self._fresh_state()
 
 
-class SimController:
-    """Always available; commits AlterPartition with epoch checks and elects leaders."""
-
-    def __init__(self, sim: PartitionSim) -> None:
-        self.sim = sim
-        self.state = PartitionState(1, 1, 1, BROKER_IDS, frozenset(BROKER_IDS))
-        self.live = set(BROKER_IDS)
-
-    def commit(self, state: PartitionState) -> None:
-        self.state = state
-        for broker_id in BROKER_IDS:
-            self.sim.publish_metadata(broker_id, state)
-
-    def alter_partition(self, request: AlterPartitionRequest) -> PartitionState | ErrorCode:
-        state = self.state
-        if request.leader_epoch != state.leader_epoch or request.leader_id != state.leader_id:
-            return ErrorCode.fenced_leader_epoch
-        if request.partition_epoch != state.partition_epoch:
-            return ErrorCode.invalid_update_version
-        if any(r not in self.live for r in request.new_isr - state.isr):
-            return ErrorCode.ineligible_replica
-        if request.leader_id not in request.new_isr:
-            return ErrorCode.invalid_request
-        new = replace(state, partition_epoch=state.partition_epoch + 1, isr=request.new_isr)
-        self.commit(new)
-        return new
-
-    def _elect(self, isr: frozenset[int], exclude: int | None = None) -> PartitionState:
-        state = self.state
-        candidates = [r for r in state.replicas if r in isr and r in self.live and r != exclude]
-        if candidates:
-            leader = self.sim.rng.choice(candidates)
-        elif self.sim.config.unclean_leader_election and self.live - {exclude}:
-            leader = self.sim.rng.choice(sorted(self.live - {exclude}))
-            isr = frozenset({leader})
-        else:
-            leader = NO_LEADER
-        return replace(
-            state,
-            leader_id=leader,
-            leader_epoch=state.leader_epoch + 1,
-            partition_epoch=state.partition_epoch + 1,
-            isr=isr,
-        )
-
-    def broker_crashed(self, broker_id: int) -> None:
-        self.live.discard(broker_id)
-        state = self.state
-        # Fencing removes the broker from the ISR, except the last member (it has the data).
-        isr = state.isr - {broker_id} if len(state.isr) > 1 else state.isr
-        if state.leader_id == broker_id:
-            self.commit(self._elect(isr))
-        elif isr != state.isr:
-            self.commit(replace(state, partition_epoch=state.partition_epoch + 1, isr=isr))
-
-    def broker_restarted(self, broker_id: int) -> None:
-        self.live.add(broker_id)
-        if self.state.leader_id == NO_LEADER:
-            self.commit(self._elect(self.state.isr))
-        else:
-            self.sim.publish_metadata(broker_id, self.state)
-
-    def move_leader(self) -> None:
-        """A controlled leader change: another live ISR member takes over."""
-        if self.state.leader_id == NO_LEADER:
-            return
-        new = self._elect(self.state.isr, exclude=self.state.leader_id)
-        if new.leader_id != NO_LEADER and new.isr == self.state.isr:
-            self.commit(new)
-
-
 @dataclass
 class SimProducer:
     producer_id: int
     seq: int = 0
     in_flight: tuple[int, int] | None = None  # (seq, floor offset)
+    deadline_ms: int = 0
+
+
+@dataclass
+class SimConsumer:
+    """Reads the partition from the leader (below the HW only) from offset 0 on."""
+
+    position: int = 0
+    in_flight: bool = False
     deadline_ms: int = 0
 
 
@@ -199,6 +136,7 @@ class PartitionSim:
         self.checker = Checker(self)
         self.controller = SimController(self)
         self.producers = [SimProducer(p) for p in range(config.producers)]
+        self.consumer = SimConsumer()
         self.events = 0
 
     # ------------------------------------------------------------------ event loop
@@ -212,6 +150,7 @@ class PartitionSim:
             self.at(self.rng.randint(0, config.tick_ms), self._tick, broker_id)
         for producer in self.producers:
             self.at(self.rng.randint(1, 10), self._produce_tick, producer)
+        self.at(self.rng.randint(1, 10), self._consume_tick, self.consumer)
         self.at(self.rng.randint(*config.fault_interval_ms), self._fault)
         self.at(config.fault_period_ms, self._heal_everything)
         end_ms = config.fault_period_ms + config.settle_ms
@@ -483,7 +422,8 @@ class PartitionSim:
                     self._leader_produce,
                     (producer, producer.seq, payload),
                 )
-        self.at(self.rng.randint(*config.produce_interval_ms), self._produce_tick, producer)
+        if producer.in_flight is not None or self.now_ms < config.fault_period_ms:
+            self.at(self.rng.randint(*config.produce_interval_ms), self._produce_tick, producer)
 
     def _leader_produce(self, broker: SimBroker, producer: SimProducer, seq: int, payload: str):
         config = self.config
@@ -534,11 +474,72 @@ class PartitionSim:
             if isinstance(completion, ProduceCompletion):
                 _, producer, seq, payload, first = token
                 self._answer_produce(producer, seq, payload, completion.error, first)
+            elif isinstance(completion, FetchCompletion) and token[0] == "consume":
+                _, consumer, position = token
+                self._answer_consumer(broker, consumer, position, completion)
             elif isinstance(completion, FetchCompletion):
                 _, request = token
                 self._answer_fetch(
                     broker, request, completion.error, end_offset=completion.readable_end_offset
                 )
+
+    # ------------------------------------------------------------------ consume
+    def _consume_tick(self, consumer: SimConsumer) -> None:
+        if consumer.in_flight and self.now_ms >= consumer.deadline_ms:
+            consumer.in_flight = False  # no answer: ask again
+        leader_id = self.controller.state.leader_id
+        if not consumer.in_flight and leader_id != NO_LEADER:
+            consumer.in_flight = True
+            consumer.deadline_ms = self.now_ms + self.config.request_timeout_ms
+            self.at(
+                self.rng.randint(*self.config.network_delay_ms),
+                self._deliver,
+                leader_id,
+                self.brokers[leader_id].incarnation,
+                self._leader_consumer_fetch,
+                (consumer, consumer.position),
+            )
+        self.at(self.config.tick_ms, self._consume_tick, consumer)
+
+    def _leader_consumer_fetch(self, broker: SimBroker, consumer: SimConsumer, position: int):
+        leader = broker.partition.leader
+        if leader is None or not broker.log.log_start_offset <= position <= leader.high_watermark:
+            consumer.in_flight = False  # not leader (yet), or a HW behind us: try again later
+            return
+        waiter = DelayedFetch.for_consumer(
+            PARTITION,
+            position,
+            1,
+            self.config.replica_fetch_wait_max_ms,
+            self.now_ms,
+            ("consume", consumer, position),
+        )
+        done = broker.purgatory.add_fetch(waiter, leader.progress(), _bytes_between)
+        if done is not None:
+            self._dispatch(broker, [done])
+
+    def _answer_consumer(self, broker, consumer, position, completion: FetchCompletion) -> None:
+        entries: list[Entry] = []
+        if completion.error == ErrorCode.none:
+            count = min(
+                self.config.replica_fetch_max_entries, completion.readable_end_offset - position
+            )
+            entries = broker.log.read(position, max(0, count))
+        self.at(
+            self.rng.randint(*self.config.network_delay_ms),
+            self._consumer_answer,
+            consumer,
+            position,
+            entries,
+        )
+
+    def _consumer_answer(self, consumer: SimConsumer, position: int, entries: list[Entry]):
+        if not consumer.in_flight or position != consumer.position:
+            return
+        consumer.in_flight = False
+        for entry in entries:
+            self.checker.on_consumed(entry.offset, entry.payload)
+            consumer.position = entry.offset + 1
 
 
 def _bytes_between(key, start_offset: int, end_offset: int) -> int:

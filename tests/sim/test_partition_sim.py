@@ -43,7 +43,7 @@ def test_safe_configuration_never_loses_acked_writes() -> None:
 
 def test_min_isr_one_without_unclean_election_is_still_safe() -> None:
     # Fewer seeds: this shows that the loss below comes from unclean election, not min ISR 1.
-    for seed in seeds()[:100]:
+    for seed in seeds()[:50]:
         run_seed(seed, SAFE_MIN_ISR_ONE)
 
 
