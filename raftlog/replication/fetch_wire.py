@@ -27,6 +27,9 @@ class ReplicaFetchPartition:
     fetch_offset: int
     last_fetched_epoch: int
     leader_epoch: int
+    # The HW the follower knows (-1: unknown). A leader whose HW is ahead answers at once
+    # instead of parking, so followers learn HW advances without waiting for new data.
+    high_watermark: int = -1
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ def encode_request(request: ReplicaFetchRequest) -> dict[str, Any]:
                 "fetch_offset": p.fetch_offset,
                 "last_fetched_epoch": p.last_fetched_epoch,
                 "leader_epoch": p.leader_epoch,
+                "high_watermark": p.high_watermark,
             }
             for p in request.partitions
         ],
@@ -106,6 +110,7 @@ def decode_request(body: Any) -> ReplicaFetchRequest:
                 _int(item, "fetch_offset"),
                 _int(item, "last_fetched_epoch"),
                 _int(item, "leader_epoch"),
+                _int(item, "high_watermark") if "high_watermark" in item else -1,
             )
         )
     return ReplicaFetchRequest(

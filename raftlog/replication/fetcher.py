@@ -109,8 +109,9 @@ class ReplicaFetcher:
                     r.fetch_offset,
                     r.last_fetched_epoch,
                     r.current_leader_epoch,
+                    f.high_watermark,
                 )
-                for h, _, r in due
+                for h, f, r in due
             ),
         )
         timeout_s = (settings.max_wait_ms + settings.rpc_timeout_slack_ms) / 1000

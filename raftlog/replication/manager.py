@@ -22,7 +22,6 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -49,6 +48,7 @@ from raftlog.replication.partition import (
     Partition,
     PartitionState,
     ReplicationSettings,
+    ReplicationStateError,
     Transition,
 )
 from raftlog.replication.purgatory import (
@@ -62,10 +62,9 @@ from raftlog.replication.purgatory import (
     produce_answer,
 )
 from raftlog.replication.serving import ReadPaths
+from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager
-from raftlog.storage.cleaner import clean_log
 from raftlog.storage.config import TOPIC_CONFIG_KEYS
-from raftlog.storage.retention import retention_target
 
 log = logging.getLogger("raftlog.replication")
 
@@ -85,23 +84,6 @@ REPLICA_FETCH_RPC_SLACK_MS = 5_000
 MIN_ISR_TICK_MS = 10
 # Topics the replica manager never touches (the metadata log has its own driver).
 INTERNAL_LOG_PREFIX = "__cluster_metadata"
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    """One hosted replica, for `topics describe` and status pages."""
-
-    topic: str
-    partition: int
-    role: str  # "leader", "follower" or "none" (offline / not assigned a role yet)
-    leader_id: int
-    leader_epoch: int
-    partition_epoch: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
 
 
 class _Pending:
@@ -232,7 +214,12 @@ class ReplicaManager:
             assigned.items(), key=lambda i: (i[0][0].int, i[0][1])
         ):
             topic = image.topics_by_id[topic_id]
-            self._apply_partition(topic.name, index, topic_id, state)
+            try:
+                self._apply_partition(topic.name, index, topic_id, state)
+            except ReplicationStateError:
+                # A state the core calls impossible: keep serving the other partitions and say
+                # exactly what was refused (the message carries both states).
+                log.exception("%s-%d: metadata not applied", topic.name, index)
         for resource_type, name in delta.changed_configs:
             if resource_type == "topic":
                 self._update_topic_config(name)
@@ -609,47 +596,13 @@ class ReplicaManager:
 
     async def run_log_cleanup(self) -> None:
         """Retention and compaction of every hosted log, never past its HW."""
-        for hosted in list(self.partitions.values()):
-            partition_log = hosted.log
-            if partition_log.closed:
-                continue
-            now_ms = self.clock_ms()
-            high_watermark = hosted.replica.high_watermark
-            target = min(retention_target(partition_log, now_ms), high_watermark)
-            if target > partition_log.log_start_offset:
-                deleted = partition_log.advance_log_start(target)
-                log.info(
-                    "%s: retention deleted %d segment(s)", partition_log.directory.name, deleted
-                )
-            if partition_log.config.compact:
-                await clean_log(partition_log, clean_below_offset=high_watermark, now_ms=now_ms)
+        await clean_partitions(list(self.partitions.values()), self.clock_ms)
         self.flusher.wake()  # checkpoints (log start, recovery point) are now due
 
     # ------------------------------------------------------------------ status
     def partition_states(self) -> dict[TopicPartition, PartitionStatus]:
-        out = {}
-        for key, hosted in sorted(self.partitions.items()):
-            replica = hosted.replica
-            state = replica.state
-            role = "leader" if replica.leader else "follower" if replica.follower else "none"
-            # The leader's committed ISR may be newer than the metadata it was built from.
-            isr = replica.leader.isr if replica.leader is not None else (state.isr if state else ())
-            out[key] = PartitionStatus(
-                topic=hosted.topic,
-                partition=hosted.partition,
-                role=role,
-                leader_id=state.leader_id if state else NO_LEADER,
-                leader_epoch=state.leader_epoch if state else -1,
-                partition_epoch=replica.leader.partition_epoch
-                if replica.leader
-                else (state.partition_epoch if state else -1),
-                replicas=state.replicas if state else (),
-                isr=tuple(sorted(isr)),
-                high_watermark=replica.high_watermark,
-                log_start_offset=hosted.log.log_start_offset,
-                log_end_offset=hosted.log.log_end_offset,
-            )
-        return out
+        """Leader, epochs, ISR, HW and offsets of every hosted replica (status, describe)."""
+        return {key: partition_status(h) for key, h in sorted(self.partitions.items())}
 
 
 def _no_bytes(key: Any, start_offset: int, end_offset: int) -> int:

@@ -192,8 +192,12 @@ class ReadPaths:
                 reads.append((item, hosted, leader))
             else:
                 answers[key] = _answer_without_records(item, decision)
-        has_data = any(i.fetch_offset < h.log.log_end_offset for i, h, _ in reads)
-        if reads and not answers and not has_data and request.max_wait_ms > 0:
+        has_news = any(
+            item.fetch_offset < hosted.log.log_end_offset
+            or 0 <= item.high_watermark < leader.high_watermark
+            for item, hosted, leader in reads
+        )
+        if reads and not answers and not has_news and request.max_wait_ms > 0:
             await self._park(
                 reads, min(request.max_wait_ms, self.manager.config.replica_fetch_wait_max_ms)
             )

@@ -41,13 +41,14 @@ BROKERS = (1, 2, 3)
 DEADLINE_S = 15.0
 
 
-def cluster_config() -> NodeConfig:
-    return NodeConfig(
-        replica_lag_time_max_ms=300,
-        replica_fetch_wait_max_ms=100,
-        request_timeout_ms=20_000,
-        default_replication_factor=3,
-    )
+def cluster_config(**overrides: Any) -> NodeConfig:
+    values: dict[str, Any] = {
+        "replica_lag_time_max_ms": 300,
+        "replica_fetch_wait_max_ms": 100,
+        "request_timeout_ms": 20_000,
+        "default_replication_factor": 3,
+    }
+    return NodeConfig(**{**values, **overrides})
 
 
 def clock_ms() -> int:
@@ -72,10 +73,10 @@ def _wire(value: Any) -> Any:
 class Cluster:
     """Three brokers, a controller, and the plumbing between them."""
 
-    def __init__(self, root: Path, nursery: trio.Nursery) -> None:
+    def __init__(self, root: Path, nursery: trio.Nursery, config: NodeConfig | None = None) -> None:
         self.root = root
         self.nursery = nursery
-        self.config = cluster_config()
+        self.config = config or cluster_config()
         self.image = MetadataImage.empty("test-cluster")
         self.records: list[Any] = []
         self.offset = -1
@@ -84,6 +85,8 @@ class Cluster:
         self.log_managers: dict[int, LogManager] = {}
         self.broker_epochs: dict[int, int] = {}
         self.paused: set[int] = set()  # brokers whose fetching fails as if the network were cut
+        # (follower, leader, partitions named) of every replica fetch sent
+        self.fetches: list[tuple[int, int, int]] = []
         self._stops: dict[int, tuple[trio.CancelScope, trio.Event]] = {}
 
     # ---------------------------------------------------------------- metadata bus
@@ -115,6 +118,7 @@ class Cluster:
     def send_fetch_from(self, source: int) -> Callable[[int, dict], Any]:
         async def send_fetch(leader_id: int, body: dict) -> dict:
             await trio.lowlevel.checkpoint()
+            self.fetches.append((source, leader_id, len(body["partitions"])))
             target = self.managers.get(leader_id)
             if source in self.paused or target is None:
                 raise ConnectionError(f"broker {source} cannot reach broker {leader_id}")
@@ -216,8 +220,10 @@ class Cluster:
         )
 
 
-async def start_cluster(root: Path, nursery: trio.Nursery, min_isr: int = 2) -> Cluster:
-    cluster = Cluster(root, nursery)
+async def start_cluster(
+    root: Path, nursery: trio.Nursery, min_isr: int = 2, config: NodeConfig | None = None
+) -> Cluster:
+    cluster = Cluster(root, nursery, config)
     cluster.register_all()
     for broker_id in BROKERS:
         await cluster.start(broker_id)
@@ -355,6 +361,12 @@ async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_pat
         assert new_leader != old_leader and cluster.partition().leader_epoch == old_epoch + 1
         assert cluster.status(old_leader).role == "follower"
         assert cluster.status(new_leader).role == "leader"
+        # Every follower now fetches the partition from the new leader, and only from it.
+        for broker_id in BROKERS:
+            fetchers = cluster.managers[broker_id].fetchers
+            expected = None if broker_id == new_leader else new_leader
+            assert fetchers.leader_of((TOPIC, 0)) == expected
+            assert old_leader not in fetchers.fetchers
         cluster.paused.clear()
 
         # The old leader rejoins: its tail diverges and is cut back to the acknowledged data.
