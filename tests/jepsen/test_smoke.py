@@ -66,3 +66,35 @@ def test_checker_bites_the_unsafe_configuration(tmp_path: Path) -> None:
             print(f"seed={seed} anomalies {outcome.results['anomaly_types']}")
             return
     pytest.fail(f"the unsafe configuration stayed valid in every run: {seen}")
+
+
+def test_matrix_table_replaces_only_its_own_block(tmp_path: Path) -> None:
+    from jepsen.runner import MATRIX_BEGIN, MATRIX_END, MatrixRow, matrix_table, write_matrix_table
+
+    doc = tmp_path / "jepsen.md"
+    doc.write_text(f"# title\n\nbefore\n{MATRIX_BEGIN}\nold table\n{MATRIX_END}\nafter\n")
+    rows = [
+        MatrixRow("kill", 1, "20260101T000000-kill-1", True, "-", 1234, 5),
+        MatrixRow("partition", 1, "20260101T000200-partition-1", False, "lost-write 3", 99, 4),
+        MatrixRow("pause", 1, "-", None, "-", 0, 0, error="RunError('no quorum')"),
+    ]
+    write_matrix_table(doc, matrix_table(rows, RunOptions(time_limit_s=120)))
+    text = doc.read_text()
+    assert text.startswith("# title\n\nbefore\n" + MATRIX_BEGIN) and text.endswith(
+        MATRIX_END + "\nafter\n"
+    )
+    assert "old table" not in text
+    assert "| kill | 1 | valid | - | 1234 | 5 | `20260101T000000-kill-1` |" in text
+    assert "| partition | 1 | **INVALID** | lost-write 3 | 99 | 4 |" in text
+    assert "error: RunError('no quorum')" in text
+
+
+def test_cli_rejects_bad_options_before_touching_anything(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from jepsen.__main__ import EXIT_ERROR, main
+
+    assert main(["run", "--nemesis", "kill,flood"]) == EXIT_ERROR
+    assert "unknown nemesis ['flood']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--nodes", "4"])
