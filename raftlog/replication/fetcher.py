@@ -33,7 +33,7 @@ from raftlog.replication.follower import (
     FollowerAction,
     FollowerState,
 )
-from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.hosted import HostedPartition, TopicPartition, flush_partitions
 from raftlog.storage import Flusher
 
 log = logging.getLogger("raftlog.replication")
@@ -93,6 +93,10 @@ class ReplicaFetcher:
 
     async def _round(self) -> None:
         settings = self.pool.settings
+        # A follower with unflushed data sends no fetch: flush first, or it would stall.
+        if not await self._flush(self._unflushed()):
+            await trio.sleep(settings.backoff_ms / 1000)
+            return
         due = self._due_requests()
         if not due:
             # Nothing to ask (backing off, or no partitions yet): wait for new work.
@@ -129,7 +133,8 @@ class ReplicaFetcher:
             await trio.sleep(settings.backoff_ms / 1000)
             return
         appended, failed = self._apply_answers(due, answers)
-        await self._flush(appended)
+        if not await self._flush(appended):
+            failed = True
         now_ms = self.pool.clock_ms()
         for hosted in appended:
             current = hosted.replica.follower
@@ -216,14 +221,18 @@ class ReplicaFetcher:
         if target > hosted.log.log_start_offset:
             hosted.log.advance_log_start(target)
 
-    async def _flush(self, appended: list[HostedPartition]) -> None:
-        if not appended:
-            return
-        flusher = self.pool.flusher
-        # Concurrent flush calls of one round land in the same fsync round (group commit).
-        async with trio.open_nursery() as nursery:
-            for hosted in appended:
-                nursery.start_soon(flusher.flush, hosted.log, hosted.log.log_end_offset)
+    async def _flush(self, appended: list[HostedPartition]) -> bool:
+        return await flush_partitions(self.pool.flusher, appended) if appended else True
+
+    def _unflushed(self) -> list[HostedPartition]:
+        """Followed partitions whose log holds unflushed data (a flush failed earlier)."""
+        out = []
+        for key in sorted(self.keys):
+            hosted = self.pool.hosted(key)
+            follower = None if hosted is None else hosted.replica.follower
+            if hosted is not None and follower is not None and follower.awaiting_flush:
+                out.append(hosted)
+        return out
 
 
 class FetcherPool:

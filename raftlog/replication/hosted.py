@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import trio
 
+from raftlog.errors import KafkaError
 from raftlog.replication.partition import Partition
-from raftlog.storage import PartitionLog
+from raftlog.storage import Flusher, PartitionLog
+
+log = logging.getLogger("raftlog.replication")
+
+# After a failed fsync the driver waits this long before it tries the same logs again.
+FLUSH_RETRY_BACKOFF_MS = 200
 
 TopicPartition = tuple[str, int]
 
@@ -32,3 +40,25 @@ class HostedPartition:
         for event in self.waiters:
             event.set()
         self.waiters.clear()
+
+
+async def flush_partitions(flusher: Flusher, partitions: Sequence[HostedPartition]) -> bool:
+    """fsync the partitions' logs up to their LEOs; False when any flush failed.
+
+    The calls run concurrently so they share the flusher's fsync rounds (group commit). A failure
+    is logged, never raised: the caller keeps the data unacknowledged and retries later.
+    """
+    failed = False
+
+    async def flush_one(hosted: HostedPartition) -> None:
+        nonlocal failed
+        try:
+            await flusher.flush(hosted.log, hosted.log.log_end_offset)
+        except (OSError, RuntimeError, KafkaError) as exc:
+            failed = True
+            log.error("%s-%d: flush failed: %r", hosted.topic, hosted.partition, exc)
+
+    async with trio.open_nursery() as nursery:
+        for hosted in partitions:
+            nursery.start_soon(flush_one, hosted)
+    return not failed

@@ -40,7 +40,12 @@ from raftlog.net.kafka.backend import (
     ProduceResult,
 )
 from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
-from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.hosted import (
+    FLUSH_RETRY_BACKOFF_MS,
+    HostedPartition,
+    TopicPartition,
+    flush_partitions,
+)
 from raftlog.replication.leader import LeaderEffects, LeaderState
 from raftlog.replication.partition import (
     NO_LEADER,
@@ -543,9 +548,11 @@ class ReplicaManager:
             self._flush_wakeup = trio.Event()
             keys, self._dirty_leaders = self._dirty_leaders, set()
             batch = [self.partitions[k] for k in sorted(keys) if k in self.partitions]
-            async with trio.open_nursery() as nursery:
-                for hosted in batch:
-                    nursery.start_soon(self.flusher.flush, hosted.log, hosted.log.log_end_offset)
+            if not await flush_partitions(self.flusher, batch):
+                # Nothing is acknowledged past what did reach the disk; try again shortly.
+                self._dirty_leaders.update(h.key for h in batch)
+                self._flush_wakeup.set()
+                await trio.sleep(FLUSH_RETRY_BACKOFF_MS / 1000)
             now_ms = self.clock_ms()
             for hosted in batch:
                 leader = hosted.replica.leader
