@@ -196,8 +196,29 @@ class PeerClient:
             self.dropped_casts += 1
             return False
 
-    async def call(self, method: str, body: Any, *, timeout_s: float = 5.0) -> Any:
-        """Send a request and wait for its response; raises RpcError on any failure."""
+    async def call(
+        self,
+        method: str,
+        body: Any,
+        *,
+        timeout_s: float = 5.0,
+        connect_timeout_s: float | None = None,
+    ) -> Any:
+        """Send a request and wait for its response; raises RpcError on any failure.
+
+        A peer that is not connected within connect_timeout_s (default: the limits') fails
+        the call before anything was sent, so the caller may retry elsewhere without risk
+        of the request running twice.
+        """
+        if connect_timeout_s is None:
+            connect_timeout_s = self.limits.connect_timeout_s
+        if not self._connected.is_set():
+            with trio.move_on_after(min(connect_timeout_s, timeout_s)):
+                await self._connected.wait()
+            if not self._connected.is_set():
+                raise RpcError(
+                    f"node {self.peer_id} at {self.address[0]}:{self.address[1]} is not reachable"
+                )
         self._next_correlation_id += 1
         correlation_id = self._next_correlation_id
         response_in, response_out = trio.open_memory_channel[tuple[int, Any]](1)
@@ -272,7 +293,7 @@ class PeerClient:
                 if payload is None:
                     return
                 kind, correlation_id, _sender, _method, body = _decode(payload)
-                channel = self._pending.get(correlation_id)
+                channel = self._pending.pop(correlation_id, None)
                 if channel is not None:
                     channel.send_nowait((kind, body))
 
@@ -286,15 +307,20 @@ class PeerClient:
 
                 nursery.start_soon(run_then_cancel, sender)
                 nursery.start_soon(run_then_cancel, receiver)
-        except (
+        except* (
             trio.BrokenResourceError,
             trio.ClosedResourceError,
             OSError,
             FrameTooLarge,
             ValueError,
             msgpack.UnpackException,
-        ) as exc:
-            log.info("connection to node %s at %s:%s lost: %s", self.peer_id, *self.address, exc)
+        ) as group:
+            log.info(
+                "connection to node %s at %s:%s lost: %s",
+                self.peer_id,
+                *self.address,
+                group.exceptions[0],
+            )
 
 
 class PeerSet:

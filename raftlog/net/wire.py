@@ -52,7 +52,20 @@ class WireRegistry:
                 self.register(value)
 
     def encode(self, value: Any) -> bytes:
-        return msgpack.packb(value, default=self._default, use_bin_type=True)
+        return msgpack.packb(self._prepare(value), default=self._default, use_bin_type=True)
+
+    def _prepare(self, value: Any) -> Any:
+        # msgpack packs int subclasses (ErrorCode is an IntEnum) as plain ints without asking
+        # `default`, so typed values are turned into extensions before packing.
+        if isinstance(value, ErrorCode):
+            return msgpack.ExtType(_EXT_ERROR_CODE, msgpack.packb(int(value)))
+        if isinstance(value, list | tuple):
+            return [self._prepare(item) for item in value]
+        if isinstance(value, Mapping):
+            return {k: self._prepare(v) for k, v in value.items()}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self._default(value)
+        return value
 
     def decode(self, data: bytes) -> Any:
         try:
@@ -65,8 +78,6 @@ class WireRegistry:
     def _default(self, obj: Any) -> Any:
         if isinstance(obj, uuid.UUID):
             return msgpack.ExtType(_EXT_UUID, obj.bytes)
-        if isinstance(obj, ErrorCode):
-            return msgpack.ExtType(_EXT_ERROR_CODE, msgpack.packb(int(obj)))
         if isinstance(obj, enum.Enum):
             return obj.value
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

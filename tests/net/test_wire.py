@@ -24,7 +24,9 @@ def test_controller_messages_round_trip():
     )
     assert registry.decode(registry.encode(request)) == request
     reply = cm.RegisterBrokerReply(ErrorCode.duplicate_broker_registration, "busy", 4)
-    assert registry.decode(registry.encode(reply)) == reply
+    decoded = registry.decode(registry.encode(reply))
+    assert decoded == reply
+    assert isinstance(decoded.error_code, ErrorCode)
     register = cm.RegisterBroker(1, uuid.uuid4(), "h", 1, "h", 2, None, "cid")
     assert registry.decode(registry.encode(register)) == register
 

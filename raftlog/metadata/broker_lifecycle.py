@@ -1,0 +1,200 @@
+"""A broker's side of the controller: requests routed to the active controller, registration,
+heartbeats (which unfence it once caught up) and controlled shutdown."""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from typing import Any
+
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.service import MetadataService, NotControllerError
+from raftlog.net.rpc import PeerSet, RpcError
+from raftlog.net.wire import WireRegistry
+
+log = logging.getLogger("raftlog.broker")
+
+CONTROLLER_RETRY_BACKOFF_MS = 50
+CONTROLLER_RETRY_BACKOFF_MAX_MS = 500
+# A controller we cannot connect to this fast is treated as gone; the next try re-reads who
+# leads (a new election usually takes about one election timeout).
+CONTROLLER_CONNECT_TIMEOUT_MS = 300
+
+
+def controller_wire() -> WireRegistry:
+    registry = WireRegistry()
+    registry.register_module(cm)
+    return registry
+
+
+class ControllerClient:
+    """Sends controller requests to whichever voter is the active controller, retrying."""
+
+    def __init__(self, config: NodeConfig, peers: PeerSet, metadata: MetadataService) -> None:
+        self.config = config
+        self.peers = peers
+        self.metadata = metadata
+        self.wire = controller_wire()
+
+    async def call(self, request: Any, *, timeout_ms: int | None = None) -> Any:
+        """The reply from the active controller, or KafkaError(REQUEST_TIMED_OUT)."""
+        timeout_ms = timeout_ms or self.config.request_timeout_ms
+        backoff_ms = CONTROLLER_RETRY_BACKOFF_MS
+        with trio.move_on_after(timeout_ms / 1000):
+            while True:
+                try:
+                    return await self._call_once(request, timeout_ms)
+                except (NotControllerError, RpcError) as exc:
+                    log.debug("controller request %s retried: %s", type(request).__name__, exc)
+                await trio.sleep(backoff_ms / 1000)
+                backoff_ms = min(backoff_ms * 2, CONTROLLER_RETRY_BACKOFF_MAX_MS)
+        raise KafkaError(
+            ErrorCode.request_timed_out,
+            f"no active controller answered {type(request).__name__} within {timeout_ms} ms",
+        )
+
+    async def _call_once(self, request: Any, timeout_ms: int) -> Any:
+        quorum = self.metadata.quorum
+        leader = quorum.core.leader_id if quorum is not None else None
+        if leader is None:
+            raise NotControllerError(None)
+        if leader == self.config.node_id:
+            return await self.metadata.handle(request)
+        address = self.config.voters.get(leader)
+        if address is None:
+            raise NotControllerError(leader)
+        status, body = await self.peers.peer(leader, *address).call(
+            "controller", self.wire.encode(request), timeout_s=timeout_ms / 1000
+        )
+        if status == "not_controller":
+            raise NotControllerError(body)
+        if status != "ok":
+            raise KafkaError(ErrorCode.unknown_server_error, f"controller answered {status}")
+        return self.wire.decode(body)
+
+    async def serve(self, body: bytes) -> list[Any]:
+        """The internal RPC method "controller" on this node."""
+        request = self.wire.decode(body)
+        try:
+            reply = await self.metadata.handle(request)
+        except NotControllerError as exc:
+            return ["not_controller", exc.leader_id]
+        return ["ok", self.wire.encode(reply)]
+
+
+class BrokerLifecycle:
+    """Registration and heartbeats; `unfenced` is set while the controller lets us serve."""
+
+    def __init__(
+        self, config: NodeConfig, client: ControllerClient, metadata: MetadataService
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.metadata = metadata
+        self.incarnation_id = uuid.uuid4()
+        self.broker_epoch = -1
+        self.fenced = True
+        self.unfenced = trio.Event()
+        self._shutting_down = False
+        self._wake = trio.Event()
+        self.shutdown_done = trio.Event()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        interval_s = self.config.broker_heartbeat_interval_ms / 1000
+        while True:
+            if self.broker_epoch < 0:
+                await self._register()
+            try:
+                reply = await self.client.call(
+                    self._heartbeat(), timeout_ms=self.config.broker_session_timeout_ms
+                )
+            except KafkaError as exc:
+                log.warning("heartbeat failed: %s", exc)
+                await trio.sleep(interval_s)
+                continue
+            if reply.error_code in (
+                ErrorCode.stale_broker_epoch,
+                ErrorCode.broker_id_not_registered,
+            ):
+                log.warning(
+                    "controller does not know broker epoch %d (%s): re-registering",
+                    self.broker_epoch,
+                    reply.error_code.name,
+                )
+                self.broker_epoch = -1
+                continue
+            self._apply(reply)
+            if self._shutting_down and reply.should_shutdown:
+                self.shutdown_done.set()
+                await trio.sleep(math.inf)
+            # While catching up, beat faster so unfencing follows the metadata quickly.
+            with trio.move_on_after(interval_s if not self.fenced else min(interval_s, 0.1)):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def _heartbeat(self) -> cm.BrokerHeartbeat:
+        return cm.BrokerHeartbeat(
+            self.config.node_id,
+            self.broker_epoch,
+            self.metadata.applied_offset + 1,
+            want_shutdown=self._shutting_down,
+        )
+
+    def _apply(self, reply: cm.BrokerHeartbeatReply) -> None:
+        if reply.error_code != ErrorCode.none:
+            log.warning("heartbeat answered %s: %s", reply.error_code.name, reply.error_message)
+            return
+        if reply.is_fenced != self.fenced:
+            log.info(
+                "broker %d is now %s",
+                self.config.node_id,
+                "fenced" if reply.is_fenced else "unfenced",
+            )
+        self.fenced = reply.is_fenced
+        if not self.fenced:
+            self.unfenced.set()
+        elif self.unfenced.is_set():
+            self.unfenced = trio.Event()
+
+    async def _register(self) -> None:
+        client_host, client_port = self.config.advertised_client_address
+        internal_host, internal_port = self.config.internal_address
+        request = cm.RegisterBroker(
+            self.config.node_id,
+            self.incarnation_id,
+            client_host,
+            client_port,
+            internal_host,
+            internal_port,
+            None,
+            self.metadata.cluster_id or None,
+        )
+        while True:
+            try:
+                reply = await self.client.call(request)
+            except KafkaError as exc:
+                log.info("registration not answered yet: %s", exc)
+                continue
+            if reply.error_code == ErrorCode.none:
+                self.broker_epoch = reply.broker_epoch
+                log.info(
+                    "registered as broker %d with epoch %d", self.config.node_id, self.broker_epoch
+                )
+                return
+            log.warning("registration refused: %s %s", reply.error_code.name, reply.error_message)
+            await trio.sleep(self.config.broker_heartbeat_interval_ms / 1000)
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        """Ask the controller to move leadership away; True once it says we may stop."""
+        self._shutting_down = True
+        self._wake.set()
+        with trio.move_on_after(timeout_s):
+            await self.shutdown_done.wait()
+            return True
+        return False

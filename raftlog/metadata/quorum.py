@@ -1,0 +1,354 @@
+"""The trio driver of the metadata quorum: RaftCore + the `__cluster_metadata-0` log + RPC.
+
+The core decides; this module only executes its Ready in the order the contract demands
+(docs/raft.md): quorum state fsynced before any message that reflects it, then truncate,
+append, install snapshot, send, apply. Entries are stored as Kafka record batches (one record
+per entry, partitionLeaderEpoch = the Raft epoch) in an ordinary PartitionLog, so the metadata
+log is verifiable with the same tools as any partition. A dedicated task fsyncs appended
+entries through the shared group-commit flusher and then tells the core `flushed(...)`; a
+follower's next Fetch, which acknowledges, waits for that.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from raftlog.config import MIB, NodeConfig
+from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.metadata.raft_messages import Entry, MessageDecodeError, message_from_wire
+from raftlog.metadata.raft_roles import RoleChange
+from raftlog.net.rpc import PeerSet
+from raftlog.records import Record, build_batch, iter_batches, iter_records
+from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from raftlog.storage.config import LogConfig
+from raftlog.storage.flusher import Flusher
+from raftlog.storage.log import PartitionLog
+
+log = logging.getLogger("raftlog.quorum")
+
+METADATA_LOG_NAME = "__cluster_metadata-0"
+QUORUM_STATE_FILE = "quorum-state"
+SNAPSHOT_SUFFIX = ".snapshot"
+# Small segments so that a snapshot lets whole old segments go soon after it is written.
+METADATA_SEGMENT_BYTES = 8 * MIB
+# Bytes read per step while loading the metadata log at start-up.
+LOAD_READ_BYTES = 4 * MIB
+
+
+class MetadataLogStore:
+    """Durable state of one node's metadata replica: log, quorum-state file, snapshots."""
+
+    def __init__(self, data_dir: Path, *, now_ms: int) -> None:
+        self.directory = data_dir / METADATA_LOG_NAME
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = LogConfig(
+            segment_bytes=METADATA_SEGMENT_BYTES,
+            retention_ms=-1,
+            retention_bytes=-1,
+            flush_policy="always",
+        )
+        self.log = PartitionLog.open(self.directory, config, now_ms=now_ms)
+
+    # ---------------------------------------------------------------- quorum state
+    def load_quorum_state(self) -> QuorumState:
+        path = self.directory / QUORUM_STATE_FILE
+        if not path.exists():
+            return QuorumState()
+        payload = read_checkpoint(path, "quorum-state")
+        return QuorumState(payload["epoch"], payload["voted_for"], payload["leader_id"])
+
+    def save_quorum_state(self, state: QuorumState) -> None:
+        """Blocking (fsync): call from a worker thread."""
+        write_checkpoint(
+            self.directory / QUORUM_STATE_FILE,
+            "quorum-state",
+            {"epoch": state.epoch, "voted_for": state.voted_for, "leader_id": state.leader_id},
+        )
+
+    # ---------------------------------------------------------------- snapshots
+    def _snapshot_paths(self) -> list[Path]:
+        return sorted(self.directory.glob(f"*{SNAPSHOT_SUFFIX}"))
+
+    def load_snapshot(self) -> Snapshot | None:
+        """The newest readable snapshot; a corrupt newest one falls back to an older one."""
+        for path in reversed(self._snapshot_paths()):
+            try:
+                payload = read_checkpoint(path, "metadata-snapshot")
+            except CheckpointError as exc:
+                log.error("ignoring unreadable metadata snapshot %s: %s", path.name, exc)
+                continue
+            return Snapshot(payload["end_offset"], payload["epoch"], payload["data"])
+        return None
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Blocking (fsync): write the snapshot, then drop older ones."""
+        name = f"{snapshot.end_offset:020d}-{snapshot.epoch:010d}{SNAPSHOT_SUFFIX}"
+        write_checkpoint(
+            self.directory / name,
+            "metadata-snapshot",
+            {"end_offset": snapshot.end_offset, "epoch": snapshot.epoch, "data": snapshot.data},
+        )
+        for old in self._snapshot_paths():
+            if old.name != name:
+                old.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------- entries
+    def load_entries(self) -> list[Entry]:
+        entries: list[Entry] = []
+        offset = self.log.log_start_offset
+        while offset < self.log.log_end_offset:
+            result = self.log.read(offset, LOAD_READ_BYTES)
+            data = result.read_bytes()
+            if not data:
+                break
+            for pos, header in iter_batches(data):
+                for record in iter_records(data, pos):
+                    if record.offset >= offset:
+                        entries.append(
+                            Entry(record.offset, header.partition_leader_epoch, record.value or b"")
+                        )
+                offset = header.next_offset
+        return entries
+
+    def append(self, entries: Sequence[Entry], now_ms: int) -> None:
+        """Write entries (offsets and epochs set by the core) as record batches."""
+        start = 0
+        while start < len(entries):
+            end = start
+            while end < len(entries) and entries[end].epoch == entries[start].epoch:
+                end += 1
+            run = entries[start:end]
+            batch = build_batch(
+                [Record(timestamp_ms=now_ms, value=e.data) for e in run],
+                base_offset=run[0].offset,
+                partition_leader_epoch=run[0].epoch,
+                now_ms=now_ms,
+            )
+            self.log.append_as_follower(batch, now_ms)
+            start = end
+
+    def truncate_to(self, offset: int) -> None:
+        self.log.truncate_to(offset)
+
+    def install_snapshot(self, snapshot: Snapshot) -> None:
+        """Blocking: a follower got a snapshot from the leader; it replaces the whole log."""
+        self.save_snapshot(snapshot)
+        self.log.truncate_fully_and_start_at(snapshot.end_offset)
+
+    def compact_to(self, end_offset: int) -> None:
+        """After a local snapshot: let whole segments below it go."""
+        self.log.advance_log_start(min(end_offset, self.log.log_end_offset))
+
+    def close(self) -> None:
+        self.log.close()
+
+
+@dataclass
+class _CommitWaiter:
+    epoch: int
+    done: trio.Event
+    committed: bool = False
+
+
+class QuorumDriver:
+    """Runs one node's RaftCore against the store, the flusher and the internal RPC."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        store: MetadataLogStore,
+        flusher: Flusher,
+        peers: PeerSet,
+        *,
+        on_commit: Callable[[list[Entry], int], None],
+        on_snapshot: Callable[[Snapshot], None],
+        on_role_change: Callable[[RoleChange], None],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.flusher = flusher
+        self.peers = peers
+        self.voters = config.voters
+        self._on_commit = on_commit
+        self._on_snapshot = on_snapshot
+        self._on_role_change = on_role_change
+        self._observers: dict[int, tuple[str, int]] = {}
+        self._internal_address = config.internal_address
+        raft_config = RaftConfig(
+            election_timeout_ms=config.election_timeout_ms,
+            fetch_timeout_ms=config.fetch_timeout_ms,
+            election_backoff_max_ms=config.election_backoff_max_ms,
+            fetch_max_wait_ms=min(config.raft_fetch_max_wait_ms, config.fetch_timeout_ms // 2),
+            request_timeout_ms=config.fetch_timeout_ms,
+        )
+        snapshot = store.load_snapshot()
+        entries = store.load_entries()
+        if snapshot is not None and snapshot.end_offset > store.log.log_end_offset:
+            # The snapshot outran the log (crash between snapshot install and truncation).
+            store.log.truncate_fully_and_start_at(snapshot.end_offset)
+            entries = []
+        self.core = RaftCore(
+            config.node_id,
+            frozenset(self.voters),
+            raft_config,
+            store.load_quorum_state(),
+            entries,
+            snapshot,
+            rng=rng or random.Random(),
+            now_ms=self.now_ms(),
+        )
+        self.high_watermark = self.core.high_watermark
+        self._wake = trio.Event()
+        self._flush_wanted = trio.Event()
+        self._commit_waiters: dict[int, _CommitWaiter] = {}
+        self._reads: dict[object, tuple[trio.Event, list[int | None]]] = {}
+        log.info(
+            "metadata log loaded: start %d, end %d, snapshot %s, quorum state %s",
+            store.log.log_start_offset,
+            store.log.log_end_offset,
+            snapshot.end_offset if snapshot else None,
+            self.core.role,
+        )
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(trio.current_time() * 1000)
+
+    # ---------------------------------------------------------------- inputs
+    def receive(self, sender_id: int, body: list) -> None:
+        """RPC cast "raft": [message wire, reply host, reply port]."""
+        try:
+            wire, host, port = body
+            message = message_from_wire(wire)
+        except (MessageDecodeError, TypeError, ValueError) as exc:
+            log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
+            return
+        if sender_id not in self.voters:
+            self._observers[sender_id] = (str(host), int(port))
+        self.core.receive(self.now_ms(), sender_id, message)
+        self._wake.set()
+
+    def propose(self, payload: bytes) -> tuple[int, int]:
+        """Append one entry as leader; returns (offset, epoch). Raises NotLeader."""
+        (offset,) = self.core.propose(self.now_ms(), [payload])
+        self._wake.set()
+        return offset, self.core.epoch
+
+    async def wait_committed(self, offset: int, epoch: int) -> bool:
+        """True once (offset, epoch) is committed; False if that entry was truncated away."""
+        if self.high_watermark > offset:
+            return True  # already delivered through on_commit (epoch checked by the caller)
+        waiter = self._commit_waiters.setdefault(offset, _CommitWaiter(epoch, trio.Event()))
+        if waiter.epoch != epoch:
+            return False
+        await waiter.done.wait()
+        return waiter.committed
+
+    async def read_index(self) -> int:
+        """A linearizable read point: the leader's commit offset after confirming leadership."""
+        token = object()
+        done = trio.Event()
+        slot: list[int | None] = [None]
+        self._reads[token] = (done, slot)
+        try:
+            self.core.read_index(self.now_ms(), token)
+            self._wake.set()
+            await done.wait()
+        finally:
+            self._reads.pop(token, None)
+        if slot[0] is None:
+            raise NotLeader(self.core.leader_id, self.core.epoch)
+        return slot[0]
+
+    def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
+        self.core.snapshot_written(end_offset, epoch, data)
+
+    def resign(self) -> None:
+        self.core.resign(self.now_ms())
+        self._wake.set()
+
+    # ---------------------------------------------------------------- loop
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flush_loop)
+            task_status.started()
+            while True:
+                await self._process_ready()
+                deadline_s = self.core.next_deadline_ms() / 1000
+                with trio.move_on_at(deadline_s):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                self.core.tick(self.now_ms())
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted = trio.Event()
+            await self.flusher.flush(self.store.log, self.store.log.log_end_offset)
+            # Report what storage says is durable: a truncation during the fsync lowers it.
+            self.core.flushed(self.store.log.flushed_offset)
+            self._wake.set()
+
+    async def _process_ready(self) -> None:
+        ready = self.core.take_ready()
+        if ready.quorum_state is not None:
+            await trio.to_thread.run_sync(self.store.save_quorum_state, ready.quorum_state)
+        if ready.truncate_to is not None:
+            self.store.truncate_to(ready.truncate_to)
+            self._fail_waiters_from(ready.truncate_to)
+        if ready.entries:
+            self.store.append(ready.entries, int(trio.current_time() * 1000))
+            self._flush_wanted.set()
+        if ready.snapshot is not None:
+            await trio.to_thread.run_sync(self.store.install_snapshot, ready.snapshot)
+            self._fail_waiters_from(0, below=ready.snapshot.end_offset)
+            self._on_snapshot(ready.snapshot)
+        for to_id, message in ready.messages:
+            self._send(to_id, message.to_wire())
+        if ready.committed:
+            self._on_commit(ready.committed, ready.high_watermark)
+            for entry in ready.committed:
+                waiter = self._commit_waiters.pop(entry.offset, None)
+                if waiter is not None:
+                    waiter.committed = waiter.epoch == entry.epoch
+                    waiter.done.set()
+        self.high_watermark = ready.high_watermark
+        for token, offset in ready.reads:
+            pending = self._reads.get(token)
+            if pending is not None:
+                pending[1][0] = offset
+                pending[0].set()
+        if ready.role_change is not None:
+            log.info(
+                "metadata quorum: %s in epoch %d, leader %s",
+                ready.role_change.role,
+                ready.role_change.epoch,
+                ready.role_change.leader_id,
+            )
+            self._on_role_change(ready.role_change)
+
+    def _fail_waiters_from(self, offset: int, *, below: int | None = None) -> None:
+        for waiter_offset in list(self._commit_waiters):
+            if waiter_offset >= offset and (below is None or waiter_offset < below):
+                waiter = self._commit_waiters.pop(waiter_offset)
+                waiter.done.set()
+
+    def _send(self, to_id: int, wire: list) -> None:
+        address = self.voters.get(to_id) or self._observers.get(to_id)
+        if address is None:
+            return
+        host, port = self._internal_address
+        self.peers.peer(to_id, *address).cast("raft", [wire, host, port])
+
+    def close(self) -> None:
+        for waiter in self._commit_waiters.values():
+            waiter.done.set()
+        self._commit_waiters.clear()
+        self.store.close()

@@ -1,0 +1,221 @@
+"""Metadata on a running node: the committed image, snapshots, and the active controller.
+
+Every node applies committed Raft entries to its MetadataImage here and tells listeners (the
+replica manager, the Kafka backend) what changed. On the Raft leader, once the no-op entry of
+its epoch has committed (so the image holds everything any earlier leader committed), a
+Controller is built from that image and serves requests: it turns each request into metadata
+records, which are appended as ONE Raft entry (so a multi-record change is atomic), and the
+reply is sent once that entry commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata import records as r
+from raftlog.metadata.controller import Controller
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.quorum import QuorumDriver
+from raftlog.metadata.raft import NotLeader, Snapshot
+from raftlog.metadata.raft_messages import Entry
+from raftlog.metadata.raft_roles import RoleChange
+from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot, image_records
+
+log = logging.getLogger("raftlog.metadata")
+
+# How often the active controller checks broker sessions (fencing) and periodic elections.
+CONTROLLER_TICK_MS = 250
+# Cap on how long a controller request may wait for its records to commit.
+CONTROLLER_COMMIT_TIMEOUT_MS = 30_000
+
+ImageListener = Callable[[MetadataImage, MetadataDelta], None]
+
+
+def encode_entry(records: tuple[r.Record, ...] | list[r.Record]) -> bytes:
+    """One Raft entry holding a controller result's records (applied atomically)."""
+    return msgpack.packb([r.encode_record(rec) for rec in records], use_bin_type=True)
+
+
+def decode_entry(data: bytes) -> list[r.Record]:
+    items = msgpack.unpackb(data, use_list=True, raw=False)
+    if not isinstance(items, list):
+        raise r.RecordDecodeError("metadata entry is not a list of records")
+    return [r.decode_record(item) for item in items]
+
+
+class NotControllerError(KafkaError):
+    def __init__(self, leader_id: int | None) -> None:
+        super().__init__(ErrorCode.not_controller, f"the active controller is {leader_id}")
+        self.leader_id = leader_id
+
+
+class MetadataService:
+    """Committed metadata image of this node, plus the controller when this node leads."""
+
+    def __init__(self, config: NodeConfig, cluster_id: str) -> None:
+        self.config = config
+        self.image = MetadataImage.empty(cluster_id)
+        self.cluster_id = cluster_id
+        self.quorum: QuorumDriver | None = None
+        self.controller: Controller | None = None
+        self._listeners: list[ImageListener] = []
+        self._records_since_snapshot = 0
+        self._changed = trio.Event()
+        self._leader_change_payload = b""
+
+    def attach(self, quorum: QuorumDriver) -> None:
+        self.quorum = quorum
+        self._leader_change_payload = quorum.core.config.leader_change_payload
+        snapshot = quorum.core.snapshot
+        if snapshot is not None:
+            self._load_snapshot(snapshot, notify=False)
+
+    def add_listener(self, listener: ImageListener) -> None:
+        """Called with (image, delta) after every applied change; at once with a full delta."""
+        self._listeners.append(listener)
+        listener(self.image, full_delta(self.image))
+
+    @property
+    def applied_offset(self) -> int:
+        return self.image.last_applied_offset
+
+    async def wait_for_change(self) -> None:
+        """Return after the next applied change (for tests and the CLI's waits)."""
+        await self._changed.wait()
+
+    # ---------------------------------------------------------------- quorum callbacks
+    def on_commit(self, entries: list[Entry], high_watermark: int) -> None:
+        assert self.quorum is not None
+        for entry in entries:
+            if entry.data == self._leader_change_payload:
+                self._on_epoch_start(entry)
+                continue
+            try:
+                records = decode_entry(entry.data)
+            except r.RecordDecodeError as exc:
+                # A committed entry this node cannot read is a version skew or a bug; applying
+                # the rest would diverge the image, so stop applying loudly.
+                log.critical("cannot decode committed metadata entry %d: %s", entry.offset, exc)
+                raise
+            self.image, delta = self.image.apply(records, entry.offset, entry.epoch)
+            self._records_since_snapshot += len(records)
+            if self.controller is not None:
+                self.controller.committed(entry.offset + 1)
+            self._notify(delta)
+        if self.controller is not None:
+            self.controller.committed(high_watermark)
+        if self._records_since_snapshot >= self.config.metadata_snapshot_max_records:
+            self._take_snapshot(entries[-1])
+
+    def _on_epoch_start(self, entry: Entry) -> None:
+        assert self.quorum is not None
+        core = self.quorum.core
+        if core.role.name == "leader" and core.epoch == entry.epoch and self.controller is None:
+            # Everything an earlier leader committed is now applied: safe to take over.
+            self.controller = Controller.from_image(self.image, self.config, self.quorum.now_ms())
+            self.controller.committed(entry.offset + 1)
+            log.info(
+                "controller active in epoch %d at metadata offset %d", entry.epoch, entry.offset
+            )
+
+    def on_snapshot(self, snapshot: Snapshot) -> None:
+        self._load_snapshot(snapshot, notify=True)
+
+    def on_role_change(self, change: RoleChange) -> None:
+        if change.role != "leader" and self.controller is not None:
+            log.info("controller inactive: now %s in epoch %d", change.role, change.epoch)
+            self.controller = None
+
+    def _load_snapshot(self, snapshot: Snapshot, *, notify: bool) -> None:
+        image = decode_snapshot(snapshot.data)
+        self.image = image
+        self._records_since_snapshot = 0
+        if notify:
+            self._notify(full_delta(image))
+
+    def _take_snapshot(self, last: Entry) -> None:
+        assert self.quorum is not None
+        data = encode_snapshot(self.image)
+        end_offset = last.offset + 1
+        self.quorum.snapshot_written(end_offset, last.epoch, data)
+        snapshot = Snapshot(end_offset, last.epoch, data)
+        self._records_since_snapshot = 0
+        store = self.quorum.store
+
+        async def persist() -> None:
+            await trio.to_thread.run_sync(store.save_snapshot, snapshot)
+            store.compact_to(end_offset)
+            log.info("metadata snapshot at offset %d (%d bytes)", end_offset, len(data))
+
+        self._background(persist)
+
+    def _background(self, fn: Callable[[], Any]) -> None:
+        nursery = getattr(self, "_nursery", None)
+        if nursery is not None:
+            nursery.start_soon(fn)
+
+    def _notify(self, delta: MetadataDelta) -> None:
+        for listener in self._listeners:
+            listener(self.image, delta)
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    # ---------------------------------------------------------------- controller
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background work: snapshot persistence and the controller's periodic tick."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                await trio.sleep(CONTROLLER_TICK_MS / 1000)
+                controller = self.controller
+                if controller is None:
+                    continue
+                result = controller.tick(self.quorum.now_ms() if self.quorum else 0)
+                if result.records:
+                    nursery.start_soon(self._commit_background, result.records)
+
+    async def _commit_background(self, records: tuple[r.Record, ...]) -> None:
+        try:
+            await self._append(records)
+        except KafkaError as exc:
+            log.info("controller change not committed: %s", exc)
+
+    async def handle(self, request: Any) -> Any:
+        """Serve one controller request on the active controller; raises NotControllerError."""
+        controller = self.controller
+        if controller is None or self.quorum is None:
+            raise NotControllerError(self.quorum.core.leader_id if self.quorum else None)
+        result = controller.handle(request, self.quorum.now_ms())
+        if result.records:
+            await self._append(result.records)
+        return result.reply
+
+    async def _append(self, records: tuple[r.Record, ...]) -> None:
+        assert self.quorum is not None
+        try:
+            offset, epoch = self.quorum.propose(encode_entry(records))
+        except NotLeader as exc:
+            # The controller's image already holds these records; it must not survive them.
+            self.controller = None
+            raise NotControllerError(exc.leader_id) from None
+        with trio.move_on_after(CONTROLLER_COMMIT_TIMEOUT_MS / 1000):
+            if await self.quorum.wait_committed(offset, epoch):
+                return
+        self.controller = None
+        raise NotControllerError(self.quorum.core.leader_id)
+
+
+def full_delta(image: MetadataImage) -> MetadataDelta:
+    """A delta that describes the whole image as new (start-up and snapshot loads)."""
+    _rebuilt, delta = MetadataImage.empty(image.cluster_id).apply(
+        image_records(image), image.last_applied_offset, image.last_applied_epoch
+    )
+    return delta

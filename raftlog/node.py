@@ -1,0 +1,233 @@
+"""The trio driver of one node: listeners, metadata quorum, broker roles, clean shutdown.
+
+A node is a thin shell: every decision lives in a sans-IO core (Raft, controller, partition
+replication, groups, quotas) or in storage; this module opens the data directory, starts each
+component in one nursery with `nursery.start` (so a component that fails to start stops the
+node with its error), routes internal RPC methods, and on SIGTERM/SIGINT shuts down in order:
+controlled shutdown (leadership moves away), Raft resignation, then cancellation.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ConfigError, RaftlogError
+from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
+from raftlog.metadata.quorum import MetadataLogStore, QuorumDriver
+from raftlog.metadata.service import MetadataService
+from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
+from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from raftlog.storage.flusher import Flusher
+
+log = logging.getLogger("raftlog.node")
+
+META_FILE = "meta.checkpoint"
+DATA_DIR_VERSION = 1
+# Upper bound for the controlled shutdown handshake before the node stops anyway.
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 15.0
+# After resigning, give the event loop this long to put EndQuorumEpoch on the wire.
+RESIGN_GRACE_S = 0.2
+
+
+class DataDirError(RaftlogError):
+    """The data directory belongs to another node or cluster, or cannot be read."""
+
+
+def format_data_dir(config: NodeConfig) -> str:
+    """Create or check `meta.checkpoint`; returns the cluster id. Node id and cluster id are
+    fixed when a data directory is first used and checked at every later start."""
+    data_dir = config.data_path
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / META_FILE
+    if path.exists():
+        try:
+            meta = read_checkpoint(path, "node-meta")
+        except CheckpointError as exc:
+            raise DataDirError(f"{path}: {exc}") from None
+        if meta["node_id"] != config.node_id:
+            raise DataDirError(
+                f"{data_dir} was formatted for node {meta['node_id']}, but "
+                f"this config says node_id = {config.node_id}"
+            )
+        if config.cluster_id and meta["cluster_id"] != config.cluster_id:
+            raise DataDirError(
+                f"{data_dir} belongs to cluster {meta['cluster_id']!r}, but "
+                f"this config says cluster_id = {config.cluster_id!r}"
+            )
+        return str(meta["cluster_id"])
+    cluster_id = config.cluster_id
+    if not cluster_id:
+        cluster_id = uuid.uuid4().hex
+        if len(config.voters) > 1:
+            log.warning(
+                "no cluster_id configured: generated %s; every node of a multi-node "
+                "cluster must be given the same cluster_id",
+                cluster_id,
+            )
+    write_checkpoint(
+        path,
+        "node-meta",
+        {"node_id": config.node_id, "cluster_id": cluster_id, "version": DATA_DIR_VERSION},
+    )
+    log.info("formatted %s for node %d of cluster %s", data_dir, config.node_id, cluster_id)
+    return cluster_id
+
+
+class Node:
+    """Everything one `raftlog node` process runs."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.cluster_id = ""
+        self.ready = trio.Event()  # set when every listener is up
+        self.metadata: MetadataService | None = None
+        self.quorum: QuorumDriver | None = None
+        self.lifecycle: BrokerLifecycle | None = None
+        self.controller_client: ControllerClient | None = None
+        self.rpc_port = 0
+        self._rpc_methods: dict[str, Any] = {}
+
+    async def run(self, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        self.cluster_id = await trio.to_thread.run_sync(format_data_dir, config)
+        limits = RpcLimits(max_frame_bytes=config.internal_frame_max_bytes)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            flusher = Flusher()
+            await nursery.start(flusher.run)
+            peers = PeerSet(config.node_id, limits)
+            await nursery.start(peers.run)
+
+            now_ms = int(trio.current_time() * 1000)
+            store = await trio.to_thread.run_sync(
+                functools.partial(MetadataLogStore, config.data_path, now_ms=now_ms)
+            )
+            self.metadata = MetadataService(config, self.cluster_id)
+            self.quorum = QuorumDriver(
+                config,
+                store,
+                flusher,
+                peers,
+                on_commit=self.metadata.on_commit,
+                on_snapshot=self.metadata.on_snapshot,
+                on_role_change=self.metadata.on_role_change,
+            )
+            self.metadata.attach(self.quorum)
+            self.controller_client = ControllerClient(config, peers, self.metadata)
+            self._rpc_methods["controller"] = self.controller_client.serve
+
+            host, port = config.internal_address
+            listeners = await nursery.start(
+                functools.partial(serve_rpc, self._dispatch_rpc, host, port, limits=limits)
+            )
+            self.rpc_port = listeners[0].socket.getsockname()[1]
+            await nursery.start(self.metadata.run)
+            await nursery.start(self.quorum.run)
+
+            if config.is_broker:
+                self.lifecycle = BrokerLifecycle(config, self.controller_client, self.metadata)
+                await nursery.start(self.lifecycle.run)
+
+            log.info(
+                "node %d up: roles %s, internal %s:%d, cluster %s",
+                config.node_id,
+                ",".join(config.roles),
+                host,
+                self.rpc_port,
+                self.cluster_id,
+            )
+            self.ready.set()
+            task_status.started(self)
+
+    async def _dispatch_rpc(self, sender_id: int, method: str, body: Any) -> Any:
+        if method == "raft":
+            assert self.quorum is not None
+            self.quorum.receive(sender_id, body)
+            return None
+        handler = self._rpc_methods.get(method)
+        if handler is None:
+            raise ValueError(f"unknown internal method {method!r}")
+        return await handler(body)
+
+    async def shutdown(self) -> None:
+        """Controlled shutdown, then Raft resignation, then stop every task."""
+        if self.lifecycle is not None:
+            log.info("controlled shutdown: moving leadership away")
+            moved = await self.lifecycle.controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+            if not moved:
+                log.warning(
+                    "controlled shutdown not confirmed within %.0f s; stopping anyway",
+                    CONTROLLED_SHUTDOWN_TIMEOUT_S,
+                )
+        if self.quorum is not None and self.quorum.core.role.name == "leader":
+            log.info("resigning metadata leadership")
+            self.quorum.resign()
+            await trio.sleep(RESIGN_GRACE_S)
+        self._nursery.cancel_scope.cancel()
+
+    def close(self) -> None:
+        if self.quorum is not None:
+            self.quorum.close()
+
+
+async def _serve_until_signalled(config: NodeConfig) -> None:
+    node = Node(config)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(node.run)
+
+                async def on_signal() -> None:
+                    async for signum in signals:
+                        log.info("received %s: shutting down", signal.Signals(signum).name)
+                        with trio.move_on_after(CONTROLLED_SHUTDOWN_TIMEOUT_S + 5):
+                            await node.shutdown()
+                        nursery.cancel_scope.cancel()
+                        return
+
+                nursery.start_soon(on_signal)
+    finally:
+        node.close()
+    log.info("node %d stopped", config.node_id)
+
+
+def setup_logging(level: str, node_id: int) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format=f"%(asctime)s %(levelname)-7s node{node_id} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_node(config: NodeConfig, *, log_level: str = "INFO") -> int:
+    """Run a node in this process until a signal stops it; returns the exit code."""
+    setup_logging(log_level, config.node_id)
+    exit_code = 0
+    try:
+        trio.run(_serve_until_signalled, config)
+    except* (ConfigError, DataDirError) as group:
+        for exc in group.exceptions:
+            log.error("%s", exc)
+        exit_code = 2
+    except* KeyboardInterrupt:
+        exit_code = 130
+    return exit_code
+
+
+def data_dir_layout(config: NodeConfig) -> dict[str, Path]:
+    """Where things live under data_dir (docs/operations.md describes the same)."""
+    root = config.data_path
+    return {
+        "meta": root / META_FILE,
+        "metadata_log": root / "__cluster_metadata-0",
+        "partitions": root / "logs",
+    }

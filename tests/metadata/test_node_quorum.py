@@ -1,0 +1,195 @@
+"""Three in-process nodes on loopback: real RPC, real metadata logs on disk, real clock."""
+
+import socket
+import uuid
+
+import pytest
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode
+from raftlog.metadata import controller_messages as cm
+from raftlog.node import DataDirError, Node, format_data_dir
+
+FAST = {
+    "election_timeout_ms": 150,
+    "fetch_timeout_ms": 300,
+    "election_backoff_max_ms": 100,
+    "raft_fetch_max_wait_ms": 50,
+    "broker_session_timeout_ms": 1500,
+    "broker_heartbeat_interval_ms": 100,
+}
+
+
+def _ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def make_configs(tmp_path, n=3, **extra):
+    internal = _ports(n)
+    client = _ports(n)
+    voters = ",".join(f"{i + 1}@127.0.0.1:{internal[i]}" for i in range(n))
+    cluster_id = uuid.uuid4().hex
+    return [
+        NodeConfig.from_dict(
+            {
+                "node_id": i + 1,
+                "data_dir": str(tmp_path / f"node-{i + 1}"),
+                "cluster_id": cluster_id,
+                "client_listener": f"127.0.0.1:{client[i]}",
+                "internal_listener": f"127.0.0.1:{internal[i]}",
+                "controller_quorum_voters": voters,
+                **FAST,
+                **extra,
+            }
+        )
+        for i in range(n)
+    ]
+
+
+class Cluster:
+    def __init__(self, nursery, configs):
+        self.nursery = nursery
+        self.configs = configs
+        self.nodes: dict[int, Node] = {}
+        self.scopes: dict[int, trio.CancelScope] = {}
+
+    async def start(self, node_id):
+        node = Node(self.configs[node_id - 1])
+        scope = trio.CancelScope()
+
+        async def run(task_status=trio.TASK_STATUS_IGNORED):
+            with scope:
+                await node.run(task_status=task_status)
+            node.close()
+
+        await self.nursery.start(run)
+        self.nodes[node_id] = node
+        self.scopes[node_id] = scope
+        return node
+
+    def kill(self, node_id):
+        self.scopes.pop(node_id).cancel()
+        return self.nodes.pop(node_id)
+
+    def leaders(self):
+        return [n for n in self.nodes.values() if n.metadata.controller is not None]
+
+    async def wait_for(self, predicate, what, timeout_s=10):
+        # Metadata changes are applied on every node; re-check whenever any node applies.
+        with trio.move_on_after(timeout_s):
+            while not predicate():
+                with trio.move_on_after(0.05):
+                    async with trio.open_nursery() as waiters:
+                        for node in self.nodes.values():
+                            waiters.start_soon(_wait_then_cancel, node, waiters.cancel_scope)
+            return
+        pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+    async def controller(self):
+        await self.wait_for(lambda: len(self.leaders()) == 1, "one active controller")
+        return self.leaders()[0]
+
+
+async def _wait_then_cancel(node, scope):
+    await node.metadata.wait_for_change()
+    scope.cancel()
+
+
+async def create_topic(node, name, partitions=3, rf=3):
+    reply = await node.controller_client.call(cm.CreateTopics((cm.NewTopic(name, partitions, rf),)))
+    return reply.results[0]
+
+
+async def test_elect_commit_failover_restart(tmp_path):
+    configs = make_configs(tmp_path)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(nursery, configs)
+        for i in (1, 2, 3):
+            await cluster.start(i)
+        await cluster.controller()
+        await cluster.wait_for(
+            lambda: all(n.lifecycle.unfenced.is_set() for n in cluster.nodes.values()),
+            "all brokers unfenced",
+        )
+        result = await create_topic(cluster.nodes[1], "orders")
+        assert result.error_code == ErrorCode.none, result
+        await cluster.wait_for(
+            lambda: all(n.metadata.image.topic("orders") for n in cluster.nodes.values()),
+            "topic on every node",
+        )
+
+        leader = await cluster.controller()
+        killed = leader.config.node_id
+        cluster.kill(killed)
+        survivor = next(iter(cluster.nodes.values()))
+        result = await create_topic(survivor, "after-failover", rf=2)
+        assert result.error_code == ErrorCode.none, result
+        # The killed broker is fenced once its session expires.
+        await cluster.wait_for(
+            lambda: survivor.metadata.image.brokers[killed].fenced, "killed broker fenced"
+        )
+
+        restarted = await cluster.start(killed)
+        await cluster.wait_for(
+            lambda: restarted.metadata.image.topic("after-failover") is not None,
+            "restarted node caught up",
+        )
+        await cluster.wait_for(
+            lambda: restarted.lifecycle.unfenced.is_set(), "restarted broker unfenced"
+        )
+        images = [n.metadata.image for n in cluster.nodes.values()]
+        await cluster.wait_for(
+            lambda: (
+                len({n.metadata.image.last_applied_offset for n in cluster.nodes.values()}) == 1
+            ),
+            "same applied offset",
+        )
+        assert {tuple(sorted(i.topics_by_name)) for i in images} == {("after-failover", "orders")}
+        nursery.cancel_scope.cancel()
+
+
+async def test_snapshot_catch_up(tmp_path):
+    configs = make_configs(tmp_path, metadata_snapshot_max_records=10)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(nursery, configs)
+        for i in (1, 2, 3):
+            await cluster.start(i)
+        leader = await cluster.controller()
+        await cluster.wait_for(
+            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
+            "all brokers unfenced",
+        )
+        lagging = next(i for i in (1, 2, 3) if i != leader.config.node_id)
+        cluster.kill(lagging)
+        for k in range(12):
+            result = await create_topic(leader, f"t{k}", partitions=1, rf=2)
+            assert result.error_code == ErrorCode.none, result
+        await cluster.wait_for(lambda: leader.quorum.core.log_start > 0, "leader snapshot")
+        restarted = await cluster.start(lagging)
+        await cluster.wait_for(
+            lambda: restarted.metadata.image.topic("t11") is not None,
+            "catch-up through the snapshot",
+        )
+        nursery.cancel_scope.cancel()
+
+
+def test_data_dir_identity_is_checked(tmp_path):
+    config = make_configs(tmp_path, n=1)[0]
+    cluster_id = format_data_dir(config)
+    assert format_data_dir(config) == cluster_id
+    other = NodeConfig.from_dict({**_as_dict(config), "cluster_id": "someone-else"})
+    with pytest.raises(DataDirError, match="belongs to cluster"):
+        format_data_dir(other)
+
+
+def _as_dict(config):
+    import dataclasses
+
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
