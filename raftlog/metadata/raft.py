@@ -292,6 +292,17 @@ class RaftCore(Elections):
             self._answer_parked(replica)
         self._answer_reads()
 
+    def replica_progress(self) -> dict[int, tuple[int, int | None]] | None:
+        """On the leader: voter id -> (acknowledged log end, last fetch ms or None), for
+        DescribeQuorum; the leader's own entry is its flushed end. None on other roles."""
+        if not isinstance(self._role, Leader):
+            return None
+        progress: dict[int, tuple[int, int | None]] = {
+            v: (self._acked.get(v, 0), self._last_fetch_ms.get(v)) for v in self._acked
+        }
+        progress[self.node_id] = (self._flushed, None)
+        return progress
+
     # ----------------------------------------------------------------- role hooks
 
     def _role_changed(self, old: Role, new: Role) -> None:
