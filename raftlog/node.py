@@ -13,20 +13,28 @@ import functools
 import logging
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.config import NodeConfig
-from raftlog.errors import ConfigError, RaftlogError
+from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError
 from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.quorum import MetadataLogStore, QuorumDriver
 from raftlog.metadata.service import MetadataService
+from raftlog.net.kafka.apis import default_registry
+from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
+from raftlog.net.kafka.server import serve as serve_kafka
 from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
+from raftlog.quotas.broker_hook import BrokerQuotas
+from raftlog.quotas.manager import QuotaLimits
+from raftlog.replication.manager import ReplicaManager
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from raftlog.storage.flusher import Flusher
+from raftlog.storage.manager import LogManager
 
 log = logging.getLogger("raftlog.node")
 
@@ -36,6 +44,14 @@ DATA_DIR_VERSION = 1
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 15.0
 # After resigning, give the event loop this long to put EndQuorumEpoch on the wire.
 RESIGN_GRACE_S = 0.2
+# Slack on top of the replica fetch long-poll before the RPC gives up on the leader.
+REPLICA_FETCH_RPC_TIMEOUT_S = 10.0
+PARTITIONS_DIR = "logs"
+
+
+def clock_ms() -> int:
+    """The node's monotonic clock in ms (trio's clock, so tests can drive it)."""
+    return int(trio.current_time() * 1000)
 
 
 class DataDirError(RaftlogError):
@@ -93,7 +109,12 @@ class Node:
         self.quorum: QuorumDriver | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.controller_client: ControllerClient | None = None
+        self.replicas: ReplicaManager | None = None
+        self.backend: BrokerBackend | None = None
+        self.log_manager: LogManager | None = None
+        self.quotas: BrokerQuotas | None = None
         self.rpc_port = 0
+        self.kafka_port = 0
         self._rpc_methods: dict[str, Any] = {}
 
     async def run(self, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
@@ -102,14 +123,16 @@ class Node:
         limits = RpcLimits(max_frame_bytes=config.internal_frame_max_bytes)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            flusher = Flusher()
+            # One group-commit flusher for every log of the node, metadata included.
+            self.log_manager = LogManager(config.data_path / PARTITIONS_DIR, config)
+            flusher = self.log_manager.flusher
             await nursery.start(flusher.run)
             peers = PeerSet(config.node_id, limits)
             await nursery.start(peers.run)
+            self.peers = peers
 
-            now_ms = int(trio.current_time() * 1000)
             store = await trio.to_thread.run_sync(
-                functools.partial(MetadataLogStore, config.data_path, now_ms=now_ms)
+                functools.partial(MetadataLogStore, config.data_path, now_ms=clock_ms())
             )
             self.metadata = MetadataService(config, self.cluster_id)
             self.quorum = QuorumDriver(
@@ -124,6 +147,7 @@ class Node:
             self.metadata.attach(self.quorum)
             self.controller_client = ControllerClient(config, peers, self.metadata)
             self._rpc_methods["controller"] = self.controller_client.serve
+            self._rpc_methods["quorum.describe"] = self._describe_quorum_locally
 
             host, port = config.internal_address
             listeners = await nursery.start(
@@ -134,19 +158,115 @@ class Node:
             await nursery.start(self.quorum.run)
 
             if config.is_broker:
-                self.lifecycle = BrokerLifecycle(config, self.controller_client, self.metadata)
-                await nursery.start(self.lifecycle.run)
+                await self._start_broker(nursery, flusher)
 
             log.info(
-                "node %d up: roles %s, internal %s:%d, cluster %s",
+                "node %d up: roles %s, internal %s:%d, client port %s, cluster %s",
                 config.node_id,
                 ",".join(config.roles),
                 host,
                 self.rpc_port,
+                self.kafka_port or "-",
                 self.cluster_id,
             )
             self.ready.set()
             task_status.started(self)
+
+    async def _start_broker(self, nursery: trio.Nursery, flusher: Any) -> None:
+        config = self.config
+        assert self.metadata is not None and self.controller_client is not None
+        assert self.log_manager is not None
+        await self.log_manager.open_all_async(now_ms=clock_ms())
+        self.lifecycle = BrokerLifecycle(config, self.controller_client, self.metadata)
+        controller_client = self.controller_client
+
+        async def alter_partition(request: Any) -> Any:
+            return await controller_client.call(request)
+
+        self.replicas = ReplicaManager(
+            config.node_id,
+            config,
+            self.log_manager,
+            flusher,
+            alter_partition=alter_partition,
+            send_fetch=self._send_replica_fetch,
+            clock_ms=clock_ms,
+        )
+        await nursery.start(self.replicas.run)
+        self._rpc_methods["replica.fetch"] = self.replicas.handle_replica_fetch
+        self.metadata.add_listener(self.replicas.apply_metadata)
+        self.quotas = BrokerQuotas(QuotaLimits.from_node_config(config), clock_ms)
+        self.metadata.add_listener(self.quotas.on_metadata)
+        self.backend = BrokerBackend(
+            config,
+            self.metadata,
+            self.controller_client,
+            self.lifecycle,
+            self.replicas,
+            self.describe_quorum,
+        )
+        registry = default_registry()
+        host, port = config.client_address
+        listeners = await nursery.start(
+            functools.partial(
+                serve_kafka, self.backend, host, port, config, registry=registry, quotas=self.quotas
+            )
+        )
+        self.kafka_port = listeners[0].socket.getsockname()[1]
+        await nursery.start(self.lifecycle.run)
+
+    async def _send_replica_fetch(self, leader_id: int, body: dict) -> dict:
+        assert self.metadata is not None
+        registration = self.metadata.image.brokers.get(leader_id)
+        if registration is None:
+            raise KafkaError(ErrorCode.broker_not_available, f"unknown broker {leader_id}")
+        peer = self.peers.peer(leader_id, *registration.internal_endpoint)
+        return await peer.call("replica.fetch", body, timeout_s=REPLICA_FETCH_RPC_TIMEOUT_S)
+
+    async def describe_quorum(self) -> QuorumInfo:
+        """DescribeQuorum: answered by the Raft leader, forwarded there by other nodes."""
+        assert self.quorum is not None
+        local = await self._describe_quorum_locally(None)
+        if local is not None:
+            return _quorum_from_wire(local)
+        leader = self.quorum.core.leader_id
+        address = self.config.voters.get(leader) if leader is not None else None
+        if address is None:
+            raise KafkaError(ErrorCode.not_leader_or_follower, "the metadata quorum has no leader")
+        wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
+        if wire is None:
+            raise KafkaError(ErrorCode.not_leader_or_follower, "the leader changed")
+        return _quorum_from_wire(wire)
+
+    async def _describe_quorum_locally(self, _body: Any) -> list | None:
+        assert self.quorum is not None
+        core = self.quorum.core
+        progress = core.replica_progress()
+        if progress is None:
+            return None
+
+        info = quorum_info_from_progress(
+            core.node_id,
+            core.epoch,
+            core.high_watermark,
+            progress,
+            clock_ms(),
+            int(time.time() * 1000),
+        )
+        return [
+            info.leader_id,
+            info.leader_epoch,
+            info.high_watermark,
+            [
+                [
+                    v.replica_id,
+                    v.log_end_offset,
+                    v.last_fetch_timestamp_ms,
+                    v.last_caught_up_timestamp_ms,
+                ]
+                for v in info.voters
+            ],
+        ]
 
     async def _dispatch_rpc(self, sender_id: int, method: str, body: Any) -> Any:
         if method == "raft":
@@ -177,6 +297,8 @@ class Node:
     def close(self) -> None:
         if self.quorum is not None:
             self.quorum.close()
+        if self.log_manager is not None:
+            self.log_manager.close_all()
 
 
 async def _serve_until_signalled(config: NodeConfig) -> None:
@@ -198,6 +320,11 @@ async def _serve_until_signalled(config: NodeConfig) -> None:
     finally:
         node.close()
     log.info("node %d stopped", config.node_id)
+
+
+def _quorum_from_wire(wire: list) -> QuorumInfo:
+    leader_id, epoch, high_watermark, voters = wire
+    return QuorumInfo(leader_id, epoch, high_watermark, [ReplicaState(*voter) for voter in voters])
 
 
 def setup_logging(level: str, node_id: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import importlib
+import logging
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
@@ -37,6 +38,8 @@ from raftlog.net.kafka.backend import FileRegion
 
 _API_KEY_VERSION = struct.Struct(">hh")
 _FRAME_SIZE = struct.Struct(">i")
+
+log = logging.getLogger("raftlog.kafka")
 
 
 class MalformedRequest(Exception):
@@ -145,10 +148,12 @@ def parse_request(frame: bytes, api_key: int, version: int) -> tuple[Any, Any]:
         body, body_size = entity_reader(cls)(frame, header_size)
     except Exception as exc:
         raise MalformedRequest(f"cannot parse {cls.__name__} v{version}: {exc!r}") from exc
-    if header_size + body_size != len(frame):
-        raise MalformedRequest(
-            f"{cls.__name__} v{version}: {len(frame) - header_size - body_size} trailing bytes"
-        )
+    trailing_bytes = len(frame) - header_size - body_size
+    if trailing_bytes:
+        # Kafka's own brokers parse the fields they know and ignore what follows; librdkafka
+        # relies on that (its all-topics Metadata v12 request carries 3 extra bytes), so a
+        # compatible broker must accept them too.
+        log.debug("%s v%d: ignoring %d trailing bytes", cls.__name__, version, trailing_bytes)
     return header, body
 
 

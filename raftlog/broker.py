@@ -1,0 +1,470 @@
+"""The node's KafkaBackend: what the Kafka protocol layer asks of a broker.
+
+Reads of cluster state come from this node's committed MetadataImage; the data path goes to
+the ReplicaManager; admin changes go to the active controller (any broker forwards, as in
+KRaft) and are answered once committed AND visible in this broker's own image, so a client
+that creates a topic and then asks this broker for its metadata finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+
+from raftlog.broker_configs import broker_config_entries, topic_config_entries
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
+from raftlog.metadata.controller_messages import CONFIG_OPS
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.records import NO_LEADER
+from raftlog.metadata.service import MetadataService
+from raftlog.net.kafka.backend import (
+    AlterConfigOp,
+    BrokerInfo,
+    ConfigResourceType,
+    ConfigsResult,
+    CreateTopicResult,
+    DeleteTopicResult,
+    EpochEndOffset,
+    FetchResult,
+    IsolationLevel,
+    ListOffsetsResult,
+    NewTopic,
+    PartitionInfo,
+    ProduceResult,
+    ProducerIdResult,
+    ProducerInfo,
+    QuorumInfo,
+    QuotaAlteration,
+    QuotaAlterResult,
+    QuotaEntity,
+    QuotaFilter,
+    ReplicaState,
+    TopicInfo,
+)
+from raftlog.replication.manager import ReplicaManager
+
+log = logging.getLogger("raftlog.broker")
+
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+MAX_PRODUCER_EPOCH = 2**15 - 1
+QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
+
+QuorumDescriber = Callable[[], Awaitable[QuorumInfo]]
+
+
+class BrokerBackend:
+    """Implements raftlog.net.kafka.backend.KafkaBackend for one node."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        metadata: MetadataService,
+        controller: ControllerClient,
+        lifecycle: BrokerLifecycle,
+        replicas: ReplicaManager,
+        describe_quorum: QuorumDescriber,
+    ) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.controller = controller
+        self.lifecycle = lifecycle
+        self.replicas = replicas
+        self._describe_quorum = describe_quorum
+        self._producer_ids: list[int] = []  # the rest of this broker's allocated block
+        self._producer_id_lock = trio.Lock()
+
+    # ---------------------------------------------------------------- cluster view
+    @property
+    def image(self) -> MetadataImage:
+        return self.metadata.image
+
+    @property
+    def cluster_id(self) -> str:
+        return self.metadata.cluster_id
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    def controller_id(self) -> int:
+        # Clients send admin requests to the "controller"; every broker forwards them to the
+        # active controller, so naming this broker keeps clients off fenced or dead ones.
+        return self.config.node_id
+
+    def brokers(self) -> Sequence[BrokerInfo]:
+        return [
+            BrokerInfo(b, *reg.client_endpoint, reg.rack)
+            for b, reg in sorted(self.image.brokers.items())
+            if not reg.fenced
+        ]
+
+    def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:
+        image = self.image
+        by_name = image.topics_by_name
+        wanted = sorted(by_name) if names is None else [n for n in names if n in by_name]
+        fenced = {b for b, reg in image.brokers.items() if reg.fenced}
+        out = []
+        for name in wanted:
+            topic = by_name[name]
+            partitions = [
+                PartitionInfo(
+                    index,
+                    state.leader,
+                    state.leader_epoch,
+                    tuple(state.replicas),
+                    tuple(state.isr),
+                    tuple(r for r in state.replicas if r in fenced),
+                    ErrorCode.leader_not_available if state.leader == NO_LEADER else ErrorCode.none,
+                )
+                for index, state in sorted(topic.partitions.items())
+            ]
+            out.append(TopicInfo(name, topic.topic_id, partitions, name in INTERNAL_TOPICS))
+        return out
+
+    def topic_name(self, topic_id: uuid.UUID) -> str | None:
+        topic = self.image.topics_by_id.get(topic_id)
+        return None if topic is None else topic.name
+
+    def auto_create_topics(self) -> bool:
+        value = self.image.cluster_config("auto.create.topics.enable")
+        if value is None:
+            return self.config.auto_create_topics_enable
+        return str(value).lower() == "true"
+
+    # ---------------------------------------------------------------- data path
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        producer: ProducerInfo,
+    ) -> ProduceResult:
+        return await self.replicas.produce(topic, partition, records, acks, timeout_ms, producer)
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        partition_max_bytes: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel,
+    ) -> FetchResult:
+        return await self.replicas.fetch(
+            topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch, isolation
+        )
+
+    def data_event(self, topic: str, partition: int) -> trio.Event:
+        return self.replicas.data_event(topic, partition)
+
+    async def list_offset(
+        self,
+        topic: str,
+        partition: int,
+        timestamp_ms: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel,
+    ) -> ListOffsetsResult:
+        return await self.replicas.list_offset(
+            topic, partition, timestamp_ms, current_leader_epoch, isolation
+        )
+
+    async def offset_for_leader_epoch(
+        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
+    ) -> EpochEndOffset:
+        return await self.replicas.offset_for_leader_epoch(
+            topic, partition, current_leader_epoch, leader_epoch
+        )
+
+    # ---------------------------------------------------------------- admin: topics
+    async def _call(self, request: Any, timeout_ms: int) -> Any:
+        timeout_ms = max(
+            1000, min(timeout_ms or self.config.request_timeout_ms, self.config.request_timeout_ms)
+        )
+        return await self.controller.call(request, timeout_ms=timeout_ms)
+
+    async def _await_image(
+        self, predicate: Callable[[MetadataImage], bool], timeout_ms: int
+    ) -> None:
+        """Wait until this broker's image shows a committed change (bounded)."""
+        with trio.move_on_after(max(timeout_ms, 1000) / 1000):
+            while not predicate(self.image):
+                await self.metadata.wait_for_change()
+
+    async def create_topics(
+        self, topics: Sequence[NewTopic], timeout_ms: int, validate_only: bool
+    ) -> Sequence[CreateTopicResult]:
+        request = cm.CreateTopics(
+            tuple(
+                cm.NewTopic(
+                    t.name,
+                    t.num_partitions,
+                    t.replication_factor,
+                    {p: tuple(r) for p, r in t.assignments.items()} or None,
+                    {k: v for k, v in t.configs.items() if v is not None},
+                )
+                for t in topics
+            ),
+            validate_only,
+        )
+        reply = await self._call(request, timeout_ms)
+        created = [r.name for r in reply.results if r.error_code == ErrorCode.none]
+        if created and not validate_only:
+            await self._await_image(lambda image: all(image.topic(n) for n in created), timeout_ms)
+        return [
+            CreateTopicResult(
+                r.name,
+                r.error_code,
+                r.error_message,
+                r.topic_id,
+                r.num_partitions,
+                r.replication_factor,
+                topic_config_entries(self.config, self._topic_configs(r.name), None)
+                if r.error_code == ErrorCode.none
+                else (),
+            )
+            for r in reply.results
+        ]
+
+    async def delete_topics(
+        self, topics: Sequence[str | uuid.UUID], timeout_ms: int
+    ) -> Sequence[DeleteTopicResult]:
+        names = tuple(t for t in topics if isinstance(t, str))
+        ids = tuple(t for t in topics if isinstance(t, uuid.UUID))
+        reply = await self._call(cm.DeleteTopics(names, ids), timeout_ms)
+        gone = [
+            r.topic_id
+            for r in reply.results
+            if r.error_code == ErrorCode.none and r.topic_id is not None
+        ]
+        if gone:
+            await self._await_image(
+                lambda image: not any(t in image.topics_by_id for t in gone), timeout_ms
+            )
+        return [
+            DeleteTopicResult(r.name, r.topic_id, r.error_code, r.error_message)
+            for r in reply.results
+        ]
+
+    async def create_partitions(
+        self,
+        topic: str,
+        total_count: int,
+        assignments: Sequence[Sequence[int]] | None,
+        timeout_ms: int,
+        validate_only: bool,
+    ) -> tuple[ErrorCode, str | None]:
+        request = cm.CreatePartitions(
+            (
+                cm.NewPartitions(
+                    topic,
+                    total_count,
+                    tuple(tuple(a) for a in assignments) if assignments else None,
+                ),
+            ),
+            validate_only,
+        )
+        reply = await self._call(request, timeout_ms)
+        result = reply.results[0]
+        if result.error_code == ErrorCode.none and not validate_only:
+            await self._await_image(
+                lambda image: (
+                    (t := image.topic(topic)) is not None and len(t.partitions) >= total_count
+                ),
+                timeout_ms,
+            )
+        return result.error_code, result.error_message
+
+    # ---------------------------------------------------------------- admin: configs
+    def _topic_configs(self, name: str) -> dict[str, str]:
+        return dict(self.image.configs.get(("topic", name), {}))
+
+    @staticmethod
+    def _resource(resource_type: ConfigResourceType, name: str) -> tuple[str, str]:
+        if resource_type == ConfigResourceType.TOPIC:
+            return "topic", name
+        return ("cluster", "") if name == "" else ("broker", name)
+
+    async def describe_configs(
+        self, resource_type: ConfigResourceType, name: str, keys: Sequence[str] | None
+    ) -> ConfigsResult:
+        image = self.image
+        if resource_type == ConfigResourceType.TOPIC:
+            if image.topic(name) is None:
+                return ConfigsResult(
+                    ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
+                )
+            return ConfigsResult(
+                configs=topic_config_entries(self.config, self._topic_configs(name), keys)
+            )
+        if resource_type == ConfigResourceType.BROKER:
+            if name and (not name.isdigit() or int(name) not in image.brokers):
+                return ConfigsResult(ErrorCode.invalid_request, f"unknown broker {name!r}")
+            per_broker = dict(image.configs.get(("broker", name), {})) if name else {}
+            cluster = dict(image.configs.get(("cluster", ""), {}))
+            return ConfigsResult(
+                configs=broker_config_entries(self.config, per_broker, cluster, keys)
+            )
+        return ConfigsResult(
+            ErrorCode.invalid_request, f"config resource type {int(resource_type)} is not supported"
+        )
+
+    async def alter_configs(
+        self,
+        resource_type: ConfigResourceType,
+        name: str,
+        configs: dict[str, str | None],
+        validate_only: bool,
+    ) -> tuple[ErrorCode, str | None]:
+        kind, resource_name = self._resource(resource_type, name)
+        values = {k: v for k, v in configs.items() if v is not None}
+        reply = await self._call(
+            cm.AlterConfigs((cm.AlterConfigsResource(kind, resource_name, values),), validate_only),
+            0,
+        )
+        return await self._config_result(reply, kind, resource_name, validate_only)
+
+    async def incremental_alter_configs(
+        self,
+        resource_type: ConfigResourceType,
+        name: str,
+        ops: Sequence[tuple[str, AlterConfigOp, str | None]],
+        validate_only: bool,
+    ) -> tuple[ErrorCode, str | None]:
+        kind, resource_name = self._resource(resource_type, name)
+        request = cm.IncrementalAlterConfigs(
+            (
+                cm.IncrementalAlterConfigsResource(
+                    kind,
+                    resource_name,
+                    tuple(cm.ConfigOp(key, CONFIG_OPS[int(op)], value) for key, op, value in ops),
+                ),
+            ),
+            validate_only,
+        )
+        reply = await self._call(request, 0)
+        return await self._config_result(reply, kind, resource_name, validate_only)
+
+    async def _config_result(
+        self, reply: cm.AlterConfigsReply, kind: str, name: str, validate_only: bool
+    ) -> tuple[ErrorCode, str | None]:
+        result = reply.results[0]
+        if result.error_code == ErrorCode.none and not validate_only:
+            # Make the change visible here before answering (read-your-writes for clients).
+            target = self.controller.metadata.quorum
+            if target is not None:
+                hw = target.high_watermark
+                await self._await_image(
+                    lambda image: image.last_applied_offset + 1 >= hw,
+                    self.config.request_timeout_ms,
+                )
+        return result.error_code, result.error_message
+
+    # ---------------------------------------------------------------- quorum, quotas, ids
+    async def describe_quorum(self) -> QuorumInfo:
+        return await self._describe_quorum()
+
+    async def describe_client_quotas(
+        self, filters: Sequence[QuotaFilter], strict: bool
+    ) -> Sequence[tuple[QuotaEntity, dict[str, float]]]:
+        out = []
+        for entity, values in sorted(self.image.client_quotas.items(), key=repr):
+            if _quota_matches(entity, filters, strict) and values:
+                out.append((entity, dict(values)))
+        return out
+
+    async def alter_client_quotas(
+        self, alterations: Sequence[QuotaAlteration], validate_only: bool
+    ) -> Sequence[QuotaAlterResult]:
+        request = cm.AlterClientQuotas(
+            tuple(
+                cm.QuotaEntry(
+                    a.entity,
+                    tuple((key, None if remove else value) for key, value, remove in a.ops),
+                )
+                for a in alterations
+            ),
+            validate_only,
+        )
+        reply = await self._call(request, 0)
+        if not validate_only and any(r.error_code == ErrorCode.none for r in reply.results):
+            await self._config_result(
+                cm.AlterConfigsReply((cm.ConfigResourceResult("", ""),)), "", "", validate_only
+            )
+        return [QuotaAlterResult(r.entity, r.error_code, r.error_message) for r in reply.results]
+
+    async def init_producer_id(
+        self,
+        transactional_id: str | None,
+        transaction_timeout_ms: int,
+        producer_id: int,
+        producer_epoch: int,
+    ) -> ProducerIdResult:
+        if transactional_id is not None:
+            # Transactions are not implemented; refusing beats pretending.
+            return ProducerIdResult(ErrorCode.transactional_id_authorization_failed)
+        if producer_id >= 0 and 0 <= producer_epoch < MAX_PRODUCER_EPOCH:
+            return ProducerIdResult(producer_id=producer_id, producer_epoch=producer_epoch + 1)
+        try:
+            new_id = await self._next_producer_id()
+        except KafkaError as exc:
+            log.warning("producer id allocation failed: %s", exc)
+            return ProducerIdResult(ErrorCode.coordinator_not_available)
+        return ProducerIdResult(producer_id=new_id, producer_epoch=0)
+
+    async def _next_producer_id(self) -> int:
+        async with self._producer_id_lock:
+            if not self._producer_ids:
+                reply = await self._call(
+                    cm.AllocateProducerIds(self.config.node_id, self.lifecycle.broker_epoch), 0
+                )
+                if reply.error_code != ErrorCode.none:
+                    raise KafkaError(reply.error_code, reply.error_message or "")
+                start = reply.producer_id_start
+                self._producer_ids = list(range(start + reply.producer_id_len - 1, start - 1, -1))
+            return self._producer_ids.pop()
+
+
+def _quota_matches(entity: QuotaEntity, filters: Sequence[QuotaFilter], strict: bool) -> bool:
+    components = dict(entity)
+    for f in filters:
+        if f.entity_type not in components:
+            return False
+        name = components[f.entity_type]
+        if f.match_type == QUOTA_MATCH_EXACT and name != f.match:
+            return False
+        if f.match_type == QUOTA_MATCH_DEFAULT and name is not None:
+            return False
+    return not strict or len(components) == len(filters)
+
+
+def quorum_info_from_progress(
+    leader_id: int,
+    epoch: int,
+    high_watermark: int,
+    progress: dict[int, tuple[int, int | None]],
+    now_ms: int,
+    wall_now_ms: int,
+) -> QuorumInfo:
+    """DescribeQuorum from the leader's view; fetch times converted to wall-clock ms."""
+    voters = []
+    for voter, (end_offset, last_fetch_ms) in sorted(progress.items()):
+        if voter == leader_id:
+            last = wall_now_ms
+        elif last_fetch_ms is None:
+            last = -1
+        else:
+            last = wall_now_ms - (now_ms - last_fetch_ms)
+        voters.append(
+            ReplicaState(voter, end_offset, last, last if end_offset >= high_watermark else -1)
+        )
+    return QuorumInfo(leader_id, epoch, high_watermark, voters)
