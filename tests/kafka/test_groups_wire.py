@@ -52,7 +52,8 @@ async def start_group_broker(
     registry = default_registry()
     register_group_apis(registry, service)
     broker = await start_broker(nursery, data_dir, registry)
-    service.port = broker.port
+    # FindCoordinator must name the broker clients know from Metadata.
+    service.node_id, service.port = broker.backend.node_id, broker.port
     return GroupBroker(broker, service)
 
 
@@ -140,7 +141,7 @@ async def test_every_advertised_group_version_answers(
         response = await call(client, api_key, version, key=group, coordinator_keys=(group,))
         answers = response.coordinators if version >= 4 else [response]
         assert [(a.error_code, a.node_id, a.host, a.port) for a in answers] == [
-            (ErrorCode.none, 0, "127.0.0.1", gb.port)
+            (ErrorCode.none, gb.broker.backend.node_id, "127.0.0.1", gb.port)
         ]
     elif api_key == ApiKey.JOIN_GROUP:
         response = await join(client, version, group)
