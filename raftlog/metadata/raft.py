@@ -317,9 +317,10 @@ class RaftCore(Elections):
             self._acked = {}
             self._last_fetch_ms = {}
             self._sent_hw = {}
-        if not isinstance(new, Follower) or not isinstance(old, Follower):
-            self._fetch_inflight_deadline_ms = None
-            self._snapshot_fetch = None
+        # Any real transition (a new epoch or leader) voids the fetch in flight: its answer
+        # would come from the old leader, so fetch from the new one at once.
+        self._fetch_inflight_deadline_ms = None
+        self._snapshot_fetch = None
         if isinstance(new, Follower):
             self._fetch_target = new.leader_id
 
@@ -495,7 +496,10 @@ class RaftCore(Elections):
         has_news = msg.fetch_offset < self.log_end or self._sent_hw.get(replica, -1) < (
             self.high_watermark
         )
-        if has_news or msg.max_wait_ms <= 0 or self._reads:
+        # A voter that has not yet seen the newest read sequence gets an answer at once, so
+        # that its next fetch (carrying that sequence) confirms the pending reads quickly.
+        unconfirmed = is_voter and msg.read_sequence < self._read_sequence and bool(self._reads)
+        if has_news or msg.max_wait_ms <= 0 or unconfirmed:
             self._answer_fetch(msg)
         else:
             wait_ms = min(msg.max_wait_ms, self.config.fetch_max_wait_ms)

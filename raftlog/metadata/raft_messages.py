@@ -111,8 +111,11 @@ class Message:
     TAG: ClassVar[int]
 
     def to_wire(self) -> list[Any]:
+        codec = _codec(type(self))
+        if codec.plain:
+            return [self.TAG, *[getattr(self, name) for name in codec.names]]
         out: list[Any] = [self.TAG]
-        for name, kind in _spec(type(self)):
+        for name, kind in zip(codec.names, codec.kinds, strict=True):
             value = getattr(self, name)
             if kind == "entries":
                 value = [e.to_wire() for e in value]
@@ -125,25 +128,33 @@ class Message:
 
     @classmethod
     def from_wire(cls, wire: Any) -> Any:
-        spec = _spec(cls)
-        values = _unpack(wire, len(spec) + 1, cls.__name__)
+        codec = _codec(cls)
+        values = _unpack(wire, len(codec.names) + 1, cls.__name__)
         if values[0] != cls.TAG:
             raise MessageDecodeError(f"{cls.__name__}: tag {values[0]!r} != {cls.TAG}")
-        kwargs = {
-            name: _decode_field(cls.__name__, name, kind, value)
-            for (name, kind), value in zip(spec, values[1:], strict=True)
-        }
-        return cls(**kwargs)
+        try:
+            args = [dec(v) for dec, v in zip(codec.decoders, values[1:], strict=True)]
+        except MessageDecodeError as exc:
+            raise MessageDecodeError(f"{cls.__name__}: {exc}") from None
+        return cls(*args)
 
 
-_SPECS: dict[type, tuple[tuple[str, str], ...]] = {}
+@dataclass(frozen=True, slots=True)
+class _Codec:
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    decoders: tuple[Any, ...]
+    plain: bool  # every field goes on the wire as is (ints, bools, bytes, None)
 
 
-def _spec(cls: type) -> tuple[tuple[str, str], ...]:
-    """(field name, wire kind) per field, computed once per class (the codec's hot path)."""
-    spec = _SPECS.get(cls)
-    if spec is None:
-        kinds = []
+_CODECS: dict[type, _Codec] = {}
+
+
+def _codec(cls: type) -> _Codec:
+    """Per-class field names, wire kinds and decoders, computed once (the codec's hot path)."""
+    codec = _CODECS.get(cls)
+    if codec is None:
+        names, kinds = [], []
         for f in dataclasses.fields(cls):
             type_text = str(f.type)
             if f.name == "entries":
@@ -158,33 +169,43 @@ def _spec(cls: type) -> tuple[tuple[str, str], ...]:
                 kind = "bytes"
             else:
                 kind = "opt_int" if "None" in type_text else "int"
-            kinds.append((f.name, kind))
-        spec = _SPECS[cls] = tuple(kinds)
-    return spec
+            names.append(f.name)
+            kinds.append(kind)
+        decoders = tuple(_DECODERS[k] if k in _DECODERS else _nested_decoder(k) for k in kinds)
+        plain = all(k in ("int", "opt_int", "bool", "bytes") for k in kinds)
+        codec = _CODECS[cls] = _Codec(tuple(names), tuple(kinds), decoders, plain)
+    return codec
 
 
-def _decode_field(owner: str, name: str, kind: str, value: Any) -> Any:
-    if kind == "int":
-        if type(value) is int:
-            return value
-        if value is None:
-            raise MessageDecodeError(f"{owner}.{name}: None is not allowed")
-        return _int(value)
-    if kind == "opt_int":
-        return None if value is None else _int(value)
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise MessageDecodeError(f"{owner}.{name}: expected bool, got {value!r:.100}")
-        return value
-    if kind == "bytes":
-        return _bytes(value)
-    if kind in _NESTED:
-        return None if value is None else _NESTED[kind].from_wire(value)
+def _nested_decoder(kind: str) -> Any:
+    nested = _NESTED[kind]
+    return lambda v: None if v is None else nested.from_wire(v)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise MessageDecodeError(f"expected bool, got {value!r:.100}")
+    return value
+
+
+def _list(value: Any) -> list[Any] | tuple[Any, ...]:
     if not isinstance(value, list | tuple):
-        raise MessageDecodeError(f"{owner}.{name}: expected a list, got {value!r:.100}")
-    if kind == "entries":
-        return tuple(Entry.from_wire(e) for e in value)
-    return tuple(_int(v) for v in value)
+        raise MessageDecodeError(f"expected a list, got {value!r:.100}")
+    return value
+
+
+_DECODERS: dict[str, Any] = {
+    "int": lambda v: v if type(v) is int else _int(v),
+    "opt_int": _opt_int,
+    "bool": _bool,
+    "bytes": lambda v: v if type(v) is bytes else _bytes(v),
+    "entries": lambda v: tuple(Entry.from_wire(e) for e in _list(v)),
+    "ints": lambda v: tuple(_int(i) for i in _list(v)),
+}
 
 
 def _unpack(wire: Any, arity: int, what: str) -> list[Any]:

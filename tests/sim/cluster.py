@@ -26,13 +26,13 @@ from raftlog.metadata.raft_messages import Entry, Message, message_from_wire
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
 SIM_RAFT_CONFIG = RaftConfig(
-    election_timeout_ms=300,
-    fetch_timeout_ms=1000,
-    election_backoff_max_ms=300,
-    fetch_max_wait_ms=400,
+    election_timeout_ms=400,
+    fetch_timeout_ms=1500,
+    election_backoff_max_ms=400,
+    fetch_max_wait_ms=700,
     max_fetch_entries=20,
     snapshot_chunk_bytes=64,  # small, so that snapshot transfer takes several chunks
-    request_timeout_ms=300,
+    request_timeout_ms=500,
 )
 
 
@@ -386,6 +386,12 @@ class Simulation:
         disk.durable_end = max(disk.durable_end, end_offset)
         self._drive(node)
         return True
+
+    def resign(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.core is not None:
+            node.core.resign(self.now_ms)
+            self._drive(node)
 
     def read(self, node_id: int) -> bool:
         """A linearizable read at node_id; its answer must cover every write acked before."""

@@ -80,7 +80,16 @@ def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:
     ids = sorted(sim.nodes)
     leaders = sim.leaders()
     kind = rng.choice(
-        ["halves", "isolate", "isolate_leader", "heal", "heal", "crash", "crash_leader"]
+        [
+            "halves",
+            "isolate",
+            "isolate_leader",
+            "heal",
+            "heal",
+            "crash",
+            "crash_leader",
+            "shutdown_leader",
+        ]
     )
     if kind == "halves":
         shuffled = ids[:]
@@ -93,6 +102,11 @@ def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:
         sim.isolate(leaders[0])
     elif kind == "heal":
         sim.heal()
+    elif kind == "shutdown_leader" and leaders:
+        # Graceful shutdown: resign (EndQuorumEpoch goes out), then stop and restart later.
+        sim.resign(leaders[0])
+        sim.crash(leaders[0])
+        restarts[leaders[0]] = sim.now_ms + rng.randint(100, 5000)
     elif kind in ("crash", "crash_leader"):
         victim = leaders[0] if kind == "crash_leader" and leaders else rng.choice(ids)
         if sim.nodes[victim].core is not None:
