@@ -104,6 +104,9 @@ class ProducerEntry:
         default_factory=lambda: deque(maxlen=RETAINED_BATCHES_PER_PRODUCER)
     )
     last_timestamp_ms: int = -1
+    # Last offset of the last batch of any kind (control batches too) that changed this
+    # entry: a truncation at or below it cannot be undone in memory.
+    last_batch_offset: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -123,7 +126,13 @@ class ProducerEntry:
 
     def as_tuple(self) -> tuple[Any, ...]:
         """Comparable value (tests compare a rebuilt table with the live one)."""
-        return (self.producer_id, self.epoch, self.last_timestamp_ms, tuple(self.batches))
+        return (
+            self.producer_id,
+            self.epoch,
+            self.last_timestamp_ms,
+            self.last_batch_offset,
+            tuple(self.batches),
+        )
 
 
 class Verdict(enum.Enum):
@@ -315,6 +324,7 @@ class ProducerStateTable:
                 entry.epoch = header.producer_epoch
                 entry.batches.clear()  # sequences restart with a new epoch
         entry.last_timestamp_ms = header.max_timestamp_ms
+        entry.last_batch_offset = header.last_offset
         if header.is_control or header.base_sequence < 0:
             return
         entry.batches.append(
@@ -357,7 +367,7 @@ class ProducerStateTable:
         the caller must then `rebuild` from a snapshot and the log."""
         if offset >= self.next_offset:
             return True
-        if any(e.last_offset >= offset for e in self._producers.values()):
+        if any(e.last_batch_offset >= offset for e in self._producers.values()):
             return False
         self.next_offset = offset
         return True
@@ -372,6 +382,7 @@ class ProducerStateTable:
                     e.producer_id,
                     e.epoch,
                     e.last_timestamp_ms,
+                    e.last_batch_offset,
                     [
                         [b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp_ms]
                         for b in e.batches
@@ -393,8 +404,13 @@ class ProducerStateTable:
             )
         table = cls(config)
         table.next_offset = _as_int(payload["offset"])
-        for pid, epoch, last_ts, batches in payload["producers"]:
-            entry = ProducerEntry(_as_int(pid), _as_int(epoch), last_timestamp_ms=_as_int(last_ts))
+        for pid, epoch, last_ts, last_batch_offset, batches in payload["producers"]:
+            entry = ProducerEntry(
+                _as_int(pid),
+                _as_int(epoch),
+                last_timestamp_ms=_as_int(last_ts),
+                last_batch_offset=_as_int(last_batch_offset),
+            )
             for fields in batches:
                 values = [_as_int(v) for v in fields]
                 if len(values) != 5:

@@ -178,6 +178,28 @@ def build_batch_at(data: bytes, base_offset: int) -> bytes:
     )
 
 
+def test_control_batch_bumps_the_epoch_without_a_sequence() -> None:
+    table = ProducerStateTable()
+    in_memory_append(table, request(P, 0, 0))
+    in_memory_append(table, plain())
+    marker = build_batch(
+        [Record(value=b"m")], producer_id=P, producer_epoch=1, is_control=True, now_ms=1000
+    )
+    assert table.check_batches(marker).verdict is Verdict.OK
+    in_memory_append(table, marker)
+    entry = table.get(P)
+    assert entry is not None and (entry.epoch, entry.last_seq, entry.last_batch_offset) == (
+        1,
+        -1,
+        2,
+    )
+    assert table.check_batches(request(P, 1, 0)).verdict is Verdict.OK
+    assert table.check_batches(request(P, 1, 3)).error == OOO
+    assert table.check_batches(request(P, 0, 1)).error == ErrorCode.invalid_producer_epoch
+    # the marker at offset 2 changed P: only a rebuild can undo it
+    assert table.truncate_to(2) is False and table.truncate_to(3) is True
+
+
 def test_update_refuses_offsets_it_already_covers() -> None:
     table = ProducerStateTable()
     in_memory_append(table, request(P, 0, 0, 3))
