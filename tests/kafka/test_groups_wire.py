@@ -439,3 +439,37 @@ async def test_coordinator_unavailable_until_the_service_runs(nursery: trio.Nurs
     location = await service.coordinator_for("g")
     assert location == CoordinatorLocation(ErrorCode.none, 0, "127.0.0.1", 9092)
     assert location.port == 9092
+
+
+FUZZ_SEED = 20240917
+FUZZ_CASES = 80
+
+
+async def test_random_group_bodies_never_break_the_server(gb: GroupBroker) -> None:
+    """Valid headers of group APIs followed by random bodies: the server answers or closes
+    that connection, and keeps serving groups. Replays exactly from FUZZ_SEED."""
+    import random
+    import struct
+
+    from tests.kafka.wire import raw_header
+
+    rng = random.Random(FUZZ_SEED)
+    table = sorted((k, lo, hi) for k, (lo, hi) in GROUP_VERSION_TABLE.items())
+    for case in range(FUZZ_CASES):
+        api_key, lo, hi = rng.choice(table)
+        version = rng.randint(lo, hi)
+        body = rng.randbytes(rng.randint(0, 48))
+        payload = raw_header(api_key, version, case) + body
+        wire = await WireClient.connect(gb.port)
+        await wire.send_raw(struct.pack(">i", len(payload)) + payload)
+        with trio.fail_after(STEP_DEADLINE_S):
+            try:
+                await wire.stream.receive_some(65536)  # a response, or b"" when closed
+            except trio.BrokenResourceError:
+                pass
+        await wire.aclose()
+        print(f"seed={FUZZ_SEED} case={case} api={api_key} v{version} ok")
+    wire = await WireClient.connect(gb.port)
+    response = await call(wire, ApiKey.FIND_COORDINATOR, 6, coordinator_keys=("after-fuzz",))
+    assert response.coordinators[0].error_code == ErrorCode.none
+    await wire.aclose()
