@@ -227,7 +227,7 @@ class ProducerStateTable:
                     ErrorCode.invalid_record,
                     f"batch of producer {pid} has invalid base sequence {first_seq}",
                 )
-            error = self._sequence_error(pid, entry, epoch, last_seq, header)
+            error = self._sequence_error(pid, epoch, last_seq, header)
             if error is not None:
                 return error
             pending[pid] = (header.producer_epoch, last_sequence(header))
@@ -244,12 +244,7 @@ class ProducerStateTable:
         )
 
     def _sequence_error(
-        self,
-        pid: int,
-        entry: ProducerEntry | None,
-        epoch: int,
-        last_seq: int,
-        header: BatchHeader,
+        self, pid: int, epoch: int, last_seq: int, header: BatchHeader
     ) -> ProduceCheck | None:
         first_seq = header.base_sequence
         if epoch == -1:  # nothing on record for this producer id
@@ -312,7 +307,7 @@ class ProducerStateTable:
         if header.producer_epoch != entry.epoch:
             if header.producer_epoch < entry.epoch:
                 # Only a follower or replay gets here (the leader refuses older epochs):
-                # store what the leader wrote, keep the newer epoch, as Kafka does.
+                # record what the leader wrote but keep the newer epoch, as Kafka does.
                 log.warning(
                     "producer %d: batch at offset %d has epoch %d, older than %d",
                     pid,

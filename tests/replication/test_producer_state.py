@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,8 @@ from raftlog.replication.producer_state import (
     load_latest,
     rebuild,
     snapshot_path,
+    snapshot_payload,
+    write_payload,
     write_snapshot,
 )
 from raftlog.storage import LogConfig, PartitionLog
@@ -304,6 +307,22 @@ def test_truncation_matches_replay_of_the_kept_prefix(tmp_path: Path) -> None:
     # the kept batches' retries are duplicates again; the dropped ones may be re-sent
     entry = table.get(1)
     assert entry is not None and entry.last_offset < plog.log_end_offset
+
+
+async def test_snapshot_and_rebuild_off_the_event_loop(tmp_path: Path) -> None:
+    """The driver's way: capture the payload on the loop, fsync in a worker thread."""
+    plog = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    live = ProducerStateTable()
+    fill(plog, live, 12, seed=8)
+    plog.flush_now()
+    offset, payload = snapshot_payload(live, now_ms=2000, up_to_offset=plog.flushed_offset)
+    produce(plog, live, request(1, 0, live.get(1).last_seq + 1))  # the loop goes on meanwhile
+    path = await trio.to_thread.run_sync(
+        write_payload, plog.directory, offset, payload, live.config.max_snapshots
+    )
+    assert path == snapshot_path(plog.directory, offset)
+    rebuilt = await trio.to_thread.run_sync(rebuild, plog, plog.directory)
+    assert rebuilt.as_tuple() == live.as_tuple()
 
 
 def test_truncation_without_producer_data_is_in_memory(tmp_path: Path) -> None:
