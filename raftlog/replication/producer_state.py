@@ -36,7 +36,12 @@ from typing import Any
 
 from raftlog.errors import CorruptRecordError, ErrorCode
 from raftlog.records import NO_SEQUENCE, BatchHeader, iter_batches
-from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from raftlog.storage.checkpoint import (
+    CheckpointError,
+    fsync_dir,
+    read_checkpoint,
+    write_checkpoint,
+)
 from raftlog.storage.log import PartitionLog
 
 log = logging.getLogger("raftlog.replication.producer_state")
@@ -462,8 +467,9 @@ def write_snapshot(
     (default: the table's next offset) and keep only the newest `max_snapshots` files.
 
     Blocking (fsync): on the event loop call `snapshot_payload` and run `write_payload` in
-    a worker thread instead. `up_to_offset` should not pass the log's flushed offset, or a
-    crash could leave a snapshot describing batches the log lost (rebuild then drops it).
+    a worker thread instead. The offset may be past the log's flushed offset: a crash that
+    loses those batches leaves the snapshot beyond the recovered log end, and rebuild
+    deletes it; a log recovered at or past it still holds exactly the batches below it.
     """
     offset, payload = snapshot_payload(table, now_ms, up_to_offset)
     return write_payload(snapshot_dir, offset, payload, table.config.max_snapshots)
@@ -499,10 +505,16 @@ def write_payload(
 
 
 def delete_snapshots_above(snapshot_dir: Path, offset: int) -> list[Path]:
-    """Remove snapshots describing batches at/after `offset` (after log truncation)."""
+    """Remove snapshots describing batches at/after `offset` (after log truncation).
+
+    Blocking when it deletes: the directory is fsynced so a removed snapshot cannot come
+    back after a crash and describe the different batches appended over the truncation.
+    """
     doomed = [path for snap_offset, path in list_snapshots(snapshot_dir) if snap_offset > offset]
     for path in doomed:
         path.unlink(missing_ok=True)
+    if doomed:
+        fsync_dir(Path(snapshot_dir))
     return doomed
 
 
