@@ -33,6 +33,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str
 def _replica_dict(r: Any) -> dict[str, Any]:
     return {
         "replica_id": r.replica_id,
+        "replica_directory_id": None,
         "log_end_offset": r.log_end_offset,
         "last_fetch_timestamp": r.last_fetch_timestamp_ms,
         "last_caught_up_timestamp": r.last_caught_up_timestamp_ms,
@@ -47,6 +48,7 @@ async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str,
             entry: dict[str, Any] = {
                 "partition_index": p.partition_index,
                 "error_code": ErrorCode.none,
+                "error_message": None,
                 "leader_id": -1,
                 "leader_epoch": -1,
                 "high_watermark": -1,
@@ -70,7 +72,8 @@ async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str,
                     )
             partitions.append(entry)
         topics.append({"topic_name": topic.topic_name, "partitions": partitions})
-    return {"error_code": ErrorCode.none, "topics": topics}
+    # v2's `nodes` (KIP-853 controller endpoints) is left empty: voters are static here.
+    return {"error_code": ErrorCode.none, "error_message": None, "topics": topics, "nodes": []}
 
 
 async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
