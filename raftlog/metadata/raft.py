@@ -45,6 +45,7 @@ from raftlog.metadata.raft_roles import (
     Leader,
     NotLeader,
     Prospective,
+    ProtocolViolation,
     QuorumState,
     RaftConfig,
     Ready,
@@ -56,11 +57,24 @@ from raftlog.metadata.raft_roles import (
     Voted,
 )
 
-__all__ = ["NotLeader", "QuorumState", "RaftConfig", "RaftCore", "Ready", "Snapshot"]
+__all__ = [
+    "NotLeader",
+    "ProtocolViolation",
+    "QuorumState",
+    "RaftConfig",
+    "RaftCore",
+    "Ready",
+    "Snapshot",
+]
 
 
 def _epoch_of(entry: Entry) -> int:
     return entry.epoch
+
+
+def _has_negative(message: Message) -> bool:
+    """Offsets and positions index the log and the snapshot: a negative one is malformed."""
+    return any(type(v) is int and v < 0 for v in message.to_wire()[1:])
 
 
 class RaftCore(Elections):
@@ -227,9 +241,15 @@ class RaftCore(Elections):
                 self._start_prospective(now_ms, voted, None)
 
     def receive(self, now_ms: int, from_id: int, message: Message) -> None:
+        """Handle one message. Raises ProtocolViolation (and changes nothing) for a message no
+        correct peer sends; the driver logs it and closes that connection."""
         handler = self._HANDLERS.get(type(message))
         if handler is None:
-            raise TypeError(f"node {self.node_id}: not a Raft message: {message!r}")
+            raise ProtocolViolation(f"node {self.node_id}: not a Raft message: {message!r:.200}")
+        if from_id == self.node_id or (
+            isinstance(message, Fetch | FetchSnapshot) and _has_negative(message)
+        ):
+            raise ProtocolViolation(f"node {self.node_id}: bad message {message!r:.200}")
         handler(self, now_ms, from_id, message)
 
     def propose(self, now_ms: int, payloads: list[bytes]) -> list[int]:
@@ -619,6 +639,11 @@ class RaftCore(Elections):
             return  # a duplicate or a reply to an older request: our log moved since
         if self._snapshot_fetch is not None:
             return
+        expected, last_epoch = self.log_end, self.last_epoch
+        for e in msg.entries:
+            if e.offset != expected or not last_epoch <= e.epoch <= msg.epoch:
+                raise ProtocolViolation(f"node {self.node_id}: bad entry {e!r} from {from_id}")
+            expected, last_epoch = expected + 1, e.epoch
         self._fetch_inflight_deadline_ms = None
         self._read_sequence = max(self._read_sequence, msg.read_sequence)
         if not role.leader_resigned:
@@ -633,13 +658,6 @@ class RaftCore(Elections):
             target = div.end_offset if ours is None else min(div.end_offset, ours[1])
             self._truncate(max(target, self.high_watermark, self._log_start))
         elif msg.entries:
-            expected = self.log_end
-            last_epoch = self.last_epoch
-            for e in msg.entries:
-                if e.offset != expected or e.epoch < last_epoch or e.epoch > msg.epoch:
-                    raise ValueError(f"node {self.node_id}: leader sent a bad entry {e!r}")
-                expected += 1
-                last_epoch = e.epoch
             self._append(list(msg.entries))
         if msg.snapshot_id is None and msg.diverging_epoch is None:
             # Only a consistent response proves our log matches the leader's up to log_end;
@@ -668,6 +686,8 @@ class RaftCore(Elections):
             return
         if msg.position != len(buffer):
             return  # duplicate chunk
+        if msg.position + len(msg.chunk) > msg.size or (not msg.chunk and msg.position < msg.size):
+            raise ProtocolViolation(f"node {self.node_id}: bad snapshot chunk {msg!r:.200}")
         self._fetch_inflight_deadline_ms = None
         self._role = dataclasses.replace(
             role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms

@@ -34,6 +34,7 @@ __all__ = [
     "Leader",
     "NotLeader",
     "Prospective",
+    "ProtocolViolation",
     "QuorumState",
     "RaftConfig",
     "Ready",
@@ -49,6 +50,10 @@ __all__ = [
 
 class IllegalTransition(RaftlogError):
     """The core tried a role change the protocol forbids: a bug, never a network condition."""
+
+
+class ProtocolViolation(RaftlogError):
+    """A peer sent a message no correct node sends (bad offsets, entries out of order)."""
 
 
 class NotLeader(RaftlogError):

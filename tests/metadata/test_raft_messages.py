@@ -25,43 +25,48 @@ from raftlog.metadata.raft_messages import (
     message_from_wire,
 )
 
-ints = st.integers(min_value=0, max_value=2**62)
-opt_ints = st.none() | ints
-entries = st.builds(Entry, ints, ints, st.binary(max_size=64))
-snapshot_ids = st.builds(SnapshotId, ints, ints)
 
-messages = st.one_of(
-    st.builds(Vote, st.booleans(), ints, ints, ints, ints),
-    st.builds(VoteResponse, st.booleans(), ints, opt_ints, st.booleans(), ints),
-    st.builds(BeginQuorumEpoch, ints, ints),
-    st.builds(BeginQuorumEpochResponse, ints, opt_ints, ints),
-    st.builds(EndQuorumEpoch, ints, ints, st.lists(ints, max_size=5).map(tuple)),
-    st.builds(EndQuorumEpochResponse, ints, opt_ints, ints),
-    st.builds(Fetch, ints, ints, ints, ints, ints),
-    st.builds(
-        FetchResponse,
-        ints,
-        opt_ints,
-        ints,
-        ints,
-        ints,
-        st.lists(entries, max_size=4).map(tuple),
-        st.none() | st.builds(DivergingEpoch, ints, ints),
-        st.none() | snapshot_ids,
-        ints,
-    ),
-    st.builds(FetchSnapshot, ints, ints, snapshot_ids, ints, ints),
-    st.builds(
-        FetchSnapshotResponse,
-        ints,
-        opt_ints,
-        st.none() | snapshot_ids,
-        ints,
-        st.binary(max_size=64),
-        ints,
-        ints,
-    ),
-)
+def message_strategy(ints: st.SearchStrategy[int]) -> st.SearchStrategy[object]:
+    """Any protocol message whose integer fields come from `ints`."""
+    opt_ints = st.none() | ints
+    entries = st.builds(Entry, ints, ints, st.binary(max_size=64))
+    snapshot_ids = st.builds(SnapshotId, ints, ints)
+    return st.one_of(
+        st.builds(Vote, st.booleans(), ints, ints, ints, ints),
+        st.builds(VoteResponse, st.booleans(), ints, opt_ints, st.booleans(), ints),
+        st.builds(BeginQuorumEpoch, ints, ints),
+        st.builds(BeginQuorumEpochResponse, ints, opt_ints, ints),
+        st.builds(EndQuorumEpoch, ints, ints, st.lists(ints, max_size=5).map(tuple)),
+        st.builds(EndQuorumEpochResponse, ints, opt_ints, ints),
+        st.builds(Fetch, ints, ints, ints, ints, ints, ints),
+        st.builds(
+            FetchResponse,
+            ints,
+            opt_ints,
+            ints,
+            ints,
+            ints,
+            st.lists(entries, max_size=4).map(tuple),
+            st.none() | st.builds(DivergingEpoch, ints, ints),
+            st.none() | snapshot_ids,
+            ints,
+            ints,
+        ),
+        st.builds(FetchSnapshot, ints, ints, snapshot_ids, ints, ints),
+        st.builds(
+            FetchSnapshotResponse,
+            ints,
+            opt_ints,
+            st.none() | snapshot_ids,
+            ints,
+            st.binary(max_size=64),
+            ints,
+            ints,
+        ),
+    )
+
+
+messages = message_strategy(st.integers(min_value=0, max_value=2**62))
 
 
 @given(messages)

@@ -1,0 +1,73 @@
+"""Property test: arbitrary well-formed messages never crash the core or break its rules."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftlog.metadata.raft import ProtocolViolation, QuorumState, RaftConfig, RaftCore
+from raftlog.metadata.raft_messages import Entry, Message
+from raftlog.metadata.raft_roles import Leader
+from tests.metadata.test_raft_messages import message_strategy
+
+CONFIG = RaftConfig(
+    election_timeout_ms=100,
+    fetch_timeout_ms=300,
+    election_backoff_max_ms=100,
+    fetch_max_wait_ms=50,
+    max_fetch_entries=10,
+)
+
+# Small numbers, so that epochs, offsets and node ids collide with the core's own.
+messages = message_strategy(st.integers(min_value=0, max_value=6))
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("receive"), st.integers(1, 4), messages),
+        st.tuples(st.just("tick"), st.integers(0, 500)),
+        st.tuples(st.just("flush"), st.integers(0, 20)),
+        st.tuples(st.just("propose"), st.integers(1, 3)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 3), steps)
+def test_random_inputs_keep_the_core_consistent(node_id: int, epoch: int, plan: list) -> None:
+    log = [Entry(0, 1, b"a"), Entry(1, 1, b"b")]
+    core = RaftCore(
+        node_id,
+        frozenset({1, 2, 3}),
+        CONFIG,
+        QuorumState(epoch + 1, None, None),
+        log,
+        rng=random.Random(node_id),
+    )
+    now_ms = 0
+    persisted_epoch = core.epoch
+    applied = 0
+    for step in plan:
+        if step[0] == "receive":
+            message: Message = step[2]
+            try:
+                core.receive(now_ms, step[1], message)
+            except ProtocolViolation:
+                pass
+        elif step[0] == "tick":
+            now_ms += step[1]
+            core.tick(now_ms)
+        elif step[0] == "flush":
+            core.flushed(step[1])
+        elif isinstance(core.role, Leader):
+            core.propose(now_ms, [b"x"] * step[1])
+        ready = core.take_ready()
+        if ready.quorum_state is not None:
+            assert ready.quorum_state.epoch >= persisted_epoch
+            persisted_epoch = ready.quorum_state.epoch
+        for entry in ready.committed:
+            assert entry.offset == applied
+            applied += 1
+        assert core.high_watermark <= core.log_end
+        assert core.next_deadline_ms() > now_ms or core.next_deadline_ms() >= 0
