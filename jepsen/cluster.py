@@ -245,8 +245,14 @@ class Cluster:
         with trio.move_on_after(ADMIN_TIMEOUT_S):
             try:
                 async with open_cluster(self._live_bootstrap()) as client:
-                    quorum = await Admin(client).describe_quorum()
-                    return self.name_of(int(quorum["leader_id"]))
+                    try:
+                        quorum = await Admin(client).describe_quorum()
+                        return self.name_of(int(quorum["leader_id"]))
+                    except Exception as exc:
+                        # A node that is not the quorum leader may refuse DescribeQuorum;
+                        # the metadata response still names the active controller.
+                        log.info("describe_quorum failed (%r); using metadata", exc)
+                        return self.name_of(client.controller_id)
             except Exception as exc:  # any failure means "unknown": the nemesis picks another
                 log.info("controller leader lookup failed: %r", exc)
         return None
