@@ -485,14 +485,19 @@ class Elections:
         log_ok = (msg.last_epoch, msg.last_offset) >= (self.last_epoch, self.log_end)
         eligible = self.is_voter and msg.candidate_id in self.voters and log_ok
         if msg.pre_vote:
-            # Pre-vote changes nothing here; refused while we still hear from a leader, so a
-            # node that was partitioned away cannot depose a healthy one when it returns.
+            if msg.candidate_epoch - 1 > self.epoch and msg.candidate_id in self.voters:
+                # The candidate already *is* in a newer epoch (it won a pre-vote there once, its
+                # vote requests got lost): that epoch exists, so join it; else the candidate
+                # could never rejoin a leader of an older epoch.
+                self._observe(now_ms, msg.candidate_epoch - 1, None)
+            # Otherwise pre-vote changes nothing; refused while we still hear from a leader,
+            # so a node that was partitioned away cannot depose a healthy one when it returns.
             granted = (
                 eligible and msg.candidate_epoch > self.epoch and not self._has_live_leader(now_ms)
             )
             self._send(from_id, VoteResponse(True, self.epoch, self.leader_id, granted))
             return
-        if msg.candidate_epoch > self.epoch and self.is_voter:
+        if msg.candidate_epoch > self.epoch and msg.candidate_id in self.voters and self.is_voter:
             self._become(Unattached(msg.candidate_epoch, self._election_deadline(now_ms)))
         role = self._role
         granted = False

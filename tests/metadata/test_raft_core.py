@@ -212,3 +212,14 @@ def test_observer_never_votes_or_campaigns() -> None:
         observer.tick(observer.next_deadline_ms())
         assert observer.role.name in ("unattached", "follower")
         assert not messages_of(observer.take_ready(), Vote)
+
+
+def test_pre_vote_from_a_node_stuck_in_a_newer_epoch_moves_the_quorum_there() -> None:
+    leader = make(1)
+    elect(leader)
+    assert leader.epoch == 1
+    # Node 3 reached epoch 4 (its vote requests were lost) and now pre-votes for epoch 5.
+    leader.receive(1, 3, Vote(True, 3, 5, 0, 0))
+    assert leader.epoch == 4 and leader.role.name == "unattached"
+    ((_, resp),) = messages_of(leader.take_ready(), VoteResponse)
+    assert resp.epoch == 4  # type: ignore[attr-defined]
