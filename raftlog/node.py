@@ -23,11 +23,13 @@ import trio
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError
+from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.quorum import MetadataLogStore, QuorumDriver
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
+from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.server import serve as serve_kafka
 from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
 from raftlog.quotas.broker_hook import BrokerQuotas
@@ -113,6 +115,7 @@ class Node:
         self.backend: BrokerBackend | None = None
         self.log_manager: LogManager | None = None
         self.quotas: BrokerQuotas | None = None
+        self.groups: NodeGroupService | None = None
         self.rpc_port = 0
         self.kafka_port = 0
         self._rpc_methods: dict[str, Any] = {}
@@ -205,7 +208,15 @@ class Node:
             self.replicas,
             self.describe_quorum,
         )
+        # The group coordinator follows the replica manager: it reads the offsets partitions
+        # the manager has just become leader of.
+        self.groups = NodeGroupService(
+            config, self.metadata, self.controller_client, self.replicas, clock_ms
+        )
+        await nursery.start(self.groups.run)
+        self.metadata.add_listener(self.groups.on_metadata)
         registry = default_registry()
+        register_group_apis(registry, self.groups)
         host, port = config.client_address
         listeners = await nursery.start(
             functools.partial(

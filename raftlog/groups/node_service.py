@@ -1,0 +1,168 @@
+"""GroupService on a real node: the coordinator lives where `__consumer_offsets` leads.
+
+The coordinator for a group is the leader of its offsets partition. Commits and group
+metadata are appended to that partition with acks=all through the ReplicaManager, so they are
+replicated like any data and survive a coordinator failover: the next leader of the partition
+replays it (read_all) before serving. Leadership changes come from the metadata image.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.groups.coordinator import GroupCoordinator
+from raftlog.groups.coordinator_shell import GroupCoordinatorShell
+from raftlog.groups.hashing import partition_for_group
+from raftlog.groups.offsets_format import Record as OffsetsRecord
+from raftlog.groups.service import CoordinatorLocation
+from raftlog.groups.settings import GroupConfig
+from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.broker_lifecycle import ControllerClient
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.service import MetadataService
+from raftlog.records import Record, build_batch, iter_batches, iter_records
+from raftlog.replication.manager import ReplicaManager
+
+log = logging.getLogger("raftlog.groups")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+# Bytes read per step when a new coordinator replays its offsets partition.
+LOAD_READ_BYTES = 1024 * 1024
+# How long a commit may wait for acks=all before the member is told to retry.
+OFFSETS_APPEND_TIMEOUT_MS = 10_000
+
+
+class NodeGroupService:
+    """Implements raftlog.groups.service.GroupService for one broker."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        metadata: MetadataService,
+        controller: ControllerClient,
+        replicas: ReplicaManager,
+        clock_ms: Any,
+    ) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.controller = controller
+        self.replicas = replicas
+        self.num_partitions = config.offsets_topic_num_partitions
+        self._shell = GroupCoordinatorShell(
+            GroupCoordinator(GroupConfig.from_node_config(config)),
+            self._append,
+            self._read_all,
+            clock_ms=clock_ms,
+        )
+        self._owned: set[int] = set()
+        self._creating = False
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def shell(self) -> GroupCoordinatorShell:
+        return self._shell
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self._shell.run)
+            task_status.started()
+
+    # ---------------------------------------------------------------- FindCoordinator
+    async def coordinator_for(self, group_id: str) -> CoordinatorLocation:
+        image = self.metadata.image
+        topic = image.topic(OFFSETS_TOPIC)
+        if topic is None:
+            self._create_offsets_topic()
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        state = topic.partitions.get(partition_for_group(group_id, len(topic.partitions)))
+        broker = image.brokers.get(state.leader) if state is not None else None
+        if broker is None or broker.fenced:
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        host, port = broker.client_endpoint
+        return CoordinatorLocation(ErrorCode.none, state.leader, host, port)
+
+    def _create_offsets_topic(self) -> None:
+        if self._creating or self._nursery is None:
+            return
+        self._creating = True
+        self._nursery.start_soon(self._create_offsets_topic_task)
+
+    async def _create_offsets_topic_task(self) -> None:
+        try:
+            live = len(self.metadata.image.unfenced_brokers())
+            replication_factor = max(1, min(self.config.offsets_topic_replication_factor, live))
+            request = cm.CreateTopics(
+                (
+                    cm.NewTopic(
+                        OFFSETS_TOPIC,
+                        self.num_partitions,
+                        replication_factor,
+                        configs={"cleanup.policy": "compact"},
+                    ),
+                )
+            )
+            reply = await self.controller.call(request)
+            result = reply.results[0]
+            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
+                log.warning(
+                    "cannot create %s: %s %s",
+                    OFFSETS_TOPIC,
+                    result.error_code.name,
+                    result.error_message,
+                )
+        except KafkaError as exc:
+            log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
+        finally:
+            self._creating = False
+
+    # ---------------------------------------------------------------- leadership
+    def on_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        """Follow leadership of the offsets partitions (called after the ReplicaManager's)."""
+        topic = image.topic(OFFSETS_TOPIC)
+        led = (
+            set()
+            if topic is None
+            else {p for p, state in topic.partitions.items() if state.leader == self.config.node_id}
+        )
+        for partition in sorted(self._owned - led):
+            self._owned.discard(partition)
+            self._shell.resign(partition)
+        for partition in sorted(led - self._owned):
+            self._owned.add(partition)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._shell.become_coordinator, partition)
+
+    # ---------------------------------------------------------------- the log seam
+    async def _append(self, partition: int, records: list[OffsetsRecord]) -> None:
+        batch = build_batch([Record(key=key, value=value) for key, value in records])
+        result = await self.replicas.produce(
+            OFFSETS_TOPIC, partition, batch, -1, OFFSETS_APPEND_TIMEOUT_MS
+        )
+        if result.error != ErrorCode.none:
+            raise KafkaError(result.error, result.error_message or "offsets append failed")
+
+    def _read_all(self, partition: int) -> Iterator[OffsetsRecord]:
+        """Blocking (worker thread): every (key, value) of the partition, in log order."""
+        hosted = self.replicas.partitions.get((OFFSETS_TOPIC, partition))
+        if hosted is None:
+            return
+        partition_log = hosted.log
+        offset = partition_log.log_start_offset
+        end = partition_log.log_end_offset
+        while offset < end:
+            data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
+            if not data:
+                return
+            for pos, header in iter_batches(data):
+                if not header.is_control:
+                    for record in iter_records(data, pos):
+                        if record.key is not None:
+                            yield record.key, record.value
+                offset = header.next_offset
