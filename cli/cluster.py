@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from raftlog_cli.common import (
 )
 from raftlog_cli.errors import CliError
 from raftlog_cli.render import Renderer
+
+from raftlog.errors import ConfigError
 
 DEFAULT_READY_TIMEOUT_S = 60.0
 READY_POLL_INTERVAL_S = 0.25
@@ -59,15 +62,24 @@ def _running(cluster: local.LocalCluster) -> dict[int, int]:
 
 
 async def _wait_ready(
-    cluster: local.LocalCluster, node_ids: set[int], timeout_s: float, out: Renderer
+    cluster: local.LocalCluster,
+    started: dict[int, subprocess.Popen[bytes]],
+    timeout_s: float,
+    out: Renderer,
 ) -> str:
-    """Poll until ready; a node that exits or the deadline is an error naming its log."""
+    """Poll until ready; a node that exits or the deadline is an error naming its log.
+
+    Exits are read from our own child handles (poll()), which cannot be fooled by /proc.
+    """
+    node_ids = set(started)
     detail = "starting"
-    with out.progress(f"Starting {len(cluster.nodes)} raftlog nodes...") as update:
+    noun = "node" if len(started) == 1 else "nodes"
+    with out.progress(f"Starting {len(started)} raftlog {noun}...") as update:
         with trio.move_on_after(timeout_s):
             while True:
                 for node in cluster.nodes:
-                    if node.node_id in node_ids and local.running_pid(node) is None:
+                    process = started.get(node.node_id)
+                    if process is not None and process.poll() is not None:
                         tail = local.log_tail(node)
                         raise CliError(
                             f"node {node.node_id} exited during start-up; see {node.log_path}"
@@ -102,6 +114,13 @@ async def _wait_ready(
     show_default=True,
     help="How long to wait for the cluster to become ready.",
 )
+@click.option(
+    "--node-config",
+    "node_configs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a node config key on every node (see `raftlog node --help`).",
+)
 @click.option("--json", "json_mode", is_flag=True, help="Print JSON.")
 def up(
     nodes: int,
@@ -109,10 +128,15 @@ def up(
     detach: bool,
     base_port: int,
     timeout_s: float,
+    node_configs: tuple[str, ...],
     json_mode: bool,
 ) -> None:
     """Start a local cluster of combined controller+broker nodes."""
     out = Renderer(json_mode=json_mode)
+    try:
+        overrides = dict(local.parse_override(item) for item in node_configs)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     cluster = local.load_cluster(cluster_dir)
     if cluster is not None:
         running = _running(cluster)
@@ -140,14 +164,15 @@ def up(
             f"ports {', '.join(map(str, busy))} are in use (another cluster or program?); "
             "choose others with --base-port"
         )
-    local.write_cluster(cluster)
-    for node in cluster.nodes:
-        local.start_node(node)
-    node_ids = {n.node_id for n in cluster.nodes}
+    try:
+        local.write_cluster(cluster, overrides)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    started = {node.node_id: local.start_node(node) for node in cluster.nodes}
 
     async def start() -> str:
         try:
-            return await _wait_ready(cluster, node_ids, timeout_s, out)
+            return await _wait_ready(cluster, started, timeout_s, out)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await local.stop_nodes(list(cluster.nodes))
@@ -243,8 +268,8 @@ def restart(node_id: int, cluster_dir: Path, timeout_s: float) -> None:
 
     async def go() -> str:
         await local.stop_nodes([node])
-        local.start_node(node)
-        return await _wait_ready(cluster, {node_id}, timeout_s, Renderer(json_mode=False))
+        started = {node_id: local.start_node(node)}
+        return await _wait_ready(cluster, started, timeout_s, Renderer(json_mode=False))
 
     run_async(None, go)
     click.echo(f"Restarted node {node_id}")

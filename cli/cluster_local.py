@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,11 +117,14 @@ def plan_cluster(root: Path, nodes: int, base_port: int) -> LocalCluster:
     return LocalCluster(root, cluster_id, members)
 
 
-def node_config(cluster: LocalCluster, node: LocalNode) -> NodeConfig:
-    """Combined controller+broker config; every node is a voter."""
+def node_config(
+    cluster: LocalCluster, node: LocalNode, overrides: dict[str, Any] | None = None
+) -> NodeConfig:
+    """Combined controller+broker config; every node is a voter. Overrides are validated
+    like a config file's keys (ConfigError names the bad one)."""
     voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.internal_port}" for n in cluster.nodes)
     replication = min(3, len(cluster.nodes))
-    return NodeConfig(
+    values: dict[str, Any] = dict(
         node_id=node.node_id,
         roles=["controller", "broker"],
         data_dir=str(node.node_dir / "data"),
@@ -132,13 +136,28 @@ def node_config(cluster: LocalCluster, node: LocalNode) -> NodeConfig:
         offsets_topic_replication_factor=replication,
         min_insync_replicas=1,
     )
+    values.update(overrides or {})
+    return NodeConfig.from_dict(values, source="--node-config")
 
 
-def write_cluster(cluster: LocalCluster) -> None:
+def parse_override(item: str) -> tuple[str, Any]:
+    """KEY=VALUE with VALUE read as a TOML value (3000, true, "x"), else as a plain string."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--node-config: expected KEY=VALUE, got {item!r}")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    return key.strip(), value
+
+
+def write_cluster(cluster: LocalCluster, overrides: dict[str, Any] | None = None) -> None:
     """Write every node's config and cluster.json (configs first: cluster.json marks done)."""
+    configs = {n.node_id: node_config(cluster, n, overrides).to_toml() for n in cluster.nodes}
     for node in cluster.nodes:
         (node.node_dir / "data").mkdir(parents=True, exist_ok=True)
-        node.config_path.write_text(node_config(cluster, node).to_toml())
+        node.config_path.write_text(configs[node.node_id])
     _write_atomically(cluster.root / CLUSTER_FILE, json.dumps(cluster.to_json(), indent=2) + "\n")
 
 
@@ -205,7 +224,7 @@ def port_in_use(port: int) -> bool:
     return False
 
 
-def start_node(node: LocalNode) -> int:
+def start_node(node: LocalNode) -> subprocess.Popen[bytes]:
     """Start the node detached from our session (it outlives `up --detach` and is not hit
     by the terminal's Ctrl-C; `up` in the foreground forwards SIGTERM itself)."""
     with node.log_path.open("ab") as log:
@@ -218,7 +237,7 @@ def start_node(node: LocalNode) -> int:
             close_fds=True,
         )
     _write_atomically(node.pid_path, f"{process.pid}\n")
-    return process.pid
+    return process
 
 
 def log_tail(node: LocalNode, lines: int = LOG_TAIL_LINES) -> str:
