@@ -144,6 +144,13 @@ class NodeConfig:
     retention_bytes: int = _key(
         -1, "Delete oldest segments above this size per partition (-1: unlimited).", lo=-1, hi=2**62
     )
+    log_retention_check_interval_ms: int = _key(
+        300_000,
+        "How often retention and compaction run over hosted logs "
+        "(Kafka's log.retention.check.interval.ms).",
+        lo=10,
+        hi=2**31 - 1,
+    )
     cleanup_policy: str = _key(
         "delete", "Default cleanup policy of new topics.", choices=CLEANUP_POLICIES
     )

@@ -194,6 +194,7 @@ class Node:
             alter_partition=alter_partition,
             send_fetch=self._send_replica_fetch,
             clock_ms=clock_ms,
+            log_cleanup_interval_ms=config.log_retention_check_interval_ms,
         )
         await nursery.start(self.replicas.run)
         self._rpc_methods["replica.fetch"] = self.replicas.handle_replica_fetch
