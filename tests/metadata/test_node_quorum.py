@@ -193,3 +193,27 @@ def _as_dict(config):
     import dataclasses
 
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+
+
+async def test_linearizable_read_index(tmp_path):
+    from raftlog.metadata.raft import NotLeader
+
+    configs = make_configs(tmp_path)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(nursery, configs)
+        for i in (1, 2, 3):
+            await cluster.start(i)
+        leader = await cluster.controller()
+        read_point = await leader.quorum.read_index()
+        # The read point covers everything committed before the read was asked for.
+        assert read_point >= leader.metadata.applied_offset + 1
+        follower = next(n for n in cluster.nodes.values() if n is not leader)
+        with pytest.raises(NotLeader):
+            await follower.quorum.read_index()
+        # A leader cut off from its quorum cannot serve a linearizable read.
+        for node_id in [i for i in cluster.nodes if cluster.nodes[i] is not leader]:
+            cluster.kill(node_id)
+        with pytest.raises(NotLeader):
+            with trio.fail_after(10):
+                await leader.quorum.read_index()
+        nursery.cancel_scope.cancel()
