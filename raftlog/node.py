@@ -201,6 +201,7 @@ class Node:
         self.metadata.add_listener(self.replicas.apply_metadata)
         self.quotas = BrokerQuotas(QuotaLimits.from_node_config(config), clock_ms)
         self.metadata.add_listener(self.quotas.on_metadata)
+        self._rpc_methods["quotas.usage"] = self.quotas.usage_rows
         self.backend = BrokerBackend(
             config,
             self.metadata,

@@ -21,6 +21,17 @@ class QuotaHook(Protocol):
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int: ...
 
+    def record_mutations(
+        self, client_id: str, user: str, count: int, strict: bool
+    ) -> tuple[bool, int]:
+        """Partition mutations (KIP-599): (accepted, throttle ms). Strict callers refuse a
+        request that is not accepted with THROTTLING_QUOTA_EXCEEDED."""
+        ...
+
+    def fetch_max_bytes(self, client_id: str, user: str) -> int | None:
+        """Largest fetch response a consumer quota allows per request (None: no cap)."""
+        ...
+
 
 class NoQuotas:
     """Default QuotaHook: never throttles."""
@@ -33,6 +44,14 @@ class NoQuotas:
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int:
         return 0
+
+    def record_mutations(
+        self, client_id: str, user: str, count: int, strict: bool
+    ) -> tuple[bool, int]:
+        return True, 0
+
+    def fetch_max_bytes(self, client_id: str, user: str) -> int | None:
+        return None
 
 
 class ConnectionHandle(Protocol):

@@ -34,6 +34,31 @@ def _config_entry_dict(entry: ConfigEntry) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------------ quotas
+# KIP-599: from these versions on a request over controller_mutation_rate is refused with
+# THROTTLING_QUOTA_EXCEEDED; older clients cannot handle that error and are only delayed.
+STRICT_MUTATION_VERSIONS = {"create_topics": 6, "delete_topics": 5, "create_partitions": 3}
+_THROTTLED_MESSAGE = "controller_mutation_rate quota exceeded; retry after throttle_time_ms"
+
+
+def _admit_mutations(ctx: RequestContext, api: str, count: int) -> bool:
+    """Charge `count` partition mutations to the client; False: refuse this item."""
+    if count <= 0:
+        return True
+    strict = ctx.api_version >= STRICT_MUTATION_VERSIONS[api]
+    accepted, throttle_ms = ctx.quotas.record_mutations(
+        ctx.client_id, ctx.connection.user, count, strict
+    )
+    ctx.throttle(throttle_ms)
+    return accepted
+
+
+def _partition_count(ctx: RequestContext, name: str) -> int:
+    """Current partitions of a topic, 0 when it does not exist."""
+    topics = ctx.backend.topics([name])
+    return len(topics[0].partitions) if topics else 0
+
+
 # ------------------------------------------------------------------------------ topics
 async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, Any]:
     new_topics = [
@@ -46,14 +71,27 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
         )
         for t in request.topics
     ]
-    try:
-        results = list(
-            await ctx.backend.create_topics(
-                new_topics, to_ms(request.timeout, 30_000), bool(request.validate_only)
+    validate_only = bool(request.validate_only)
+    throttled = []
+    admitted = []
+    for t in new_topics:
+        partitions = len(t.assignments) or (
+            t.num_partitions if t.num_partitions > 0 else ctx.config.num_partitions
+        )
+        if validate_only or _admit_mutations(ctx, "create_topics", partitions):
+            admitted.append(t)
+        else:
+            throttled.append(
+                CreateTopicResult(t.name, ErrorCode.throttling_quota_exceeded, _THROTTLED_MESSAGE)
             )
+    try:
+        results = throttled + list(
+            await ctx.backend.create_topics(admitted, to_ms(request.timeout, 30_000), validate_only)
+            if admitted
+            else []
         )
     except KafkaError as exc:
-        results = [CreateTopicResult(t.name, exc.code, exc.message) for t in new_topics]
+        results = throttled + [CreateTopicResult(t.name, exc.code, exc.message) for t in admitted]
     by_name = {r.name: r for r in results}
     topics = []
     for t in new_topics:
@@ -78,10 +116,28 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> dict[str, A
         targets: list[str | Any] = list(request.topic_names)
     else:
         targets = [t.name if t.name is not None else t.topic_id for t in request.topics]
+    throttled = []
+    admitted: list[str | Any] = []
+    for target in targets:
+        name = target if isinstance(target, str) else ctx.backend.topic_name(target)
+        count = _partition_count(ctx, name) if name is not None else 0
+        if _admit_mutations(ctx, "delete_topics", count):
+            admitted.append(target)
+        else:
+            topic_id = None if isinstance(target, str) else target
+            throttled.append(
+                DeleteTopicResult(
+                    name, topic_id, ErrorCode.throttling_quota_exceeded, _THROTTLED_MESSAGE
+                )
+            )
     try:
-        results = list(await ctx.backend.delete_topics(targets, to_ms(request.timeout)))
+        results = throttled + list(
+            await ctx.backend.delete_topics(admitted, to_ms(request.timeout)) if admitted else []
+        )
     except KafkaError as exc:
-        results = [DeleteTopicResult(str(t), None, exc.code, exc.message) for t in targets]
+        results = throttled + [
+            DeleteTopicResult(str(t), None, exc.code, exc.message) for t in admitted
+        ]
     return {
         "throttle_time": 0,
         "responses": [
@@ -100,6 +156,16 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> dict[st
     results = []
     for t in request.topics:
         assignments = None if t.assignments is None else [list(a.broker_ids) for a in t.assignments]
+        added = t.count - _partition_count(ctx, t.name)
+        if not request.validate_only and not _admit_mutations(ctx, "create_partitions", added):
+            results.append(
+                {
+                    "name": t.name,
+                    "error_code": ErrorCode.throttling_quota_exceeded,
+                    "error_message": _THROTTLED_MESSAGE,
+                }
+            )
+            continue
         code, message = await guarded(
             f"create_partitions {t.name}",
             partial(

@@ -48,7 +48,9 @@ async def _read_all(
     remaining_bytes = max_bytes
     total_bytes = 0
     for topic, partition, offset, partition_max_bytes, leader_epoch in wanted:
-        limit = min(partition_max_bytes, remaining_bytes) if total_bytes else partition_max_bytes
+        # The first partition is held to the response limit too (a consumer quota may have
+        # lowered it); the backend still returns at least one batch, so progress is kept.
+        limit = min(partition_max_bytes, remaining_bytes)
         result = await guarded(
             f"fetch {topic}-{partition}",
             partial(
@@ -91,6 +93,11 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
     max_bytes = min(
         getattr(request, "max_bytes", ctx.config.fetch_max_bytes), ctx.config.fetch_max_bytes
     )
+    # Under a consumer quota one response carries at most one quota window's bytes (Kafka's
+    # getMaxValueInQuotaWindow): the bytes arrive evenly instead of as a burst and a mute.
+    quota_max_bytes = ctx.quotas.fetch_max_bytes(ctx.client_id, ctx.connection.user)
+    if quota_max_bytes is not None:
+        max_bytes = min(max_bytes, quota_max_bytes)
     max_wait_ms = min(to_ms(request.max_wait), ctx.config.request_timeout_ms)
     min_bytes = request.min_bytes
     wanted = [
