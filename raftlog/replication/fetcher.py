@@ -86,6 +86,10 @@ class ReplicaFetcher:
             follower = hosted.replica.follower
             if follower is None or follower.leader_id != self.leader_id:
                 continue
+            if not hosted.producers.loaded:
+                # The producer state is being rebuilt from this log in a worker thread: the
+                # log must hold still; the next round (after the backoff) asks again.
+                continue
             request = follower.fetch_request(now_ms)
             if request is not None:
                 due.append((hosted, follower, request))
@@ -182,6 +186,7 @@ class ReplicaFetcher:
                 if step.action is FollowerAction.APPEND:
                     partition_log.append_as_follower(records, now_ms)
                     appended.append(hosted)
+                    self._update_producers(hosted, records)
                     self._follow_log_start(hosted, follower, response.log_start_offset)
                 elif step.action is FollowerAction.RESET:
                     assert step.reset_to_offset is not None
@@ -193,6 +198,7 @@ class ReplicaFetcher:
                         step.reset_to_offset,
                     )
                     partition_log.truncate_fully_and_start_at(step.reset_to_offset)
+                    self.pool.on_truncated(hosted, True)
                 elif step.action is FollowerAction.TRUNCATED:
                     log.info(
                         "%s-%d: diverged from leader %d; truncated to %s",
@@ -201,6 +207,7 @@ class ReplicaFetcher:
                         self.leader_id,
                         step.truncated_to_offset,
                     )
+                    self.pool.on_truncated(hosted, False)
                 elif step.action is FollowerAction.BACKOFF:
                     failed = True
             except KafkaError as exc:
@@ -211,6 +218,17 @@ class ReplicaFetcher:
                 )
                 failed = True
         return appended, failed
+
+    def _update_producers(self, hosted: HostedPartition, records: bytes) -> None:
+        # The same table serves when this replica leads: a new leader answers retries of
+        # batches it only ever replicated.
+        try:
+            hosted.producers.table.update_follower_append(records)
+        except ValueError as exc:
+            # The table and the log disagree (it cannot happen unless a bug did): rebuild the
+            # table from the log rather than stop replicating.
+            log.error("%s-%d: producer state: %s", hosted.topic, hosted.partition, exc)
+            self.pool.on_truncated(hosted, None)
 
     @staticmethod
     def _follow_log_start(
@@ -247,6 +265,7 @@ class FetcherPool:
         flusher: Flusher,
         clock_ms: Callable[[], int],
         on_progress: Callable[[HostedPartition], None],
+        on_truncated: Callable[[HostedPartition, bool | None], None],
     ) -> None:
         self.settings = settings
         self.hosted = hosted
@@ -254,6 +273,9 @@ class FetcherPool:
         self.flusher = flusher
         self.clock_ms = clock_ms
         self.on_progress = on_progress
+        # (hosted, reset): the follower truncated its log (reset: emptied it; None: the
+        # producer state must be rebuilt from the whole log).
+        self.on_truncated = on_truncated
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._leader_of: dict[TopicPartition, int] = {}
         self._nursery: trio.Nursery | None = None
@@ -265,6 +287,12 @@ class FetcherPool:
 
     def leader_of(self, key: TopicPartition) -> int | None:
         return self._leader_of.get(key)
+
+    def wake(self, key: TopicPartition) -> None:
+        """Start the next round of `key`'s fetcher now (new work for it)."""
+        leader_id = self._leader_of.get(key)
+        if leader_id is not None:
+            self.fetchers[leader_id].wake()
 
     def assign(self, key: TopicPartition, leader_id: int | None) -> None:
         """Fetch `key` from `leader_id` from now on (None: stop fetching it)."""

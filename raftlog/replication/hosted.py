@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import trio
 
 from raftlog.errors import KafkaError
+from raftlog.replication.idempotence import ProducerStateHolder
 from raftlog.replication.partition import Partition
 from raftlog.storage import Flusher, PartitionLog
 
@@ -28,6 +29,8 @@ class HostedPartition:
     topic_id: uuid.UUID
     log: PartitionLog
     replica: Partition
+    # Idempotent-producer state (loaded in a worker thread; see idempotence.py).
+    producers: ProducerStateHolder
     # Parked replica fetches (leader side) that name this partition. Set on LEO or HW advance
     # and on role changes, so a long-poll wakes on the event instead of polling the log.
     waiters: set[trio.Event] = field(default_factory=set)

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from raftlog.config import NodeConfig
-from raftlog.errors import ErrorCode, KafkaError
+from raftlog.errors import ErrorCode
 from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
@@ -46,6 +46,7 @@ from raftlog.replication.hosted import (
     TopicPartition,
     flush_partitions,
 )
+from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS, ProducerStateHolder
 from raftlog.replication.leader import LeaderEffects, LeaderState
 from raftlog.replication.partition import (
     NO_LEADER,
@@ -56,16 +57,9 @@ from raftlog.replication.partition import (
     ReplicationStateError,
     Transition,
 )
-from raftlog.replication.purgatory import (
-    Completion,
-    DelayedProduce,
-    ProduceAnswer,
-    ProduceCompletion,
-    ProduceWait,
-    Purgatory,
-    PurgatoryFullError,
-    produce_answer,
-)
+from raftlog.replication.produce import Pending
+from raftlog.replication.produce import produce as produce_as_leader
+from raftlog.replication.purgatory import Completion, ProduceCompletion, Purgatory
 from raftlog.replication.serving import ReadPaths
 from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager
@@ -91,16 +85,6 @@ MIN_ISR_TICK_MS = 10
 INTERNAL_LOG_PREFIX = "__cluster_metadata"
 
 
-class _Pending:
-    """A parked produce: the purgatory completes it, the produce coroutine waits on it."""
-
-    __slots__ = ("error", "event")
-
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.error = ErrorCode.none
-
-
 class ReplicaManager:
     def __init__(
         self,
@@ -114,6 +98,7 @@ class ReplicaManager:
         clock_ms: Callable[[], int],
         high_watermark_checkpoint_interval_ms: int = HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS,
         log_cleanup_interval_ms: int = LOG_CLEANUP_INTERVAL_MS,
+        producer_snapshot_interval_ms: int = PRODUCER_SNAPSHOT_INTERVAL_MS,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -123,6 +108,7 @@ class ReplicaManager:
         self._alter_partition = alter_partition
         self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
         self.log_cleanup_interval_ms = log_cleanup_interval_ms
+        self.producer_snapshot_interval_ms = producer_snapshot_interval_ms
         self.settings = ReplicationSettings(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             flush_policy=config.flush_policy,
@@ -152,6 +138,7 @@ class ReplicaManager:
             flusher=flusher,
             clock_ms=clock_ms,
             on_progress=self._on_follower_progress,
+            on_truncated=self._on_follower_truncated,
         )
         self.reads = ReadPaths(self)
 
@@ -169,6 +156,7 @@ class ReplicaManager:
             nursery.start_soon(self._leader_flush_loop)
             nursery.start_soon(self._checkpoint_loop)
             nursery.start_soon(self._cleanup_loop)
+            nursery.start_soon(self._producer_snapshot_loop)
             self.fetchers.start(nursery)
             for fn, args in self._queued:
                 nursery.start_soon(fn, *args)
@@ -203,6 +191,10 @@ class ReplicaManager:
         # Straight to disk in one worker call: the flusher may already be stopping.
         await trio.to_thread.run_sync(flush_all)
         await self.checkpoint_high_watermarks()
+        # A restart then replays no batch headers (the snapshots sit at the log ends).
+        now_ms = self.clock_ms()
+        for hosted in list(self.partitions.values()):
+            await hosted.producers.write_snapshot(now_ms)
 
     # ------------------------------------------------------------------ metadata
     def apply_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
@@ -265,8 +257,14 @@ class ReplicaManager:
             settings,
             high_watermark=self._checkpointed_hws.get(key, 0),
         )
-        hosted = HostedPartition(topic, index, topic_id, partition_log, replica)
+        producers = ProducerStateHolder(partition_log)
+        hosted = HostedPartition(topic, index, topic_id, partition_log, replica, producers)
         self.partitions[key] = hosted
+        if existed:
+            producers.invalidate()
+            self._spawn(self._reload_producers, hosted)
+        else:
+            producers.start_empty()
         return hosted
 
     def _apply_partition(
@@ -354,7 +352,7 @@ class ReplicaManager:
     def _complete(self, completions: list[Completion]) -> None:
         for completion in completions:
             if isinstance(completion, ProduceCompletion):
-                pending: _Pending = completion.token
+                pending: Pending = completion.token
                 pending.error = completion.error
                 pending.event.set()
 
@@ -415,6 +413,30 @@ class ReplicaManager:
 
     def _on_follower_progress(self, hosted: HostedPartition) -> None:
         self._hw_dirty = True
+        if hosted.producers.rolled():
+            self._spawn(hosted.producers.write_snapshot, self.clock_ms())
+
+    def _on_follower_truncated(self, hosted: HostedPartition, reset: bool | None) -> None:
+        # The fetcher leaves the partition alone until the table matches the log again.
+        if hosted.producers.invalidate(reset=bool(reset), truncated=reset is False):
+            self._spawn(self._reload_producers, hosted)
+
+    async def _reload_producers(self, hosted: HostedPartition) -> None:
+        await hosted.producers.reload(self.clock_ms())
+        if hosted.producers.loaded:
+            self.fetchers.wake(hosted.key)  # it skipped the partition while loading
+
+    def after_leader_append(self, hosted: HostedPartition, now_ms: int) -> None:
+        """Bookkeeping after a leader append (the produce path calls it, no await)."""
+        self._request_leader_flush(hosted.key)
+        leader = hosted.replica.leader
+        if leader is not None:
+            self.handle_effects(hosted, leader.on_local_append(now_ms))
+        if hosted.producers.rolled():
+            self._spawn(hosted.producers.write_snapshot, now_ms)
+
+    def deadline_wakeup(self) -> None:
+        self._deadline_wakeup.set()
 
     # ------------------------------------------------------------------ produce
     def leader_hint(self, topic: str, partition: int) -> LeaderHint | None:
@@ -444,59 +466,8 @@ class ReplicaManager:
         timeout_ms: int,
         producer: object = None,
     ) -> ProduceResult:
-        """Append as leader and answer when `acks` is met (see the module docstring)."""
-        if acks not in (-1, 0, 1):
-            return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
-        key = (topic, partition)
-        hosted = self.partitions.get(key)
-        leader = None if hosted is None else hosted.replica.leader
-        if hosted is None or leader is None:
-            return ProduceResult(
-                self.not_leader_error(topic, partition),
-                current_leader=self.leader_hint(topic, partition),
-            )
-        min_isr = self.min_insync_replicas(topic)
-        error = leader.check_produce(acks, min_isr)
-        if error != ErrorCode.none:
-            return ProduceResult(
-                error,
-                error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
-            )
-        now_ms = self.clock_ms()
-        try:
-            info = hosted.log.append_as_leader(records, leader.leader_epoch, now_ms)
-        except KafkaError as exc:
-            return ProduceResult(exc.code, error_message=exc.message)
-        hosted.wake_waiters()  # parked follower fetches: new data
-        self._request_leader_flush(key)
-        self.handle_effects(hosted, leader.on_local_append(now_ms))
-        done = ProduceResult(base_offset=info.first_offset, log_start_offset=info.log_start_offset)
-        answer = produce_answer(acks, hosted.log.config.flush_policy)
-        if answer in (ProduceAnswer.NEVER, ProduceAnswer.NOW):
-            return done
-        wait = (
-            ProduceWait.FLUSHED
-            if answer is ProduceAnswer.AFTER_FLUSH
-            else ProduceWait.HIGH_WATERMARK
-        )
-        pending = _Pending()
-        deadline_ms = now_ms + max(0, min(timeout_ms, self.config.request_timeout_ms))
-        waiter = DelayedProduce(key, info.last_offset + 1, deadline_ms, min_isr, pending, wait)
-        try:
-            completion = self.purgatory.add_produce(waiter, leader.progress())
-        except PurgatoryFullError as exc:
-            return ProduceResult(ErrorCode.request_timed_out, error_message=str(exc))
-        if completion is not None:
-            pending.error = completion.error
-        else:
-            self._deadline_wakeup.set()
-            await pending.event.wait()
-        if pending.error != ErrorCode.none:
-            hint = None
-            if pending.error == ErrorCode.not_leader_or_follower:
-                hint = self.leader_hint(topic, partition)
-            return ProduceResult(pending.error, current_leader=hint)
-        return done
+        """Append as leader and answer when `acks` is met (see produce.py)."""
+        return await produce_as_leader(self, topic, partition, records, acks, timeout_ms)
 
     def _request_leader_flush(self, key: TopicPartition) -> None:
         self._dirty_leaders.add(key)
@@ -595,6 +566,12 @@ class ReplicaManager:
             await trio.sleep(self.high_watermark_checkpoint_interval_ms / 1000)
             if self._hw_dirty:
                 await self.checkpoint_high_watermarks()
+
+    async def _producer_snapshot_loop(self) -> None:
+        while True:
+            await trio.sleep(self.producer_snapshot_interval_ms / 1000)
+            for hosted in list(self.partitions.values()):
+                await hosted.producers.write_snapshot(self.clock_ms())
 
     async def _cleanup_loop(self) -> None:
         while True:

@@ -60,8 +60,8 @@ async def clean_partitions(partitions: list[HostedPartition], clock_ms: Callable
     yet, or a follower may still need to diverge from, stays."""
     for hosted in partitions:
         partition_log = hosted.log
-        if partition_log.closed:
-            continue
+        if partition_log.closed or not hosted.producers.loaded:
+            continue  # a loading producer state reads this log in a worker thread
         now_ms = clock_ms()
         high_watermark = hosted.replica.high_watermark
         target = min(retention_target(partition_log, now_ms), high_watermark)

@@ -1,0 +1,187 @@
+"""Idempotent-producer state of each hosted replica, as the trio driver keeps it.
+
+producer_state.py is the sans-IO table plus blocking file helpers; this module decides when
+they run. The rules (docs/formats.md, "Producer state"):
+- the table is built off the event loop (`rebuild` in a worker thread) when the replica is
+  opened, and rebuilt after a truncation whenever it cannot be cut back in memory;
+- while it is loading the replica's log must not change under the worker thread: leader
+  produces wait for `ready`, the fetcher does not fetch the partition, cleanup skips it;
+- snapshots are taken when the active segment rolls, periodically, and at shutdown: the
+  payload is built on the loop (a consistent view of the table), the file is written in a
+  worker thread. One `lock` per replica orders snapshot writes and reloads on disk, so a
+  reload that deletes snapshots above a truncation point always runs after (never during)
+  a write that could recreate one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import trio
+
+from raftlog.replication.producer_state import (
+    ProducerStateConfig,
+    ProducerStateTable,
+    after_log_truncation,
+    delete_snapshots_above,
+    rebuild,
+    snapshot_payload,
+    write_payload,
+)
+from raftlog.storage import PartitionLog
+
+log = logging.getLogger("raftlog.replication")
+
+# Every replica whose table moved since its last snapshot gets one this often, so a restart
+# replays at most this much of the log's batch headers even when segments rarely roll.
+PRODUCER_SNAPSHOT_INTERVAL_MS = 60_000
+
+
+class ProducerStateHolder:
+    """The producer-state table of one replica plus its loading and snapshot bookkeeping."""
+
+    def __init__(self, plog: PartitionLog, config: ProducerStateConfig | None = None) -> None:
+        self.log = plog
+        self.config = config or ProducerStateConfig()
+        self._table = ProducerStateTable(self.config)
+        # Unset while the table is (re)loading; set once `table` matches the log.
+        self.ready = trio.Event()
+        self.lock = trio.Lock()
+        # Bumped by every invalidation: a reload that started before the last one must
+        # not publish its (already stale) table.
+        self.generation = 0
+        self._reset_pending = False  # the log was emptied: every snapshot is void
+        self._full_rebuild = True  # False: after_log_truncation on the old table suffices
+        self._reloading = False
+        self.snapshot_offset = -1  # offset of the newest snapshot this holder wrote
+        self.segment_base_offset = plog.active_segment.base_offset if not plog.closed else 0
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.log.directory
+
+    @property
+    def loaded(self) -> bool:
+        return self.ready.is_set()
+
+    @property
+    def table(self) -> ProducerStateTable:
+        """The table; only valid while `loaded` (callers check it, or await `ready`)."""
+        if not self.ready.is_set():
+            raise RuntimeError(f"producer state of {self.log.directory.name} is loading")
+        return self._table
+
+    # ------------------------------------------------------------------ (re)loading
+    def start_empty(self) -> None:
+        """A log created just now: no batches and no snapshots, nothing to read."""
+        self._table = ProducerStateTable(self.config)
+        self._table.next_offset = self.log.log_end_offset
+        self._reset_pending = self._full_rebuild = False
+        self.ready.set()
+
+    def invalidate(self, *, reset: bool = False, truncated: bool = False) -> bool:
+        """The log was truncated (`truncated`), emptied (`reset`) or the table is wrong:
+        stop using the table until `reload` ran. Returns True when the caller must start a
+        `reload` task (none is running)."""
+        was_ready = self.ready.is_set()
+        if was_ready:
+            self.ready = trio.Event()
+        self.generation += 1
+        self._reset_pending = self._reset_pending or reset
+        # A plain truncation of a ready table can be cut back; anything else rebuilds.
+        self._full_rebuild = self._full_rebuild or not (truncated and was_ready)
+        return not self._reloading
+
+    async def reload(self, now_ms: int) -> None:
+        """Rebuild the table in a worker thread until no invalidation raced with it."""
+        if self._reloading:
+            return
+        self._reloading = True
+        try:
+            while not self.ready.is_set():
+                if self.log.closed:
+                    return  # dropped meanwhile: nobody will ask again
+                generation = self.generation
+                reset, full = self._reset_pending, self._full_rebuild
+                self._reset_pending = self._full_rebuild = False
+                async with self.lock:
+                    table = await trio.to_thread.run_sync(self._load, reset, full, now_ms)
+                if table is not None and generation == self.generation:
+                    self._table = table
+                    self.ready.set()
+                elif table is None:
+                    return
+        finally:
+            self._reloading = False
+
+    def _load(self, reset: bool, full: bool, now_ms: int) -> ProducerStateTable | None:
+        """Blocking: the table matching the log (None when the log went away)."""
+        plog = self.log
+        name = plog.directory.name
+        try:
+            if reset:
+                delete_snapshots_above(self.snapshot_dir, -1)
+            if full:
+                table = rebuild(plog, self.snapshot_dir, self.config, now_ms=now_ms)
+                log.info(
+                    "%s: producer state loaded up to offset %d (%d producer ids)",
+                    name,
+                    table.next_offset,
+                    len(table),
+                )
+                return table
+            return after_log_truncation(self._table, plog, self.snapshot_dir)
+        except Exception as exc:
+            if plog.closed:
+                return None
+            # Unreadable batch headers: serving without duplicate detection for the old
+            # producers beats refusing every write to the partition. Say so loudly.
+            log.error(
+                "%s: producer state rebuild failed (%r); starting empty at offset %d",
+                name,
+                exc,
+                plog.log_end_offset,
+            )
+            table = ProducerStateTable(self.config)
+            table.next_offset = plog.log_end_offset
+            return table
+
+    # ------------------------------------------------------------------ snapshots
+    def rolled(self) -> bool:
+        """True once per segment roll since the last call (a snapshot is due)."""
+        if self.log.closed:
+            return False
+        base = self.log.active_segment.base_offset
+        if base == self.segment_base_offset:
+            return False
+        self.segment_base_offset = base
+        return True
+
+    def snapshot_due(self) -> bool:
+        return (
+            self.ready.is_set()
+            and not self.log.closed
+            and self._table.next_offset != self.snapshot_offset
+            and not self.lock.locked()
+        )
+
+    async def write_snapshot(self, now_ms: int) -> None:
+        """Snapshot the table at its next offset (payload on the loop, file in a thread)."""
+        if not self.snapshot_due():
+            return
+        async with self.lock:
+            if not self.ready.is_set() or self.log.closed:
+                return
+            offset, payload = snapshot_payload(self._table, now_ms)
+            try:
+                await trio.to_thread.run_sync(
+                    write_payload, self.snapshot_dir, offset, payload, self.config.max_snapshots
+                )
+            except OSError as exc:
+                # A deleted partition or a full disk: the next trigger tries again, and a
+                # missing snapshot only costs a longer replay.
+                if not self.log.closed:
+                    log.warning("%s: producer snapshot failed: %r", self.log.directory.name, exc)
+                return
+            self.snapshot_offset = offset
