@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 
 from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
-from raftlog.metadata.raft_messages import Entry, Message, message_from_wire
+from raftlog.metadata.raft_messages import Entry, Message, Vote, VoteResponse, message_from_wire
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
 SIM_RAFT_CONFIG = RaftConfig(
@@ -83,6 +83,7 @@ class NetworkConfig:
     max_delay_ms: int = 20
     drop_probability: float = 0.0
     duplicate_probability: float = 0.0
+    vote_drop_probability: float = 0.0  # extra loss for (pre-)vote traffic: split elections
     flush_max_delay_ms: int = 10
 
 
@@ -290,6 +291,12 @@ class Simulation:
     def _send(self, src: int, dst: int, message: Message) -> None:
         net = self.network
         if (src, dst) in self.blocked or self.rng.random() < net.drop_probability:
+            return
+        if (
+            net.vote_drop_probability
+            and isinstance(message, Vote | VoteResponse)
+            and self.rng.random() < net.vote_drop_probability
+        ):
             return
         data = msgpack.packb(message.to_wire())
         copies = 2 if self.rng.random() < net.duplicate_probability else 1

@@ -26,9 +26,10 @@ def run_seed(
     net.max_delay_ms = rng.choice([5, 20, 60])
     net.drop_probability = rng.choice([0.0, 0.01, 0.05])
     net.duplicate_probability = rng.choice([0.0, 0.01, 0.05])
-    net.flush_max_delay_ms = rng.choice([1, 10, 50])
+    net.flush_max_delay_ms = rng.choice([1, 20, 300])
+    net.vote_drop_probability = rng.choice([0.0, 0.0, 0.3])
     client_gap_ms = rng.choice([200, 500, 1500])
-    fault_gap_ms = rng.choice([1500, 4000, 10_000])
+    fault_gap_ms = rng.choice([500, 1500, 5000])
     snapshot_gap_ms = rng.choice([2000, 8000])
     all_ids = sorted(sim.nodes)
     restarts: dict[int, int] = {}
@@ -89,6 +90,8 @@ def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:
             "crash",
             "crash_leader",
             "shutdown_leader",
+            "crash_two",
+            "power_loss",
         ]
     )
     if kind == "halves":
@@ -106,12 +109,19 @@ def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:
         # Graceful shutdown: resign (EndQuorumEpoch goes out), then stop and restart later.
         sim.resign(leaders[0])
         sim.crash(leaders[0])
-        restarts[leaders[0]] = sim.now_ms + rng.randint(100, 5000)
-    elif kind in ("crash", "crash_leader"):
-        victim = leaders[0] if kind == "crash_leader" and leaders else rng.choice(ids)
-        if sim.nodes[victim].core is not None:
-            sim.crash(victim)
-            restarts[victim] = sim.now_ms + rng.randint(100, 5000)
+        restarts[leaders[0]] = sim.now_ms + rng.randint(50, 3000)
+    elif kind in ("crash", "crash_leader", "crash_two", "power_loss"):
+        # crash_two: the leader and one more node together (a shared rack); power_loss:
+        # every node at once. Either way all unflushed writes are gone.
+        victims = [leaders[0] if kind == "crash_leader" and leaders else rng.choice(ids)]
+        if kind == "crash_two":
+            victims = [*leaders[:1], rng.choice(ids)]
+        elif kind == "power_loss":
+            victims = ids
+        for victim in victims:
+            if sim.nodes[victim].core is not None:
+                sim.crash(victim)
+                restarts[victim] = sim.now_ms + rng.randint(50, 3000)
 
 
 def check_liveness(sim: Simulation, bound_ms: int) -> None:
