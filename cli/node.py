@@ -31,6 +31,7 @@ def _config_epilog() -> str:
     "--log-level",
     default="INFO",
     show_default=True,
+    envvar="RAFTLOG_LOG_LEVEL",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
 def node_command(config_path: str, log_level: str) -> None:

@@ -173,6 +173,13 @@ class NodeConfig:
     unclean_leader_election: bool = _key(
         False, "Allow a replica outside the ISR to become leader (may lose acknowledged data)."
     )
+    leader_imbalance_check_interval_ms: int = _key(
+        300_000,
+        "How often the controller moves leadership back to preferred replicas and elects "
+        "leaders for offline partitions.",
+        lo=100,
+        hi=2**31 - 1,
+    )
     auto_create_topics_enable: bool = _key(
         True, "Create a topic when a client asks for its metadata."
     )

@@ -21,6 +21,8 @@ log = logging.getLogger("raftlog.broker")
 
 CONTROLLER_RETRY_BACKOFF_MS = 50
 CONTROLLER_RETRY_BACKOFF_MAX_MS = 500
+# A shutdown heartbeat not answered this fast means no controller can act right now.
+CONTROLLED_SHUTDOWN_HEARTBEAT_TIMEOUT_MS = 3000
 # A controller we cannot connect to this fast is treated as gone; the next try re-reads who
 # leads (a new election usually takes about one election timeout).
 CONTROLLER_CONNECT_TIMEOUT_MS = 300
@@ -103,6 +105,7 @@ class BrokerLifecycle:
         self._shutting_down = False
         self._wake = trio.Event()
         self.shutdown_done = trio.Event()
+        self.shutdown_confirmed = False
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -110,11 +113,22 @@ class BrokerLifecycle:
         while True:
             if self.broker_epoch < 0:
                 await self._register()
+            shutting_down = self._shutting_down
+            timeout_ms = (
+                CONTROLLED_SHUTDOWN_HEARTBEAT_TIMEOUT_MS
+                if shutting_down
+                else self.config.broker_session_timeout_ms
+            )
             try:
-                reply = await self.client.call(
-                    self._heartbeat(), timeout_ms=self.config.broker_session_timeout_ms
-                )
+                reply = await self.client.call(self._heartbeat(), timeout_ms=timeout_ms)
             except KafkaError as exc:
+                if shutting_down:
+                    # No controller can act (e.g. the whole cluster is stopping and the quorum
+                    # is gone): waiting longer moves nothing, so stop unconfirmed.
+                    log.warning("controlled shutdown: no controller answered (%s)", exc)
+                    self.shutdown_confirmed = False
+                    self.shutdown_done.set()
+                    await trio.sleep(math.inf)
                 log.warning("heartbeat failed: %s", exc)
                 await trio.sleep(interval_s)
                 continue
@@ -131,6 +145,7 @@ class BrokerLifecycle:
                 continue
             self._apply(reply)
             if self._shutting_down and reply.should_shutdown:
+                self.shutdown_confirmed = True
                 self.shutdown_done.set()
                 await trio.sleep(math.inf)
             # While catching up, beat faster so unfencing follows the metadata quickly.
@@ -196,5 +211,4 @@ class BrokerLifecycle:
         self._wake.set()
         with trio.move_on_after(timeout_s):
             await self.shutdown_done.wait()
-            return True
-        return False
+        return self.shutdown_confirmed

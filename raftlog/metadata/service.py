@@ -119,7 +119,12 @@ class MetadataService:
         core = self.quorum.core
         if core.role.name == "leader" and core.epoch == entry.epoch and self.controller is None:
             # Everything an earlier leader committed is now applied: safe to take over.
-            self.controller = Controller.from_image(self.image, self.config, self.quorum.now_ms())
+            self.controller = Controller.from_image(
+                self.image,
+                self.config,
+                self.quorum.now_ms(),
+                preferred_leader_check_interval_ms=self.config.leader_imbalance_check_interval_ms,
+            )
             self.controller.committed(entry.offset + 1)
             log.info(
                 "controller active in epoch %d at metadata offset %d", entry.epoch, entry.offset
