@@ -18,7 +18,7 @@ from raftlog.quotas.entity import (
     validate_quota_value,
 )
 from raftlog.quotas.manager import MutationOutcome, QuotaLimits, QuotaManager, QuotaUsage
-from raftlog.quotas.rate import SampledRate, TokenBucket, throttle_time_ms
+from raftlog.quotas.rate import SampledRate, TokenBucket, pacing_throttle_ms, throttle_time_ms
 
 __all__ = [
     "CLIENT_ID",
@@ -37,6 +37,7 @@ __all__ = [
     "QuotaValidationError",
     "SampledRate",
     "TokenBucket",
+    "pacing_throttle_ms",
     "precedence",
     "sensor_tags",
     "throttle_time_ms",

@@ -28,7 +28,7 @@ from raftlog.quotas.entity import (
     QuotaEntity,
     sensor_tags,
 )
-from raftlog.quotas.rate import SampledRate, TokenBucket, throttle_time_ms
+from raftlog.quotas.rate import SampledRate, TokenBucket, pacing_throttle_ms
 
 # Kafka records request time as a percentage of one thread: 1000 ms of thread time per
 # second of wall time is 100 %.
@@ -191,9 +191,12 @@ class QuotaManager:
         # Like Kafka, the usage is counted even when it is over quota: the client is delayed,
         # never refused, so the bytes were really served.
         sensor.rate.record(value, now_ms)
-        window_ms = sensor.rate.window_ms(now_ms)
-        rate = sensor.rate.total(now_ms) / (window_ms / 1000.0)
-        wait_ms = throttle_time_ms(rate, sensor.quota, window_ms, self.limits.throttle_cap_ms)
+        wait_ms = pacing_throttle_ms(
+            sensor.rate.total(now_ms),
+            sensor.quota,
+            sensor.rate.elapsed_ms(now_ms),
+            self.limits.throttle_cap_ms,
+        )
         sensor.throttle_time_total_ms += wait_ms
         return wait_ms
 

@@ -79,6 +79,12 @@ class SampledRate:
             elapsed_ms += (min_full_windows - full_windows) * self.window_size_ms
         return max(elapsed_ms, 1)
 
+    def elapsed_ms(self, now_ms: int) -> int:
+        """Time the retained samples really span: now minus the oldest start, unpadded."""
+        self._purge(now_ms)
+        oldest_ms = min(self._sample_start_ms) if self._sample_start_ms else now_ms
+        return max(now_ms - oldest_ms, 0)
+
     def total(self, now_ms: int) -> float:
         self._purge(now_ms)
         return sum(self._sample_value)
@@ -98,6 +104,25 @@ def throttle_time_ms(rate: float, quota: float, window_ms: int, max_throttle_tim
     if rate <= quota:
         return 0
     delay_ms = (rate - quota) / quota * window_ms
+    return int(min(round(delay_ms), max_throttle_time_ms))
+
+
+def pacing_throttle_ms(
+    total: float, quota_per_s: float, elapsed_ms: int, max_throttle_time_ms: int
+) -> int:
+    """How long to hold a client so the retained total, spread over the time it really spans
+    plus the delay, comes out at the quota: total / quota - elapsed.
+
+    This is Kafka's formula, (rate - quota) / quota * window, over the unpadded window. The
+    padding (see window_ms) would credit a fresh client with window_num - 1 windows of quota
+    as an instant burst, and hand it out again each time the sample holding the burst expires,
+    so a client's throughput over any few seconds swings between a fraction and several times
+    its quota. Unpadded, a client sending as fast as it can gets the quota at every scale
+    above one request.
+    """
+    delay_ms = total / quota_per_s * MS_PER_S - elapsed_ms
+    if delay_ms <= 0:
+        return 0
     return int(min(round(delay_ms), max_throttle_time_ms))
 
 

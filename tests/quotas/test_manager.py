@@ -37,16 +37,19 @@ def test_no_quota_means_no_state_and_no_throttle() -> None:
     assert manager.usage(1000) == []
 
 
-def test_first_violation_throttles_by_the_kafka_formula() -> None:
+def test_throttle_paces_the_retained_bytes_to_the_quota() -> None:
     manager = manager_with({QuotaEntity.client("p"): {PRODUCER_BYTE_RATE: 1000}})
-    # 1000 B at t=0 is 100 B/s over the padded 10 s window: fine.
-    assert manager.record_produce(0, "u", "p", 1000) == 0
-    # 20 000 B total over 10 s = 2000 B/s: (2000 - 1000) / 1000 * 10 000 ms.
-    assert manager.record_produce(0, "u", "p", 19_000) == 10_000
-    [row] = manager.usage(0)
+    # 1000 B at t=0 is one second of quota: hold the client until t=1000.
+    assert manager.record_produce(0, "u", "p", 1000) == 1000
+    # 2000 B spanning 1 s: another second. Kafka's formula over the unpadded window.
+    assert manager.record_produce(1000, "u", "p", 1000) == 1000
+    assert manager.record_produce(2000, "u", "p", 500) == 500
+    assert manager.record_produce(3000, "u", "p", 0) == 0
+    [row] = manager.usage(3000)
     assert (row.quota_key, row.user, row.client_id) == (PRODUCER_BYTE_RATE, "", "p")
-    assert row.rate == pytest.approx(2000.0)
-    assert row.throttle_time_total_ms == 10_000
+    # The reported rate keeps Kafka's padding: 2500 B over 10 padded seconds.
+    assert row.rate == pytest.approx(250.0)
+    assert row.throttle_time_total_ms == 2500
     assert row.entity == QuotaEntity.client("p")
 
 
@@ -61,10 +64,11 @@ def test_throttle_is_capped_by_max_throttle_time() -> None:
 
 def test_request_percentage_counts_thread_time() -> None:
     manager = manager_with({QuotaEntity.user("u"): {REQUEST_PERCENTAGE: 50}})
-    # 10 s of thread time over the padded 10 s window is 100 % of a thread against 50 %.
-    assert manager.record_request_time(0, "u", "c", 10_000.0) == 10_000
-    [row] = manager.usage(0)
-    assert row.rate == pytest.approx(100.0)
+    # 500 ms of thread time is one second's worth of 50 % of a thread.
+    assert manager.record_request_time(0, "u", "c", 500.0) == 1000
+    assert manager.record_request_time(1000, "u", "c", 0.0) == 0
+    [row] = manager.usage(1000)
+    assert row.rate == pytest.approx(5.0)  # 50 %-seconds over the padded 10 s
     assert (row.user, row.client_id) == ("u", "")
 
 
@@ -91,23 +95,25 @@ def test_obedient_producer_converges_to_the_quota(seed: int, interval_ms: int) -
 
 def test_default_entities_give_each_client_its_own_bucket() -> None:
     manager = manager_with({QuotaEntity.client(None): {PRODUCER_BYTE_RATE: 1000}})
-    assert manager.record_produce(0, "u", "a", 15_000) == 5_000
+    assert manager.record_produce(0, "u", "a", 5_000) == 5_000
     # Another client id is not charged for a's bytes.
-    assert manager.record_produce(0, "u", "b", 10_000) == 0
+    assert manager.record_produce(0, "u", "b", 1_000) == 1_000
     assert manager.tracked_entities == 2
     # A user-level quota is shared by all of that user's clients.
     shared = manager_with({QuotaEntity.user("u"): {PRODUCER_BYTE_RATE: 1000}})
-    assert shared.record_produce(0, "u", "a", 10_000) == 0
-    assert shared.record_produce(0, "u", "b", 10_000) == 10_000
+    assert shared.record_produce(0, "u", "a", 1_000) == 1_000
+    assert shared.record_produce(0, "u", "b", 1_000) == 2_000
     assert shared.tracked_entities == 1
 
 
 def test_quota_change_keeps_the_history() -> None:
     config = QuotaConfig({QuotaEntity.client("p"): {PRODUCER_BYTE_RATE: 1000}})
     manager = QuotaManager(config)
-    assert manager.record_produce(0, "u", "p", 10_000) == 0
+    assert manager.record_produce(0, "u", "p", 1_000) == 1_000
+    assert manager.record_produce(1_000, "u", "p", 0) == 0
     config.apply_delta({QuotaEntity.client("p"): {PRODUCER_BYTE_RATE: 500}})
-    assert manager.record_produce(0, "u", "p", 0) == 10_000
+    # Same 1000 B over the same second, now owed at 500 B/s.
+    assert manager.record_produce(1_000, "u", "p", 0) == 1_000
     config.apply_delta({QuotaEntity.client("p"): {PRODUCER_BYTE_RATE: None}})
     assert manager.record_produce(0, "u", "p", 10 * MIB) == 0
 
@@ -178,3 +184,27 @@ def test_limits_from_node_config_and_checks() -> None:
     )
     with pytest.raises(ValueError, match="max_tracked_entities"):
         QuotaLimits(max_tracked_entities=0)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("window_s", [2, 5, 10])
+def test_greedy_producer_from_a_standing_start_gets_the_quota_at_every_scale(
+    seed: int, window_s: int
+) -> None:
+    """No initial burst and no sawtooth when a sample expires: any stretch of a few seconds
+    from the first byte on carries the quota, give or take one request."""
+    rng = random.Random(seed)
+    manager = manager_with({QuotaEntity.client("app"): {PRODUCER_BYTE_RATE: MIB}})
+    now_ms = start_ms = rng.randrange(0, 1000)
+    sent: list[tuple[int, int]] = []
+    while now_ms < start_ms + 40_000:
+        size_bytes = rng.randrange(16 * 1024, 256 * 1024)
+        sent.append((now_ms, size_bytes))
+        now_ms += max(1, manager.record_produce(now_ms, "u", "app", size_bytes))
+    for window_start_ms in range(start_ms, start_ms + 40_000 - window_s * 1000, 1000):
+        window_end_ms = window_start_ms + window_s * 1000
+        total = sum(size for at_ms, size in sent if window_start_ms <= at_ms < window_end_ms)
+        rate = total / window_s
+        assert rate == pytest.approx(MIB, rel=0.15), (
+            f"seed={seed} window {window_start_ms}..{window_end_ms} ms: {rate / MIB:.3f} MiB/s"
+        )
