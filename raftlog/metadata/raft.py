@@ -72,9 +72,12 @@ def _epoch_of(entry: Entry) -> int:
     return entry.epoch
 
 
-def _has_negative(message: Message) -> bool:
+def _has_negative(message: Fetch | FetchSnapshot) -> bool:
     """Offsets and positions index the log and the snapshot: a negative one is malformed."""
-    return any(type(v) is int and v < 0 for v in message.to_wire()[1:])
+    if isinstance(message, Fetch):
+        return min(message.fetch_offset, message.last_fetched_epoch, message.epoch) < 0
+    snap = message.snapshot_id
+    return min(message.position, message.max_bytes, snap.end_offset, snap.epoch) < 0
 
 
 class RaftCore(Elections):
