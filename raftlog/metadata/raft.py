@@ -129,6 +129,7 @@ class RaftCore(Elections):
         self._reads: list[tuple[object, int, set[int]]] = []  # token, sequence, confirmed by
         self._read_sequence = 0  # leader: read_index() calls this epoch; follower: last seen
         self._begin_resend_ms = 0
+        self._now_ms = now_ms  # the latest time any input carried (flushed() carries none)
         self._role: Role = self._initial_role(persisted, now_ms)
         self._reported: RoleChange | None = None
         self._report_role()
@@ -197,6 +198,7 @@ class RaftCore(Elections):
         return role.election_deadline_ms
 
     def tick(self, now_ms: int) -> None:
+        self._now_ms = max(self._now_ms, now_ms)
         role = self._role
         if isinstance(role, Leader):
             self._tick_leader(now_ms)
@@ -253,10 +255,12 @@ class RaftCore(Elections):
             isinstance(message, Fetch | FetchSnapshot) and _has_negative(message)
         ):
             raise ProtocolViolation(f"node {self.node_id}: bad message {message!r:.200}")
+        self._now_ms = max(self._now_ms, now_ms)
         handler(self, now_ms, from_id, message)
 
     def propose(self, now_ms: int, payloads: list[bytes]) -> list[int]:
         """Append payloads in the current epoch; the offsets commit once the HW passes them."""
+        self._now_ms = max(self._now_ms, now_ms)
         role = self._role
         if not isinstance(role, Leader):
             raise NotLeader(self.leader_id, self.epoch)
@@ -293,6 +297,7 @@ class RaftCore(Elections):
 
     def resign(self, now_ms: int) -> None:
         """Graceful shutdown: hand leadership over (EndQuorumEpoch) before stopping."""
+        self._now_ms = max(self._now_ms, now_ms)
         role = self._role
         if not isinstance(role, Leader):
             return
@@ -305,6 +310,7 @@ class RaftCore(Elections):
         """Linearizable read: answered in Ready.reads with an offset once a majority of voters
         fetched after this call (so this node was still the leader) and the epoch's no-op
         entry is committed. Answered with None if leadership is lost first."""
+        self._now_ms = max(self._now_ms, now_ms)
         if not isinstance(self._role, Leader):
             raise NotLeader(self.leader_id, self.epoch)
         self._read_sequence += 1
@@ -583,8 +589,7 @@ class RaftCore(Elections):
         if self._fetch_inflight_deadline_ms is not None or self._flushed < self.log_end:
             return
         if now_ms is None:
-            # flushed() carries no time; the request timeout counts from the role's deadline.
-            now_ms = role.fetch_deadline_ms - self.config.fetch_timeout_ms
+            now_ms = self._now_ms  # flushed() carries no time: use the latest time seen
         if self._snapshot_fetch is not None:
             snap_id, buffer = self._snapshot_fetch
             message: Message = FetchSnapshot(
