@@ -39,12 +39,10 @@ from raftlog.metadata.raft_messages import (
     VoteResponse,
 )
 from raftlog.metadata.raft_roles import (
-    Candidate,
     Elections,
     Follower,
     Leader,
     NotLeader,
-    Prospective,
     ProtocolViolation,
     QuorumState,
     RaftConfig,
@@ -53,8 +51,6 @@ from raftlog.metadata.raft_roles import (
     Role,
     RoleChange,
     Snapshot,
-    Unattached,
-    Voted,
 )
 
 __all__ = [
@@ -222,28 +218,12 @@ class RaftCore(Elections):
                 self._maybe_fetch(now_ms)
         elif now_ms >= role.election_deadline_ms:
             if not self.is_voter:
-                assert isinstance(role, Unattached), role
                 self._role = dataclasses.replace(
                     role, election_deadline_ms=now_ms + self.config.request_timeout_ms
                 )
                 self._probe_for_leader(now_ms)
-            elif isinstance(role, Candidate):
-                self._start_prospective(now_ms, self.node_id, None)
-            elif isinstance(role, Prospective) and role.leader_id is not None:
-                # Pre-vote failed: others still hear from that leader, so try it again.
-                self._become(
-                    Follower(
-                        role.epoch, role.leader_id, role.voted_for, now_ms + self._fetch_timeout()
-                    )
-                )
-                self._maybe_fetch(now_ms)
-            elif isinstance(role, Prospective):
-                self._start_prospective(now_ms, role.voted_for, None)
-            elif isinstance(role, Resigned):
-                self._start_prospective(now_ms, self.node_id, None)
             else:
-                voted = role.voted_for if isinstance(role, Voted) else None
-                self._start_prospective(now_ms, voted, None)
+                self._election_timeout(now_ms)
 
     def receive(self, now_ms: int, from_id: int, message: Message) -> None:
         """Handle one message. Raises ProtocolViolation (and changes nothing) for a message no

@@ -402,6 +402,21 @@ class Elections:
             self._reported = change
             self._ready.role_change = change
 
+    def _election_timeout(self, now_ms: int) -> None:
+        """A voter without a leader waited long enough: (re)start pre-vote."""
+        role = self._role
+        if isinstance(role, Prospective) and role.leader_id is not None:
+            # Pre-vote failed: others still hear from that leader, so try it again.
+            deadline_ms = now_ms + self.config.fetch_timeout_ms
+            self._become(Follower(role.epoch, role.leader_id, role.voted_for, deadline_ms))
+            self._maybe_fetch(now_ms)
+        elif isinstance(role, Prospective | Voted):
+            self._start_prospective(now_ms, role.voted_for, None)
+        elif isinstance(role, Candidate | Resigned):
+            self._start_prospective(now_ms, self.node_id, None)
+        elif isinstance(role, Unattached):
+            self._start_prospective(now_ms, None, None)
+
     def _start_prospective(self, now_ms: int, voted_for: int | None, leader: int | None) -> None:
         self._become(
             Prospective(
