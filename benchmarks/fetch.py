@@ -1,0 +1,364 @@
+"""Fetch benchmark: a raw-protocol consumer reading a caught-up topic from a real node, vs the
+same segment bytes sent by raw os.sendfile to a socket sink, in the same run.
+
+    python -m benchmarks.fetch [--size-mb 1024] [--partitions 4] [--rounds 2]
+
+A one-node cluster (raftlog.testing.cluster, a real `raftlog node` process) gets a topic of
+`--partitions` partitions, RF=1, filled to `--size-mb` with raw Produce requests (acks=1)
+carrying one pre-built 1 MiB RecordBatch of 1 KiB records, sent through the project's client
+connection (raftlog/client/connection.py) with several requests in flight; the broker assigns
+offsets, so the same bytes can be sent again and again. Then, alternating per round:
+
+* fetch: one Fetch request per partition in flight (partition_max_bytes 1 MiB), response
+  parsed by kio, record bytes discarded; the next offset comes from the last batch header;
+* baseline: os.sendfile of every segment file of the topic, 1 MiB at a time, to a loopback
+  socket whose far end a trio task drains and discards;
+
+and finally a confluent-kafka consumer (assign, from the beginning) counts messages per second.
+The last stdout line is one JSON object:
+{"fetch_mb_s", "baseline_mb_s", "ratio", "confluent_consumer_msgs_s"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+
+from benchmarks.common import MIB, console, emit_result, mb_per_s, socket_sink
+from raftlog.client import open_connection
+from raftlog.client.connection import BrokerConnection, ConnectionLimits
+from raftlog.client.protocol import build_request
+from raftlog.node import PARTITIONS_DIR
+from raftlog.records import Record, build_batch, parse_header
+from raftlog.testing.cluster import ProcessCluster
+
+TOPIC = "fetch-bench"
+RECORD_VALUE_BYTES = 1024
+FILL_BATCH_BYTES = 1 * MIB
+FILL_IN_FLIGHT_REQUESTS = 8
+FETCH_PARTITION_MAX_BYTES = 1 * MIB
+SENDFILE_CHUNK_BYTES = 1 * MIB
+RESPONSE_MAX_BYTES = 64 * MIB
+CONFLUENT_POLL_BATCH = 10_000
+CONFLUENT_DEADLINE_S = 300.0
+
+
+def _bar(unit: str = "bytes") -> Progress:
+    if unit == "bytes":
+        counts: tuple[Any, ...] = (DownloadColumn(), TransferSpeedColumn())
+    else:
+        counts = (MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(TextColumn("{task.description}"), BarColumn(), *counts, console=console)
+
+
+def make_fill_batch() -> tuple[bytes, int]:
+    """One RecordBatch v2 of ~1 MiB: 1 KiB values, keys that spread nothing (partition is
+    chosen by the request). Returns (batch bytes, record count)."""
+    count = FILL_BATCH_BYTES // (RECORD_VALUE_BYTES + 32)
+    value = bytes(range(256)) * (RECORD_VALUE_BYTES // 256)
+    records = [Record(key=b"key-%08d" % i, value=value) for i in range(count)]
+    return build_batch(records, now_ms=int(time.time() * 1000)), count
+
+
+def _address(cluster: ProcessCluster) -> tuple[str, int]:
+    host, port = cluster.nodes[1].client_address.rsplit(":", 1)
+    return host, int(port)
+
+
+async def create_topic(connection: BrokerConnection, partitions: int) -> None:
+    response = await connection.call(
+        "create_topics",
+        {
+            "topics": [
+                {
+                    "name": TOPIC,
+                    "num_partitions": partitions,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [],
+                }
+            ],
+            "timeout": 30_000,
+            "validate_only": False,
+        },
+    )
+    (topic,) = response.topics
+    if int(topic.error_code) != 0:
+        raise RuntimeError(f"create_topics failed: {topic.error_code!r} {topic.error_message}")
+
+
+async def fill(connection: BrokerConnection, partitions: int, size_bytes: int) -> int:
+    """Produce the pre-built batch round-robin over the partitions until size_bytes are
+    acknowledged; returns the number of records written."""
+    batch, per_batch = make_fill_batch()
+    batches = max(partitions, -(-size_bytes // len(batch)))
+    next_batch = 0
+    records = 0
+    with _bar() as bar:
+        task = bar.add_task("fill (produce acks=1)", total=batches * len(batch))
+
+        async def producer() -> None:
+            nonlocal next_batch, records
+            while next_batch < batches:
+                partition = next_batch % partitions
+                next_batch += 1
+                payload = build_request(
+                    "produce",
+                    connection.version("produce"),
+                    {
+                        "transactional_id": None,
+                        "acks": 1,
+                        "timeout": 30_000,
+                        "topic_data": [
+                            {
+                                "name": TOPIC,
+                                "partition_data": [{"index": partition, "records": batch}],
+                            }
+                        ],
+                    },
+                )
+                response = await connection.request(payload)
+                (answer,) = response.responses[0].partition_responses
+                if int(answer.error_code) != 0:
+                    raise RuntimeError(f"produce to {TOPIC}-{partition}: {answer.error_code!r}")
+                records += per_batch
+                bar.advance(task, len(batch))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(FILL_IN_FLIGHT_REQUESTS):
+                nursery.start_soon(producer)
+    return records
+
+
+async def end_offsets(connection: BrokerConnection, partitions: int) -> list[int]:
+    response = await connection.call(
+        "list_offsets",
+        {
+            "replica_id": -1,
+            "isolation_level": 0,
+            "topics": [
+                {
+                    "name": TOPIC,
+                    "partitions": [
+                        {"partition_index": p, "timestamp": -1, "current_leader_epoch": -1}
+                        for p in range(partitions)
+                    ],
+                }
+            ],
+        },
+    )
+    by_index = {int(p.partition_index): int(p.offset) for p in response.topics[0].partitions}
+    return [by_index[p] for p in range(partitions)]
+
+
+def _fetch_values(partition: int, offset: int) -> dict[str, Any]:
+    return {
+        "replica_id": -1,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": RESPONSE_MAX_BYTES,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "rack_id": "",
+        "forgotten_topics_data": [],
+        "topics": [
+            {
+                "topic": TOPIC,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "fetch_offset": offset,
+                        "partition_max_bytes": FETCH_PARTITION_MAX_BYTES,
+                        "current_leader_epoch": -1,
+                        "log_start_offset": -1,
+                        "last_fetched_epoch": -1,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def next_offset_after(records: bytes, offset: int) -> int:
+    """The offset after the last whole batch in `records` (headers only, nothing decoded)."""
+    position = 0
+    view = memoryview(records)
+    while position + 61 <= len(view):
+        header = parse_header(view, position)
+        if position + header.size_bytes > len(view):
+            break  # a partial batch at the end of the response
+        offset = header.next_offset
+        position += header.size_bytes
+    return offset
+
+
+async def fetch_pass(
+    connection: BrokerConnection, ends: list[int], bar: Progress, task: Any
+) -> int:
+    """Read every partition from 0 to its end; returns record bytes received."""
+    received = 0
+
+    async def reader(partition: int) -> None:
+        nonlocal received
+        offset = 0
+        while offset < ends[partition]:
+            response = await connection.call("fetch", _fetch_values(partition, offset))
+            data = response.responses[0].partitions[0]
+            if int(data.error_code) != 0:
+                raise RuntimeError(f"fetch {TOPIC}-{partition}@{offset}: {data.error_code!r}")
+            records = data.records or b""
+            new_offset = next_offset_after(records, offset)
+            if new_offset <= offset:
+                raise RuntimeError(f"fetch {TOPIC}-{partition}@{offset} made no progress")
+            offset = new_offset
+            received += len(records)
+            bar.advance(task, len(records))
+
+    async with trio.open_nursery() as nursery:
+        for partition in range(len(ends)):
+            nursery.start_soon(reader, partition)
+    return received
+
+
+async def baseline_pass(paths: list[Path], sink: Any, bar: Progress, task: Any) -> int:
+    sent = 0
+    for path in paths:
+        with path.open("rb") as file:
+            size = path.stat().st_size
+            position = 0
+            while position < size:
+                count = min(SENDFILE_CHUNK_BYTES, size - position)
+                sent += await sink.sendfile(file.fileno(), position, count)
+                position += count
+                bar.advance(task, count)
+    return sent
+
+
+def segment_paths(cluster: ProcessCluster, partitions: int) -> list[Path]:
+    data_dir = cluster.nodes[1].config.data_path / PARTITIONS_DIR
+    paths = []
+    for partition in range(partitions):
+        paths += sorted((data_dir / f"{TOPIC}-{partition}").glob("*.log"))
+    if not paths:
+        raise RuntimeError(f"no segment files of {TOPIC} under {data_dir}")
+    return paths
+
+
+async def measure(
+    cluster: ProcessCluster, partitions: int, size_bytes: int, rounds: int
+) -> dict[str, float]:
+    host, port = _address(cluster)
+    limits = ConnectionLimits(max_frame_bytes=RESPONSE_MAX_BYTES + MIB, max_in_flight_requests=16)
+    async with open_connection(host, port, client_id="fetch-bench", limits=limits) as connection:
+        await create_topic(connection, partitions)
+        started = time.monotonic()
+        records = await fill(connection, partitions, size_bytes)
+        fill_s = time.monotonic() - started
+        ends = await end_offsets(connection, partitions)
+        if sum(ends) != records:
+            raise RuntimeError(f"end offsets {ends} do not add up to {records} records")
+        paths = segment_paths(cluster, partitions)
+        topic_bytes = sum(p.stat().st_size for p in paths)
+        console.print(
+            f"filled {topic_bytes / MIB:.0f} MiB ({records} records, {partitions} partitions) "
+            f"in {fill_s:.1f}s: {mb_per_s(topic_bytes, fill_s)} MB/s produced"
+        )
+        fetch_bytes = baseline_bytes = 0
+        fetch_s = baseline_s = 0.0
+        async with socket_sink() as sink:
+            with _bar() as bar:
+                for i in range(rounds):
+                    task = bar.add_task(f"round {i + 1}: fetch", total=topic_bytes)
+                    started = time.monotonic()
+                    fetch_bytes += await fetch_pass(connection, ends, bar, task)
+                    fetch_s += time.monotonic() - started
+                    task = bar.add_task(f"round {i + 1}: raw sendfile", total=topic_bytes)
+                    started = time.monotonic()
+                    baseline_bytes += await baseline_pass(paths, sink, bar, task)
+                    baseline_s += time.monotonic() - started
+        if fetch_bytes != rounds * topic_bytes:
+            raise RuntimeError(f"fetched {fetch_bytes} bytes, expected {rounds * topic_bytes}")
+    fetch_mb_s = mb_per_s(fetch_bytes, fetch_s)
+    baseline_mb_s = mb_per_s(baseline_bytes, baseline_s)
+    return {
+        "fetch_mb_s": fetch_mb_s,
+        "baseline_mb_s": baseline_mb_s,
+        "ratio": round(fetch_mb_s / baseline_mb_s, 3) if baseline_mb_s else 0.0,
+        "records": records,
+    }
+
+
+def confluent_consume(cluster: ProcessCluster, partitions: int, records: int) -> float:
+    """Messages per second of a confluent-kafka consumer reading the whole topic once."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": "fetch-bench",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": RESPONSE_MAX_BYTES,
+            "max.partition.fetch.bytes": FETCH_PARTITION_MAX_BYTES,
+        }
+    )
+    consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
+    count = 0
+    deadline = time.monotonic() + CONFLUENT_DEADLINE_S
+    try:
+        with _bar("messages") as bar:
+            task = bar.add_task("confluent-kafka consumer (messages)", total=records)
+            started = None
+            while count < records and time.monotonic() < deadline:
+                messages = consumer.consume(CONFLUENT_POLL_BATCH, timeout=1.0)
+                if started is None and messages:
+                    started = time.monotonic()
+                good = sum(1 for m in messages if not m.error())
+                count += good
+                bar.advance(task, good)
+            elapsed = time.monotonic() - (started or time.monotonic())
+    finally:
+        consumer.close()
+    if count < records:
+        raise RuntimeError(f"confluent consumer read {count} of {records} records")
+    return round(count / elapsed, 1) if elapsed > 0 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024, help="topic size to fill (MiB)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the topic")
+    parser.add_argument("--rounds", type=int, default=2, help="fetch/baseline alternations")
+    parser.add_argument("--dir", type=Path, default=None, help="where the node keeps data")
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="raftlog-fetch-bench-", dir=args.dir) as tmp,
+        ProcessCluster(Path(tmp) / "c", 1) as cluster,
+    ):
+        result = trio.run(measure, cluster, args.partitions, args.size_mb * MIB, args.rounds)
+        records = int(result.pop("records"))
+        result["confluent_consumer_msgs_s"] = confluent_consume(cluster, args.partitions, records)
+    console.print(
+        f"fetch {result['fetch_mb_s']} MB/s vs raw sendfile {result['baseline_mb_s']} MB/s "
+        f"(ratio {result['ratio']}); confluent-kafka consumer "
+        f"{result['confluent_consumer_msgs_s']} msgs/s"
+    )
+    emit_result(result)
+
+
+if __name__ == "__main__":
+    main()
