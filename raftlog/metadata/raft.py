@@ -43,6 +43,7 @@ from raftlog.metadata.raft_roles import (
     Follower,
     Leader,
     NotLeader,
+    Overloaded,
     ProtocolViolation,
     QuorumState,
     RaftConfig,
@@ -55,6 +56,7 @@ from raftlog.metadata.raft_roles import (
 
 __all__ = [
     "NotLeader",
+    "Overloaded",
     "ProtocolViolation",
     "QuorumState",
     "RaftConfig",
@@ -244,6 +246,9 @@ class RaftCore(Elections):
         role = self._role
         if not isinstance(role, Leader):
             raise NotLeader(self.leader_id, self.epoch)
+        backlog = self.log_end - self.high_watermark
+        if backlog + len(payloads) > self.config.max_uncommitted_entries:
+            raise Overloaded(f"node {self.node_id}: {backlog} entries wait for commit")
         start = self.log_end
         self._append([Entry(start + i, role.epoch, bytes(p)) for i, p in enumerate(payloads)])
         self._wake_parked(now_ms)
@@ -431,7 +436,14 @@ class RaftCore(Elections):
 
     def _answer_fetch(self, fetch: Fetch) -> None:
         start = fetch.fetch_offset - self._log_start
-        entries = tuple(self._log[start : start + self.config.max_fetch_entries])
+        batch = self._log[start : start + self.config.max_fetch_entries]
+        budget_bytes = self.config.max_fetch_bytes
+        for i, entry in enumerate(batch):
+            budget_bytes -= len(entry.data)
+            if budget_bytes < 0 and i > 0:  # always send one entry, however large
+                del batch[i:]
+                break
+        entries = tuple(batch)
         self._sent_hw[fetch.replica_id] = self.high_watermark
         self._send(fetch.replica_id, self._fetch_reply(fetch, entries=entries))
 

@@ -33,6 +33,7 @@ __all__ = [
     "IllegalTransition",
     "Leader",
     "NotLeader",
+    "Overloaded",
     "Prospective",
     "ProtocolViolation",
     "QuorumState",
@@ -54,6 +55,10 @@ class IllegalTransition(RaftlogError):
 
 class ProtocolViolation(RaftlogError):
     """A peer sent a message no correct node sends (bad offsets, entries out of order)."""
+
+
+class Overloaded(RaftlogError):
+    """propose() on a leader whose uncommitted backlog is at max_uncommitted_entries."""
 
 
 class NotLeader(RaftlogError):
@@ -92,6 +97,8 @@ class RaftConfig:
     election_backoff_max_ms: int = 1000  # random wait after a lost election
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader may park an idle fetch
     max_fetch_entries: int = 500  # entries per FetchResponse
+    max_fetch_bytes: int = 1024 * 1024  # payload bytes per FetchResponse (at least one entry)
+    max_uncommitted_entries: int = 10_000  # propose() refuses beyond this backlog
     snapshot_chunk_bytes: int = 64 * 1024  # bytes per FetchSnapshotResponse
     request_timeout_ms: int = 2000  # resend a fetch whose response never came
     leader_change_payload: bytes = b"\x00raftlog-leader-change"  # the per-epoch no-op entry
@@ -101,7 +108,13 @@ class RaftConfig:
             # An idle follower fetches once per fetch_max_wait_ms; if that were not well below
             # the fetch timeout, a healthy leader would fail check-quorum.
             raise ValueError(f"fetch_max_wait_ms must be < fetch_timeout_ms: {self}")
-        for name in ("election_timeout_ms", "fetch_timeout_ms", "max_fetch_entries"):
+        for name in (
+            "election_timeout_ms",
+            "fetch_timeout_ms",
+            "max_fetch_entries",
+            "max_fetch_bytes",
+            "max_uncommitted_entries",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0: {self}")
         if self.snapshot_chunk_bytes <= 0 or self.request_timeout_ms <= 0:

@@ -223,3 +223,22 @@ def test_pre_vote_from_a_node_stuck_in_a_newer_epoch_moves_the_quorum_there() ->
     assert leader.epoch == 4 and leader.role.name == "unattached"
     ((_, resp),) = messages_of(leader.take_ready(), VoteResponse)
     assert resp.epoch == 4  # type: ignore[attr-defined]
+
+
+def test_fetch_response_respects_max_fetch_bytes_and_backlog_is_bounded() -> None:
+    import dataclasses
+
+    from raftlog.metadata.raft import Overloaded
+
+    config = dataclasses.replace(CONFIG, max_fetch_bytes=10, max_uncommitted_entries=5)
+    core = RaftCore(1, frozenset({1, 2, 3}), config, QuorumState(), rng=random.Random(1))
+    elect(core)
+    core.propose(0, [b"x" * 8, b"y" * 8])
+    core.flushed(core.log_end)
+    core.take_ready()
+    core.receive(1, 2, Fetch(2, core.epoch, 1, core.epoch, 50))
+    ((_, resp),) = messages_of(core.take_ready(), FetchResponse)
+    assert [e.data for e in resp.entries] == [b"x" * 8]  # type: ignore[attr-defined]
+    core.propose(1, [b"z"])
+    with pytest.raises(Overloaded):
+        core.propose(1, [b"z"] * 3)  # 3 uncommitted + 3 > 5
