@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.quotas.entity import (
     CONSUMER_BYTE_RATE,
+    REQUEST_PERCENTAGE,
     QuotaConfig,
     QuotaEntity,
     QuotaValidationError,
     validate_quota_value,
 )
 from raftlog.quotas.manager import QuotaLimits, QuotaManager
+from raftlog.quotas.task_time import TaskTimeMeter, no_measure
 
 log = logging.getLogger("raftlog.quotas")
 
@@ -53,13 +56,17 @@ class BrokerQuotas:
         self.manager = QuotaManager(self.config, limits)
         self._clock_ms = clock_ms
         self._seen: object = None
+        self.task_time = TaskTimeMeter()
+        self._measure_requests = False
 
     def on_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
         quotas = image.client_quotas
         if quotas is self._seen:
             return  # copy-on-write image: the same mapping object means no quota changed
         self._seen = quotas
-        self.config.replace(_usable_table(quotas))
+        table = _usable_table(quotas)
+        self.config.replace(table)
+        self._measure_requests = any(REQUEST_PERCENTAGE in values for values in table.values())
 
     # ------------------------------------------------------------------ QuotaHook
     def record_produce(self, client_id: str, user: str, produced_bytes: int) -> int:
@@ -67,6 +74,15 @@ class BrokerQuotas:
 
     def record_fetch(self, client_id: str, user: str, fetched_bytes: int) -> int:
         return self.manager.record_fetch(self._clock_ms(), user, client_id, fetched_bytes)
+
+    def request_timer(self) -> AbstractContextManager[Callable[[], float]]:
+        """Measures a request's run time on the event loop (see quotas.task_time); the meter
+        is installed (inside trio, on first use) only while a request_percentage quota exists."""
+        if self._measure_requests:
+            self.task_time.install()
+            return self.task_time.measure()
+        self.task_time.uninstall()
+        return no_measure()
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int:
         return self.manager.record_request_time(self._clock_ms(), user, client_id, handler_time_ms)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +22,11 @@ class QuotaHook(Protocol):
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int: ...
 
+    def request_timer(self) -> AbstractContextManager[Callable[[], float]]:
+        """Wraps a handler; yields a function giving the ms the request has occupied the
+        event loop (not wall time: a long-poll's wait is free), for record_request."""
+        ...
+
     def record_mutations(
         self, client_id: str, user: str, count: int, strict: bool
     ) -> tuple[bool, int]:
@@ -31,6 +37,10 @@ class QuotaHook(Protocol):
     def fetch_max_bytes(self, client_id: str, user: str) -> int | None:
         """Largest fetch response a consumer quota allows per request (None: no cap)."""
         ...
+
+
+def _no_time() -> float:
+    return 0.0
 
 
 class NoQuotas:
@@ -44,6 +54,9 @@ class NoQuotas:
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int:
         return 0
+
+    def request_timer(self) -> AbstractContextManager[Callable[[], float]]:
+        return nullcontext(_no_time)
 
     def record_mutations(
         self, client_id: str, user: str, count: int, strict: bool
