@@ -95,7 +95,14 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
     )
     # Under a consumer quota one response carries at most one quota window's bytes (Kafka's
     # getMaxValueInQuotaWindow): the bytes arrive evenly instead of as a burst and a mute.
-    quota_max_bytes = ctx.quotas.fetch_max_bytes(ctx.client_id, ctx.connection.user)
+    # Replication is never throttled. raftlog's followers fetch over the internal listener,
+    # but a fetch that names a replica (replica_id, or replica_state from v15) is exempt too.
+    replica_state = getattr(request, "replica_state", None)
+    replica_id = getattr(replica_state, "replica_id", getattr(request, "replica_id", -1))
+    is_replica = replica_id is not None and replica_id >= 0
+    quota_max_bytes = (
+        None if is_replica else ctx.quotas.fetch_max_bytes(ctx.client_id, ctx.connection.user)
+    )
     if quota_max_bytes is not None:
         max_bytes = min(max_bytes, quota_max_bytes)
     max_wait_ms = min(to_ms(request.max_wait), ctx.config.request_timeout_ms)
@@ -127,7 +134,9 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
         with trio.move_on_at(deadline):
             await _wait_any(events)
 
-    ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
+    if not is_replica:
+        # Zero-copy regions count at their length: the bytes the socket will carry.
+        ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition, _, _, _), r in zip(wanted, results, strict=True):
         entry: dict[str, Any] = {
