@@ -234,7 +234,8 @@ class RaftCore(Elections):
         if handler is None:
             raise ProtocolViolation(f"node {self.node_id}: not a Raft message: {message!r:.200}")
         if from_id == self.node_id or (
-            isinstance(message, Fetch | FetchSnapshot) and _has_negative(message)
+            isinstance(message, Fetch | FetchSnapshot)
+            and (message.replica_id != from_id or _has_negative(message))
         ):
             raise ProtocolViolation(f"node {self.node_id}: bad message {message!r:.200}")
         self._now_ms = max(self._now_ms, now_ms)

@@ -11,7 +11,7 @@ name). Steps:
   ("remember_leader", name) / ("remember_follower", name)
   ("remember_epoch", name)             the leader's epoch, for ("expect", "epoch_gt", ...)
   ("isolate", n) / ("partition", [set, set]) / ("heal",)
-  ("crash", n) / ("restart", n)
+  ("crash", n) / ("restart", n) / ("resign", n)   resign: graceful, sends EndQuorumEpoch
   ("propose", n, count)                client writes at node n (must be the leader)
   ("snapshot", n)                      node n snapshots everything it applied
   ("expect", what, ...)                what: leader, not_leader, role, epoch, epoch_gt,
@@ -114,6 +114,9 @@ class Scenario:
     def _propose(self, step: Step, ref: Any, count: int) -> None:
         if not self.sim.propose(self.node(ref), count):
             self.fail(step, "proposal refused")
+
+    def _resign(self, step: Step, ref: Any) -> None:
+        self.sim.resign(self.node(ref))
 
     def _snapshot(self, step: Step, ref: Any) -> None:
         node = self.sim.nodes[self.node(ref)]

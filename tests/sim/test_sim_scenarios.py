@@ -109,7 +109,25 @@ CHECK_QUORUM_RESIGNATION: list[Step] = [
     ("expect", "hw_equal"),
 ]
 
+GRACEFUL_RESIGNATION: list[Step] = [
+    ("until_leader", 5000),
+    ("remember_leader", "L"),
+    ("remember_epoch", "E"),
+    ("propose", "L", 3),
+    ("run", 500),
+    ("resign", "L"),
+    ("crash", "L"),  # shut down right after handing over
+    # EndQuorumEpoch lets the most caught-up follower start at once: well before any
+    # follower's fetch timeout could have noticed the leader is gone.
+    ("until_leader", FETCH_TIMEOUT_MS // 2, "L"),
+    ("expect", "epoch_gt", "E"),
+    ("restart", "L"),
+    ("run", 3000),
+    ("expect", "hw_equal"),
+]
+
 SCENARIOS = {
+    "graceful_resignation": (GRACEFUL_RESIGNATION, 3),
     "divergence_after_leader_change": (DIVERGENCE_AFTER_LEADER_CHANGE, 3),
     "snapshot_catch_up": (SNAPSHOT_CATCH_UP, 3),
     "pre_vote_flapping_node": (PRE_VOTE_FLAPPING_NODE, 5),
