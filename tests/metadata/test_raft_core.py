@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -16,11 +17,16 @@ from raftlog.metadata.raft_messages import (
     VoteResponse,
 )
 from raftlog.metadata.raft_roles import (
+    TRANSITIONS,
     Candidate,
+    Follower,
     IllegalTransition,
     Leader,
+    Prospective,
     Ready,
     Resigned,
+    Unattached,
+    Voted,
     check_transition,
 )
 
@@ -242,3 +248,46 @@ def test_fetch_response_respects_max_fetch_bytes_and_backlog_is_bounded() -> Non
     core.propose(1, [b"z"])
     with pytest.raises(Overloaded):
         core.propose(1, [b"z"] * 3)  # 3 uncommitted + 3 > 5
+
+
+ROLE_SAMPLES = {
+    "unattached": lambda e: Unattached(e, 0),
+    "voted": lambda e: Voted(e, 2, 0),
+    "prospective": lambda e: Prospective(e, None, None, frozenset(), frozenset(), 0),
+    "candidate": lambda e: Candidate(e, frozenset({1}), frozenset(), 0),
+    "follower": lambda e: Follower(e, 2, None, 0),
+    "leader": lambda e: Leader(e, 0),
+    "resigned": lambda e: Resigned(e, 0),
+}
+
+
+@pytest.mark.parametrize("old_name", sorted(ROLE_SAMPLES))
+@pytest.mark.parametrize("new_name", sorted(ROLE_SAMPLES))
+def test_transition_table_is_enforced(old_name: str, new_name: str) -> None:
+    old = ROLE_SAMPLES[old_name](5)
+    for new_epoch in (4, 5, 6, 7):
+        new = ROLE_SAMPLES[new_name](new_epoch)
+        rule = TRANSITIONS.get((old_name, new_name))
+        allowed = {
+            None: False,
+            "same": new_epoch == 5,
+            "higher": new_epoch > 5,
+            "same_or_higher": new_epoch >= 5,
+            "next": new_epoch == 6,
+        }[rule]
+        if old_name == "voted" and new_name in ("voted", "follower", "prospective"):
+            allowed = allowed and (new_epoch > 5 or new.quorum_state(1).voted_for == 2)
+        if old_name == "candidate" and new_name == "follower" and new_epoch == 5:
+            allowed = False  # the sample follower lost the candidate's own vote
+        if old_name == "follower" and new_name == "prospective" and new_epoch == 5:
+            allowed = False  # the sample prospective forgot the epoch's leader
+        if allowed:
+            check_transition(1, old, new)
+        else:
+            with pytest.raises(IllegalTransition, match=re.escape(repr(old))):
+                check_transition(1, old, new)
+
+
+def test_config_rejects_a_long_poll_longer_than_the_fetch_timeout() -> None:
+    with pytest.raises(ValueError, match="fetch_max_wait_ms"):
+        RaftConfig(fetch_timeout_ms=500, fetch_max_wait_ms=500)
