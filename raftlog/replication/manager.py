@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -69,6 +70,11 @@ log = logging.getLogger("raftlog.replication")
 
 AlterPartitionFn = Callable[[AlterPartition], Awaitable[AlterPartitionReply]]
 
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS = 5_000
 # Kafka's log.retention.check.interval.ms is 5 minutes; compaction runs on the same beat.
@@ -99,6 +105,7 @@ class ReplicaManager:
         high_watermark_checkpoint_interval_ms: int = HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS,
         log_cleanup_interval_ms: int = LOG_CLEANUP_INTERVAL_MS,
         producer_snapshot_interval_ms: int = PRODUCER_SNAPSHOT_INTERVAL_MS,
+        wall_clock_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -108,6 +115,9 @@ class ReplicaManager:
         self._alter_partition = alter_partition
         self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
         self.log_cleanup_interval_ms = log_cleanup_interval_ms
+        # Retention compares record timestamps (wall-clock ms, set by producers) with now:
+        # it needs the wall clock, not the monotonic clock_ms that drives timeouts.
+        self.wall_clock_ms = wall_clock_ms
         self.producer_snapshot_interval_ms = producer_snapshot_interval_ms
         self.settings = ReplicationSettings(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
@@ -580,7 +590,7 @@ class ReplicaManager:
 
     async def run_log_cleanup(self) -> None:
         """Retention and compaction of every hosted log, never past its HW."""
-        await clean_partitions(list(self.partitions.values()), self.clock_ms)
+        await clean_partitions(list(self.partitions.values()), self.wall_clock_ms)
         self.flusher.wake()  # checkpoints (log start, recovery point) are now due
 
     # ------------------------------------------------------------------ status
