@@ -7,8 +7,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlog.metadata.raft import ProtocolViolation, QuorumState, RaftConfig, RaftCore
-from raftlog.metadata.raft_messages import Entry, Message
+from raftlog.metadata.raft import ProtocolViolation, QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.metadata.raft_messages import Entry, Message, VoteResponse
 from raftlog.metadata.raft_roles import Leader
 from tests.metadata.test_raft_messages import message_strategy
 
@@ -34,18 +34,32 @@ steps = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(1, 4), st.integers(0, 3), steps)
-def test_random_inputs_keep_the_core_consistent(node_id: int, epoch: int, plan: list) -> None:
-    log = [Entry(0, 1, b"a"), Entry(1, 1, b"b")]
+@given(st.integers(1, 4), st.integers(0, 3), st.booleans(), st.booleans(), steps)
+def test_random_inputs_keep_the_core_consistent(
+    node_id: int, epoch: int, lead_first: bool, with_snapshot: bool, plan: list
+) -> None:
+    log = [Entry(0, 1, b"a"), Entry(1, 1, b"b"), Entry(2, 2, b"c")]
+    snapshot = Snapshot(1, 1, b"state") if with_snapshot else None
     core = RaftCore(
         node_id,
         frozenset({1, 2, 3}),
         CONFIG,
-        QuorumState(epoch + 1, None, None),
+        QuorumState(epoch + 2, None, None),
         log,
+        snapshot,
         rng=random.Random(node_id),
     )
     now_ms = 0
+    if lead_first and core.is_voter:
+        # Start from leadership so that random fetches hit the leader's code paths.
+        core.tick(core.next_deadline_ms())
+        now_ms = core.next_deadline_ms() - 1
+        others = [v for v in (1, 2, 3) if v != node_id]
+        for voter in others:
+            core.receive(now_ms, voter, VoteResponse(True, core.epoch, None, True))
+        for voter in others:
+            core.receive(now_ms, voter, VoteResponse(False, core.epoch, None, True))
+        assert isinstance(core.role, Leader)
     persisted_epoch = core.epoch
     applied = 0
     for step in plan:
