@@ -1,0 +1,221 @@
+"""Executor side: read exactly [start, end) of one partition into pyarrow RecordBatches.
+
+Executors run plain Python, so a split is read as a sequence of short `trio.run` calls, each
+opening a client, doing up to `fetches_per_chunk` fetches from the partition leader, and
+returning one RecordBatch of columns. Memory per split is bounded by one chunk, and every
+chunk starts from fresh metadata, so a leader change between chunks simply re-routes; one
+during a chunk is retried by the client (Cluster.retrying refreshes metadata).
+
+Records never come from past the HW: the broker does not serve them, and the planned end is
+at most the HW observed at planning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import trio
+
+from raftlog.client import Cluster, open_cluster
+from raftlog.client.cluster import raise_for
+from raftlog.client.consumer import whole_batches
+from raftlog.errors import ErrorCode
+from raftlog.records import iter_batches, iter_records
+from raftlog.spark.options import ReadOptions
+from raftlog.spark.planner import DataLossError, cluster_limits, data_loss_message
+from raftlog.spark.ranges import OffsetRange
+
+log = logging.getLogger("raftlog.spark")
+
+# A batch bigger than the fetch size still arrives whole (KIP-74); should a broker cut one
+# anyway, the next fetch asks for twice as much, up to this.
+FETCH_MAX_BYTES_CEILING = 256 * 1024 * 1024
+MICROS_PER_MS = 1000
+
+
+@dataclass(frozen=True)
+class RawFetch:
+    error: ErrorCode
+    data: bytes
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass
+class Columns:
+    """Column lists of decoded records, appended to record by record."""
+
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    timestamps_ms: list[int] = field(default_factory=list)
+    timestamp_types: list[int] = field(default_factory=list)
+    headers: list[list[dict[str, Any]]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def add_records(columns: Columns, data: bytes, start: int, end: int) -> int:
+    """Decode the whole batches of data into columns, keeping start <= offset < end.
+
+    Returns the offset after the last batch seen (control batches included, so a read moves
+    past them), or start when data holds no complete batch.
+    """
+    data = whole_batches(data)
+    next_offset = start
+    for pos, header in iter_batches(data):
+        next_offset = max(next_offset, header.next_offset)
+        if header.is_control or header.last_offset < start:
+            continue
+        timestamp_type = int(header.timestamp_type)
+        for record in iter_records(data, pos):
+            if record.offset < start or record.offset >= end:
+                continue
+            columns.keys.append(record.key)
+            columns.values.append(record.value)
+            columns.offsets.append(record.offset)
+            columns.timestamps_ms.append(record.timestamp_ms if record.timestamp_ms else 0)
+            columns.timestamp_types.append(timestamp_type)
+            if columns.headers is not None:
+                columns.headers.append([{"key": k, "value": v} for k, v in record.headers])
+        if header.next_offset >= end:
+            break
+    return next_offset
+
+
+def to_record_batch(
+    columns: Columns, topic: str, partition: int, schema: pa.Schema
+) -> pa.RecordBatch:
+    """One RecordBatch in exactly Spark's Arrow form of the source schema."""
+    count = len(columns)
+    arrays: dict[str, pa.Array] = {
+        "key": pa.array(columns.keys, pa.binary()),
+        "value": pa.array(columns.values, pa.binary()),
+        "topic": pa.array([topic] * count, pa.string()),
+        "partition": pa.array([partition] * count, pa.int32()),
+        "offset": pa.array(columns.offsets, pa.int64()),
+        "timestamp": pa.array(
+            [t * MICROS_PER_MS for t in columns.timestamps_ms], schema.field("timestamp").type
+        ),
+        "timestampType": pa.array(columns.timestamp_types, pa.int32()),
+    }
+    if columns.headers is not None:
+        arrays["headers"] = pa.array(columns.headers, schema.field("headers").type)
+    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
+
+
+async def fetch_raw(
+    cluster: Cluster, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int
+) -> RawFetch:
+    """One fetch from the current leader; leadership errors are retried, out-of-range is
+    answered (the caller decides whether it is data loss)."""
+
+    async def attempt() -> RawFetch:
+        connection, info = await cluster.leader(topic, partition)
+        values = {
+            "replica_id": -1,
+            "max_wait": max_wait_ms,
+            "min_bytes": 1,
+            "max_bytes": max_bytes,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [
+                {
+                    "topic": topic,
+                    "partitions": [
+                        {
+                            "partition": partition,
+                            "current_leader_epoch": info.leader_epoch,
+                            "fetch_offset": offset,
+                            "last_fetched_epoch": -1,
+                            "log_start_offset": -1,
+                            "partition_max_bytes": max_bytes,
+                        }
+                    ],
+                }
+            ],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        }
+        response = await connection.call("fetch", values)
+        raise_for(getattr(response, "error_code", 0), f"fetch {topic}-{partition}")
+        answer = response.responses[0].partitions[0]
+        error = ErrorCode(int(answer.error_code))
+        if error != ErrorCode.offset_out_of_range:
+            raise_for(error, f"fetch {topic}-{partition} at {offset}")
+        return RawFetch(
+            error,
+            bytes(answer.records or b""),
+            int(answer.high_watermark),
+            int(getattr(answer, "log_start_offset", -1)),
+        )
+
+    return await cluster.retrying(attempt, refresh_topics=[topic])
+
+
+@dataclass
+class Chunk:
+    columns: Columns
+    next_offset: int
+
+
+async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chunk:
+    """Up to options.fetches_per_chunk fetches of rng from offset (see the module docstring)."""
+    columns = Columns(headers=[] if options.include_headers else None)
+    max_bytes = options.fetch_max_bytes
+    async with open_cluster(
+        options.bootstrap_servers, client_id="raftlog-spark", limits=cluster_limits(options)
+    ) as cluster:
+        for _ in range(options.fetches_per_chunk):
+            if offset >= rng.end:
+                break
+            raw = await fetch_raw(
+                cluster, rng.topic, rng.partition, offset, max_bytes, options.fetch_max_wait_ms
+            )
+            if raw.error == ErrorCode.offset_out_of_range:
+                if raw.log_start_offset < 0 or offset >= raw.log_start_offset:
+                    raise_for(raw.error, f"fetch {rng.topic}-{rng.partition} at {offset}")
+                # Retention ran between planning and this read.
+                message = data_loss_message(rng.topic, rng.partition, offset, raw.log_start_offset)
+                if options.fail_on_data_loss:
+                    raise DataLossError(message)
+                log.warning("skipping lost records: %s", message)
+                offset = min(raw.log_start_offset, rng.end)
+                continue
+            next_offset = add_records(columns, raw.data, offset, rng.end)
+            if next_offset == offset:
+                if raw.data:  # only a cut batch came back: ask for more bytes
+                    max_bytes = min(2 * max_bytes, FETCH_MAX_BYTES_CEILING)
+                    continue
+                # Nothing below the HW yet (a new leader still catching its HW up).
+                break
+            offset = next_offset
+    return Chunk(columns, offset)
+
+
+def read_range(
+    options: ReadOptions, rng: OffsetRange, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """RecordBatches of every committed record in rng, in offset order (blocking)."""
+    offset = rng.start
+    last_progress_s = time.monotonic()
+    while offset < rng.end:
+        chunk = trio.run(read_chunk, options, rng, offset)
+        if len(chunk.columns):
+            yield to_record_batch(chunk.columns, rng.topic, rng.partition, schema)
+        if chunk.next_offset > offset:
+            offset = chunk.next_offset
+            last_progress_s = time.monotonic()
+        elif (time.monotonic() - last_progress_s) * 1000 > options.read_stall_timeout_ms:
+            raise TimeoutError(
+                f"{rng.topic}-{rng.partition}: no progress at offset {offset} for "
+                f"{options.read_stall_timeout_ms} ms (planned end {rng.end}); "
+                f"the high watermark did not reach the planned range"
+            )
