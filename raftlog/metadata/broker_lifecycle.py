@@ -71,7 +71,10 @@ class ControllerClient:
         if address is None:
             raise NotControllerError(leader)
         status, body = await self.peers.peer(leader, *address).call(
-            "controller", self.wire.encode(request), timeout_s=timeout_ms / 1000
+            "controller",
+            self.wire.encode(request),
+            timeout_s=timeout_ms / 1000,
+            connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
         )
         if status == "not_controller":
             raise NotControllerError(body)

@@ -209,6 +209,7 @@ class QuorumDriver:
         self._flush_wanted = trio.Event()
         self._commit_waiters: dict[int, _CommitWaiter] = {}
         self._reads: dict[object, tuple[trio.Event, list[int | None]]] = {}
+        peers.add_unreachable_listener(self._peer_unreachable)
         log.info(
             "metadata log loaded: start %d, end %d, snapshot %s, quorum state %s",
             store.log.log_start_offset,
@@ -234,6 +235,13 @@ class QuorumDriver:
             self._observers[sender_id] = (str(host), int(port))
         self.core.receive(self.now_ms(), sender_id, message)
         self._wake.set()
+
+    def _peer_unreachable(self, peer_id: int) -> None:
+        """A connect to peer_id was refused; if it is our leader, elect without waiting out
+        the fetch timeout (a kill -9'd leader otherwise costs the whole fetch_timeout_ms)."""
+        if peer_id != self.config.node_id and peer_id == self.core.leader_id:
+            self.core.leader_unreachable(self.now_ms(), peer_id)
+            self._wake.set()
 
     def propose(self, payload: bytes) -> tuple[int, int]:
         """Append one entry as leader; returns (offset, epoch). Raises NotLeader."""
@@ -276,6 +284,12 @@ class QuorumDriver:
 
     # ---------------------------------------------------------------- loop
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Connect to every other voter at once rather than on the first message: a cast to a
+        # peer that is not connected yet is dropped, and the first pre-vote after a failover
+        # (from a node that only ever talked to the old leader) must not be lost that way.
+        for voter_id, address in self.voters.items():
+            if voter_id != self.config.node_id:
+                self.peers.peer(voter_id, *address)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._flush_loop)
             task_status.started()

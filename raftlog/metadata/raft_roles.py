@@ -588,5 +588,26 @@ class Elections:
             )
         self._send(from_id, EndQuorumEpochResponse(self.epoch, self.leader_id))
 
+    def leader_unreachable(self, now_ms: int, leader_id: int) -> None:
+        """The driver cannot even connect to `leader_id` (its process is gone: the connection
+        was reset and a reconnect was refused). Treat it like a resignation: elect after a
+        random backoff instead of waiting out the whole fetch timeout. Only liveness is at
+        stake if this is wrong: pre-vote still needs a majority that no longer hears the
+        leader, and a refused pre-vote makes this node a follower of that leader again."""
+        role = self._role
+        if (
+            not self.is_voter
+            or not isinstance(role, Follower)
+            or role.leader_id != leader_id
+            or role.leader_resigned
+        ):
+            return
+        backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
+        self._role = dataclasses.replace(
+            role,
+            fetch_deadline_ms=min(role.fetch_deadline_ms, now_ms + backoff_ms),
+            leader_resigned=True,
+        )
+
     def _on_response(self, now_ms: int, from_id: int, msg: Any) -> None:
         self._observe(now_ms, msg.epoch, msg.leader_id)
