@@ -626,9 +626,11 @@ class RaftCore(Elections):
         role = self._role
         assert isinstance(role, Follower)
         if msg.error != ERROR_NONE:
-            # Our leader of this epoch no longer leads (resigned, restarted): elect soon,
-            # after a random backoff so the followers do not all start at once.
-            if not role.leader_resigned:
+            # FENCED_EPOCH: our fetch named an older epoch, which _observe just fixed (a new
+            # fetch is on its way). NOT_LEADER: our leader of this epoch no longer leads
+            # (resigned, restarted): elect soon, after a random backoff so the followers do
+            # not all start at once.
+            if msg.error == ERROR_NOT_LEADER and not role.leader_resigned:
                 backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
                 self._role = dataclasses.replace(
                     role,

@@ -291,3 +291,17 @@ def test_transition_table_is_enforced(old_name: str, new_name: str) -> None:
 def test_config_rejects_a_long_poll_longer_than_the_fetch_timeout() -> None:
     with pytest.raises(ValueError, match="fetch_max_wait_ms"):
         RaftConfig(fetch_timeout_ms=500, fetch_max_wait_ms=500)
+
+
+def test_fenced_fetch_moves_the_follower_to_the_new_leader() -> None:
+    from raftlog.metadata.raft_messages import ERROR_FENCED_EPOCH
+
+    follower = make(2, persisted=QuorumState(1, None, 1))
+    follower.take_ready()
+    # Node 3 leads epoch 2 now; our fetch (epoch 1) went to it and came back fenced.
+    follower.receive(5, 3, FetchResponse(2, 3, 0, 0, 0, error=ERROR_FENCED_EPOCH))
+    role = follower.role
+    assert isinstance(role, Follower) and (role.epoch, role.leader_id) == (2, 3)
+    assert not role.leader_resigned
+    ((to, fetch),) = messages_of(follower.take_ready(), Fetch)
+    assert to == 3 and fetch.epoch == 2  # type: ignore[attr-defined]
