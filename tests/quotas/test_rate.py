@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftlog.quotas import SampledRate, TokenBucket, throttle_time_ms
+from raftlog.quotas import SampledRate, TokenBucket, pacing_throttle_ms, throttle_time_ms
 
 
 def rate_11x1s() -> SampledRate:
@@ -92,6 +92,31 @@ def test_obeying_the_throttle_brings_the_rate_to_the_quota(
         # rounding the delay to a whole ms is the only error.
         assert total / ((window_ms + max(delay_ms - 1, 0)) / 1000) >= quota
         assert total / ((window_ms + delay_ms + 1) / 1000) <= quota
+
+
+@given(
+    total=st.integers(0, 10**9),
+    quota=st.integers(1, 10**7),
+    elapsed_ms=st.integers(0, 100_000),
+)
+def test_pacing_holds_the_client_until_its_bytes_span_bytes_over_quota(
+    total: int, quota: int, elapsed_ms: int
+) -> None:
+    delay_ms = pacing_throttle_ms(total, quota, elapsed_ms, max_throttle_time_ms=2**62)
+    # Released at the moment the bytes, spread over elapsed + delay, average out at exactly
+    # the quota (to the rounded ms); no padding, so a fresh client (elapsed 0) is held for
+    # all of total / quota.
+    exact_ms = total / quota * 1000 - elapsed_ms
+    if exact_ms <= 0:
+        assert delay_ms == 0
+    else:
+        assert abs(delay_ms - exact_ms) <= 0.5 + 1e-9
+
+
+def test_pacing_is_capped() -> None:
+    assert pacing_throttle_ms(10**9, 1, 0, max_throttle_time_ms=11_000) == 11_000
+    assert pacing_throttle_ms(1000, 1000, 0, max_throttle_time_ms=11_000) == 1000
+    assert pacing_throttle_ms(1000, 1000, 1000, max_throttle_time_ms=11_000) == 0
 
 
 def test_token_bucket_overdraw_and_refill() -> None:
