@@ -21,11 +21,6 @@ UNSAFE_SEEDS = (101, 202, 303)
 
 @pytest.mark.cluster
 @needs_cluster
-@pytest.mark.xfail(
-    strict=False,
-    reason="node bug found by this run: an idempotent produce retried across a partition "
-    "leader kill is appended twice (duplicate); remove once replication dedups retries",
-)
 def test_smoke_run_with_kills_and_partitions_is_valid(tmp_path: Path) -> None:
     outcome = run(
         RunOptions(
