@@ -7,14 +7,17 @@ A one-node cluster (raftlog.testing.cluster, a real `raftlog node` process) gets
 `--partitions` partitions, RF=1, filled to `--size-mb` with raw Produce requests (acks=1)
 carrying one pre-built 1 MiB RecordBatch of 1 KiB records, sent through the project's client
 connection (raftlog/client/connection.py) with several requests in flight; the broker assigns
-offsets, so the same bytes can be sent again and again. Then, alternating per round:
+offsets, so the same bytes can be sent again and again. Then, per round:
 
-* fetch: one Fetch request per partition in flight (partition_max_bytes 1 MiB), response
-  parsed by kio, record bytes discarded; the next offset comes from the last batch header;
-* baseline: os.sendfile of every segment file of the topic, 1 MiB at a time, to a loopback
-  socket whose far end a trio task drains and discards;
+* fetch: as a Kafka consumer fetches from one broker, one Fetch request in flight naming
+  every partition (partition_max_bytes 1 MiB each), the response parsed by kio and the record
+  bytes discarded; each partition's next offset comes from its last batch header;
+* baseline: os.sendfile of the same byte ranges of the segment files, 1 MiB at a time, to a
+  loopback socket whose far end a trio task drains and discards;
 
-and finally a confluent-kafka consumer (assign, from the beginning) counts messages per second.
+alternating in slices of 16 MiB per partition, so that load from other processes on a shared
+machine hits both sides alike; and finally a confluent-kafka consumer (assign, from the
+beginning) counts messages per second.
 The last stdout line is one JSON object:
 {"fetch_mb_s", "baseline_mb_s", "ratio", "confluent_consumer_msgs_s"}.
 """
@@ -24,6 +27,8 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ FILL_BATCH_BYTES = 1 * MIB
 FILL_IN_FLIGHT_REQUESTS = 8
 FETCH_PARTITION_MAX_BYTES = 1 * MIB
 SENDFILE_CHUNK_BYTES = 1 * MIB
+SLICE_BYTES_PER_PARTITION = 16 * MIB
 RESPONSE_MAX_BYTES = 64 * MIB
 CONFLUENT_POLL_BATCH = 10_000
 CONFLUENT_DEADLINE_S = 300.0
@@ -165,7 +171,20 @@ async def end_offsets(connection: BrokerConnection, partitions: int) -> list[int
     return [by_index[p] for p in range(partitions)]
 
 
-def _fetch_values(partition: int, offset: int) -> dict[str, Any]:
+@dataclass
+class Cursor:
+    """One partition's progress in a round: the fetch side leads, the baseline then sends
+    exactly the bytes the fetch side received, from the segment files."""
+
+    partition: int
+    end_offset: int
+    files: list[tuple[Path, int]]  # segment files in offset order, with their sizes
+    offset: int = 0
+    fetched_bytes: int = 0
+    sent_bytes: int = 0
+
+
+def _fetch_values(cursors: list[Cursor]) -> dict[str, Any]:
     return {
         "replica_id": -1,
         "max_wait": 0,
@@ -181,13 +200,14 @@ def _fetch_values(partition: int, offset: int) -> dict[str, Any]:
                 "topic": TOPIC,
                 "partitions": [
                     {
-                        "partition": partition,
-                        "fetch_offset": offset,
+                        "partition": cursor.partition,
+                        "fetch_offset": cursor.offset,
                         "partition_max_bytes": FETCH_PARTITION_MAX_BYTES,
                         "current_leader_epoch": -1,
                         "log_start_offset": -1,
                         "last_fetched_epoch": -1,
                     }
+                    for cursor in cursors
                 ],
             }
         ],
@@ -207,56 +227,61 @@ def next_offset_after(records: bytes, offset: int) -> int:
     return offset
 
 
-async def fetch_pass(
-    connection: BrokerConnection, ends: list[int], bar: Progress, task: Any
+async def fetch_slice(
+    connection: BrokerConnection, cursors: list[Cursor], target_bytes: int, advance: Any
 ) -> int:
-    """Read every partition from 0 to its end; returns record bytes received."""
+    """Fetch, as a Kafka consumer does from one broker (one request in flight naming every
+    partition that still needs data), until each partition has received target_bytes of its
+    log or reached its end; returns record bytes received."""
     received = 0
-
-    async def reader(partition: int) -> None:
-        nonlocal received
-        offset = 0
-        while offset < ends[partition]:
-            response = await connection.call("fetch", _fetch_values(partition, offset))
-            data = response.responses[0].partitions[0]
+    while True:
+        wanted = [c for c in cursors if c.fetched_bytes < target_bytes and c.offset < c.end_offset]
+        if not wanted:
+            return received
+        response = await connection.call("fetch", _fetch_values(wanted))
+        by_partition = {c.partition: c for c in wanted}
+        for data in response.responses[0].partitions:
+            cursor = by_partition[int(data.partition_index)]
+            where = f"{TOPIC}-{cursor.partition}@{cursor.offset}"
             if int(data.error_code) != 0:
-                raise RuntimeError(f"fetch {TOPIC}-{partition}@{offset}: {data.error_code!r}")
+                raise RuntimeError(f"fetch {where}: {data.error_code!r}")
             records = data.records or b""
-            new_offset = next_offset_after(records, offset)
-            if new_offset <= offset:
-                raise RuntimeError(f"fetch {TOPIC}-{partition}@{offset} made no progress")
-            offset = new_offset
+            new_offset = next_offset_after(records, cursor.offset)
+            if new_offset <= cursor.offset:
+                raise RuntimeError(f"fetch {where} made no progress")
+            cursor.offset = new_offset
+            cursor.fetched_bytes += len(records)
             received += len(records)
-            bar.advance(task, len(records))
-
-    async with trio.open_nursery() as nursery:
-        for partition in range(len(ends)):
-            nursery.start_soon(reader, partition)
-    return received
+            advance(len(records))
 
 
-async def baseline_pass(paths: list[Path], sink: Any, bar: Progress, task: Any) -> int:
+async def baseline_slice(cursors: list[Cursor], sink: Any, advance: Any) -> int:
+    """os.sendfile of the byte ranges the last fetch slice received, 1 MiB at a time."""
     sent = 0
-    for path in paths:
-        with path.open("rb") as file:
-            size = path.stat().st_size
-            position = 0
-            while position < size:
-                count = min(SENDFILE_CHUNK_BYTES, size - position)
-                sent += await sink.sendfile(file.fileno(), position, count)
-                position += count
-                bar.advance(task, count)
+    for cursor in cursors:
+        file_start = 0
+        for path, size in cursor.files:
+            lo = max(cursor.sent_bytes, file_start)
+            hi = min(cursor.fetched_bytes, file_start + size)
+            if lo < hi:
+                with path.open("rb") as file:
+                    position = lo - file_start
+                    while position < hi - file_start:
+                        count = min(SENDFILE_CHUNK_BYTES, hi - file_start - position)
+                        sent += await sink.sendfile(file.fileno(), position, count)
+                        position += count
+                        advance(count)
+            file_start += size
+        cursor.sent_bytes = cursor.fetched_bytes
     return sent
 
 
-def segment_paths(cluster: ProcessCluster, partitions: int) -> list[Path]:
-    data_dir = cluster.nodes[1].config.data_path / PARTITIONS_DIR
-    paths = []
-    for partition in range(partitions):
-        paths += sorted((data_dir / f"{TOPIC}-{partition}").glob("*.log"))
-    if not paths:
-        raise RuntimeError(f"no segment files of {TOPIC} under {data_dir}")
-    return paths
+def segment_files(cluster: ProcessCluster, partition: int) -> list[tuple[Path, int]]:
+    directory = cluster.nodes[1].config.data_path / PARTITIONS_DIR / f"{TOPIC}-{partition}"
+    files = [(path, path.stat().st_size) for path in sorted(directory.glob("*.log"))]
+    if not files:
+        raise RuntimeError(f"no segment files in {directory}")
+    return files
 
 
 async def measure(
@@ -272,8 +297,9 @@ async def measure(
         ends = await end_offsets(connection, partitions)
         if sum(ends) != records:
             raise RuntimeError(f"end offsets {ends} do not add up to {records} records")
-        paths = segment_paths(cluster, partitions)
-        topic_bytes = sum(p.stat().st_size for p in paths)
+        files = [segment_files(cluster, p) for p in range(partitions)]
+        partition_bytes = [sum(size for _, size in f) for f in files]
+        topic_bytes = sum(partition_bytes)
         console.print(
             f"filled {topic_bytes / MIB:.0f} MiB ({records} records, {partitions} partitions) "
             f"in {fill_s:.1f}s: {mb_per_s(topic_bytes, fill_s)} MB/s produced"
@@ -282,17 +308,30 @@ async def measure(
         fetch_s = baseline_s = 0.0
         async with socket_sink() as sink:
             with _bar() as bar:
-                for i in range(rounds):
-                    task = bar.add_task(f"round {i + 1}: fetch", total=topic_bytes)
-                    started = time.monotonic()
-                    fetch_bytes += await fetch_pass(connection, ends, bar, task)
-                    fetch_s += time.monotonic() - started
-                    task = bar.add_task(f"round {i + 1}: raw sendfile", total=topic_bytes)
-                    started = time.monotonic()
-                    baseline_bytes += await baseline_pass(paths, sink, bar, task)
-                    baseline_s += time.monotonic() - started
-        if fetch_bytes != rounds * topic_bytes:
-            raise RuntimeError(f"fetched {fetch_bytes} bytes, expected {rounds * topic_bytes}")
+                fetch_task = bar.add_task("fetch (raw protocol)", total=rounds * topic_bytes)
+                raw_task = bar.add_task("raw sendfile", total=rounds * topic_bytes)
+                for _ in range(rounds):
+                    cursors = [Cursor(p, ends[p], files[p]) for p in range(partitions)]
+                    # Alternate in slices so that load from other processes on this shared
+                    # machine hits both sides alike.
+                    target = 0
+                    while target < max(partition_bytes):
+                        target += SLICE_BYTES_PER_PARTITION
+                        started = time.monotonic()
+                        fetch_bytes += await fetch_slice(
+                            connection, cursors, target, partial(bar.advance, fetch_task)
+                        )
+                        fetch_s += time.monotonic() - started
+                        started = time.monotonic()
+                        baseline_bytes += await baseline_slice(
+                            cursors, sink, partial(bar.advance, raw_task)
+                        )
+                        baseline_s += time.monotonic() - started
+                    if [c.fetched_bytes for c in cursors] != partition_bytes:
+                        raise RuntimeError(
+                            f"fetched {[c.fetched_bytes for c in cursors]} bytes per partition, "
+                            f"the segment files hold {partition_bytes}"
+                        )
     fetch_mb_s = mb_per_s(fetch_bytes, fetch_s)
     baseline_mb_s = mb_per_s(baseline_bytes, baseline_s)
     return {
