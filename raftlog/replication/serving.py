@@ -40,6 +40,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raftlog.replication")
 
+# A parked replica fetch whose only news is a higher HW waits this much longer for new data,
+# so under load the HW rides along with the next records instead of costing every follower an
+# extra empty round trip per HW advance; when idle, followers learn the HW this late.
+HIGH_WATERMARK_LINGER_MS = 5
+# Replica reads up to this size run on the event loop: followers read what was just written,
+# from the page cache, and a worker-thread hop per fetch costs more than the copy (and under
+# CPU contention adds a scheduling delay to every acks=all produce). Larger reads (a follower
+# catching up) still go to a worker thread.
+INLINE_REPLICA_READ_MAX_BYTES = 256 * 1024
+ReplicaRead = tuple[ReplicaFetchPartition, HostedPartition, LeaderState]
 # Room left in an internal frame for the envelope and per-partition fields of a fetch answer.
 REPLICA_FETCH_FRAME_OVERHEAD_BYTES = 1024 * 1024
 
@@ -192,12 +202,7 @@ class ReadPaths:
                 reads.append((item, hosted, leader))
             else:
                 answers[key] = _answer_without_records(item, decision)
-        has_news = any(
-            item.fetch_offset < hosted.log.log_end_offset
-            or 0 <= item.high_watermark < leader.high_watermark
-            for item, hosted, leader in reads
-        )
-        if reads and not answers and not has_news and request.max_wait_ms > 0:
+        if reads and not answers and not _has_data(reads) and request.max_wait_ms > 0:
             await self._park(
                 reads, min(request.max_wait_ms, self.manager.config.replica_fetch_wait_max_ms)
             )
@@ -209,16 +214,31 @@ class ReadPaths:
         reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]],
         max_wait_ms: int,
     ) -> None:
-        """Wait for an LEO/HW advance or role change of any requested partition (no polling)."""
-        wakeup = trio.Event()
-        for _, hosted, _ in reads:
-            hosted.waiters.add(wakeup)
-        try:
-            with trio.move_on_after(max_wait_ms / 1000):
-                await wakeup.wait()
-        finally:
+        """Wait for new data or a role change of any requested partition (no polling); a
+        higher HW alone ends the wait HIGH_WATERMARK_LINGER_MS later."""
+        deadline = trio.current_time() + max_wait_ms / 1000
+        linger_s = HIGH_WATERMARK_LINGER_MS / 1000
+        while True:
+            if _has_hw_news(reads):
+                deadline = min(deadline, trio.current_time() + linger_s)
+            wakeup = trio.Event()
             for _, hosted, _ in reads:
-                hosted.waiters.discard(wakeup)
+                hosted.waiters.add(wakeup)
+            try:
+                with trio.move_on_at(deadline):
+                    await wakeup.wait()
+            finally:
+                for _, hosted, _ in reads:
+                    hosted.waiters.discard(wakeup)
+            if trio.current_time() >= deadline or _has_data(reads) or self._moved(reads):
+                return
+
+    def _moved(self, reads: list[ReplicaRead]) -> bool:
+        partitions = self.manager.partitions
+        return any(
+            partitions.get(h.key) is not h or h.replica.leader is not leader
+            for _, h, leader in reads
+        )
 
     async def _read_for_replicas(
         self,
@@ -255,9 +275,15 @@ class ReadPaths:
                 continue
             budget_bytes -= result.size_bytes
             regions.append((item, hosted, leader, result))
-        payloads = await trio.to_thread.run_sync(
-            lambda: [result.read_bytes() for _, _, _, result in regions]
-        )
+
+        def read_all() -> list[bytes]:
+            return [result.read_bytes() for _, _, _, result in regions]
+
+        total_bytes = sum(result.size_bytes for _, _, _, result in regions)
+        if total_bytes <= INLINE_REPLICA_READ_MAX_BYTES:
+            payloads = read_all()
+        else:
+            payloads = await trio.to_thread.run_sync(read_all)
         for (item, hosted, leader, _), records in zip(regions, payloads, strict=True):
             answers[(item.topic, item.partition)] = ReplicaFetchAnswer(
                 item.topic,
@@ -268,6 +294,14 @@ class ReadPaths:
                 records=records,
             )
         return answers
+
+
+def _has_data(reads: list[ReplicaRead]) -> bool:
+    return any(item.fetch_offset < hosted.log.log_end_offset for item, hosted, _ in reads)
+
+
+def _has_hw_news(reads: list[ReplicaRead]) -> bool:
+    return any(0 <= item.high_watermark < leader.high_watermark for item, _, leader in reads)
 
 
 def _refusal(item: ReplicaFetchPartition, error: ErrorCode) -> ReplicaFetchAnswer:
