@@ -22,7 +22,7 @@ import trio
 from raftlog.config import MIB, NodeConfig
 from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
 from raftlog.metadata.raft_messages import Entry, MessageDecodeError, message_from_wire
-from raftlog.metadata.raft_roles import RoleChange
+from raftlog.metadata.raft_roles import ProtocolViolation, RoleChange
 from raftlog.net.rpc import PeerSet
 from raftlog.records import Record, build_batch, iter_batches, iter_records
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
@@ -233,7 +233,14 @@ class QuorumDriver:
             return
         if sender_id not in self.voters:
             self._observers[sender_id] = (str(host), int(port))
-        self.core.receive(self.now_ms(), sender_id, message)
+        try:
+            self.core.receive(self.now_ms(), sender_id, message)
+        except ProtocolViolation as exc:
+            # A peer sending what no correct node sends must not take this node down.
+            log.error(
+                "ignoring raft message from node %s that breaks the protocol: %s", sender_id, exc
+            )
+            return
         self._wake.set()
 
     def _peer_unreachable(self, peer_id: int) -> None:
