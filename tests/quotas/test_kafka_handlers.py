@@ -148,6 +148,9 @@ async def test_create_topics_over_mutation_quota_strict_and_permissive(harness) 
     old = await harness.request(create_topics_request(5, [("c", 2)]), "adm")
     assert old.topics[0].error_code == ErrorCode.none
     assert to_ms(old.throttle_time) == 11_000  # capped at one span
+    # Naming a topic that exists mutates nothing and is answered as usual, even in debt.
+    exists = await harness.request(create_topics_request(7, [("a", 20)]), "adm")
+    assert exists.topics[0].error_code == ErrorCode.topic_already_exists
     # Another client id is not limited by adm's quota.
     other = await harness.request(create_topics_request(7, [("d", 50)]), "other")
     assert (other.topics[0].error_code, to_ms(other.throttle_time)) == (ErrorCode.none, 0)

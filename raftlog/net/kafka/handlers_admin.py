@@ -78,6 +78,8 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
         partitions = len(t.assignments) or (
             t.num_partitions if t.num_partitions > 0 else ctx.config.num_partitions
         )
+        if _partition_count(ctx, t.name):
+            partitions = 0  # TOPIC_ALREADY_EXISTS mutates nothing, so it costs nothing
         if validate_only or _admit_mutations(ctx, "create_topics", partitions):
             admitted.append(t)
         else:
