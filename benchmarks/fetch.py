@@ -12,19 +12,23 @@ offsets, so the same bytes can be sent again and again. Then, per round:
 * fetch: as a Kafka consumer fetches from one broker, one Fetch request in flight naming
   every partition (partition_max_bytes 1 MiB each), the response parsed by kio and the record
   bytes discarded; each partition's next offset comes from its last batch header;
+* fetch (diagnostic): the same requests on a second connection whose response frames are
+  received with recv_into into one reused buffer instead of the client's FrameReader, which
+  separates what the client's framing costs from what the broker costs;
 * baseline: os.sendfile of the same byte ranges of the segment files, 1 MiB at a time, to a
   loopback socket whose far end a trio task drains and discards;
 
 alternating in slices of 16 MiB per partition, so that load from other processes on a shared
 machine hits both sides alike; and finally a confluent-kafka consumer (assign, from the
 beginning) counts messages per second.
-The last stdout line is one JSON object:
-{"fetch_mb_s", "baseline_mb_s", "ratio", "confluent_consumer_msgs_s"}.
+The last stdout line is one JSON object: {"fetch_mb_s", "baseline_mb_s", "ratio",
+"socket_fetch_mb_s", "socket_ratio", "confluent_consumer_msgs_s"}.
 """
 
 from __future__ import annotations
 
 import argparse
+import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,7 +50,8 @@ from rich.progress import (
 from benchmarks.common import MIB, console, emit_result, mb_per_s, socket_sink
 from raftlog.client import open_connection
 from raftlog.client.connection import BrokerConnection, ConnectionLimits
-from raftlog.client.protocol import build_request
+from raftlog.client.protocol import API_KEYS, build_request, decode_response, encode_request
+from raftlog.net.framing import frame
 from raftlog.node import PARTITIONS_DIR
 from raftlog.records import Record, build_batch, parse_header
 from raftlog.testing.cluster import ProcessCluster
@@ -58,6 +63,8 @@ FILL_IN_FLIGHT_REQUESTS = 8
 FETCH_PARTITION_MAX_BYTES = 1 * MIB
 SENDFILE_CHUNK_BYTES = 1 * MIB
 SLICE_BYTES_PER_PARTITION = 16 * MIB
+FETCH_API_KEY = API_KEYS["fetch"]
+FRAME_SIZE = struct.Struct(">i")
 RESPONSE_MAX_BYTES = 64 * MIB
 CONFLUENT_POLL_BATCH = 10_000
 CONFLUENT_DEADLINE_S = 300.0
@@ -255,6 +262,38 @@ async def fetch_slice(
             advance(len(records))
 
 
+class SocketFetcher:
+    """Diagnostic twin of BrokerConnection.call for Fetch: the same kio encoding and decoding,
+    but each response frame is received with recv_into into one reused buffer instead of
+    through FrameReader. The gap between the two shows what the client's framing costs, as
+    opposed to the broker."""
+
+    def __init__(self, sock: trio.socket.SocketType, version: int) -> None:
+        self._sock = sock
+        self._version = version
+        self._buffer = bytearray(RESPONSE_MAX_BYTES + MIB)
+        self._correlation_id = 0
+
+    async def _receive_exactly(self, view: memoryview) -> None:
+        received = 0
+        while received < len(view):
+            count = await self._sock.recv_into(view[received:])
+            if count == 0:
+                raise ConnectionError("the node closed the connection")
+            received += count
+
+    async def call(self, api: str, values: dict[str, Any]) -> Any:
+        self._correlation_id += 1
+        payload = build_request(api, self._version, values)
+        request = encode_request(payload, self._correlation_id, "fetch-bench-socket")
+        await self._sock.send(frame(request))
+        view = memoryview(self._buffer)
+        await self._receive_exactly(view[:4])
+        (size,) = FRAME_SIZE.unpack_from(view, 0)
+        await self._receive_exactly(view[:size])
+        return decode_response(bytes(view[:size]), FETCH_API_KEY, self._version)
+
+
 async def baseline_slice(cursors: list[Cursor], sink: Any, advance: Any) -> int:
     """os.sendfile of the byte ranges the last fetch slice received, 1 MiB at a time."""
     sent = 0
@@ -304,16 +343,21 @@ async def measure(
             f"filled {topic_bytes / MIB:.0f} MiB ({records} records, {partitions} partitions) "
             f"in {fill_s:.1f}s: {mb_per_s(topic_bytes, fill_s)} MB/s produced"
         )
-        fetch_bytes = baseline_bytes = 0
-        fetch_s = baseline_s = 0.0
+        fetch_bytes = baseline_bytes = socket_bytes = 0
+        fetch_s = baseline_s = socket_s = 0.0
+        sock = trio.socket.socket()
+        await sock.connect((host, port))
+        fetcher = SocketFetcher(sock, connection.version("fetch"))
         async with socket_sink() as sink:
             with _bar() as bar:
-                fetch_task = bar.add_task("fetch (raw protocol)", total=rounds * topic_bytes)
+                fetch_task = bar.add_task("fetch (client connection)", total=rounds * topic_bytes)
+                socket_task = bar.add_task("fetch (recv_into socket)", total=rounds * topic_bytes)
                 raw_task = bar.add_task("raw sendfile", total=rounds * topic_bytes)
                 for _ in range(rounds):
                     cursors = [Cursor(p, ends[p], files[p]) for p in range(partitions)]
+                    twins = [Cursor(p, ends[p], files[p]) for p in range(partitions)]
                     # Alternate in slices so that load from other processes on this shared
-                    # machine hits both sides alike.
+                    # machine hits every side alike.
                     target = 0
                     while target < max(partition_bytes):
                         target += SLICE_BYTES_PER_PARTITION
@@ -322,6 +366,11 @@ async def measure(
                             connection, cursors, target, partial(bar.advance, fetch_task)
                         )
                         fetch_s += time.monotonic() - started
+                        started = time.monotonic()
+                        socket_bytes += await fetch_slice(
+                            fetcher, twins, target, partial(bar.advance, socket_task)
+                        )
+                        socket_s += time.monotonic() - started
                         started = time.monotonic()
                         baseline_bytes += await baseline_slice(
                             cursors, sink, partial(bar.advance, raw_task)
@@ -332,12 +381,16 @@ async def measure(
                             f"fetched {[c.fetched_bytes for c in cursors]} bytes per partition, "
                             f"the segment files hold {partition_bytes}"
                         )
+        sock.close()
     fetch_mb_s = mb_per_s(fetch_bytes, fetch_s)
     baseline_mb_s = mb_per_s(baseline_bytes, baseline_s)
+    socket_mb_s = mb_per_s(socket_bytes, socket_s)
     return {
         "fetch_mb_s": fetch_mb_s,
         "baseline_mb_s": baseline_mb_s,
         "ratio": round(fetch_mb_s / baseline_mb_s, 3) if baseline_mb_s else 0.0,
+        "socket_fetch_mb_s": socket_mb_s,
+        "socket_ratio": round(socket_mb_s / baseline_mb_s, 3) if baseline_mb_s else 0.0,
         "records": records,
     }
 
@@ -393,7 +446,8 @@ def main() -> None:
         result["confluent_consumer_msgs_s"] = confluent_consume(cluster, args.partitions, records)
     console.print(
         f"fetch {result['fetch_mb_s']} MB/s vs raw sendfile {result['baseline_mb_s']} MB/s "
-        f"(ratio {result['ratio']}); confluent-kafka consumer "
+        f"(ratio {result['ratio']}; recv_into socket {result['socket_fetch_mb_s']} MB/s, "
+        f"ratio {result['socket_ratio']}); confluent-kafka consumer "
         f"{result['confluent_consumer_msgs_s']} msgs/s"
     )
     emit_result(result)
