@@ -34,6 +34,9 @@ log = logging.getLogger("raftlog.metadata")
 CONTROLLER_TICK_MS = 250
 # Cap on how long a controller request may wait for its records to commit.
 CONTROLLER_COMMIT_TIMEOUT_MS = 30_000
+# Controller results handled together share one Raft entry up to this many records; a
+# result that would go past it opens the next entry (a single result is never split).
+MAX_RECORDS_PER_ENTRY = 2_000
 
 ImageListener = Callable[[MetadataImage, MetadataDelta], None]
 
@@ -48,6 +51,24 @@ def decode_entry(data: bytes) -> list[r.Record]:
     if not isinstance(items, list):
         raise r.RecordDecodeError("metadata entry is not a list of records")
     return [r.decode_record(item) for item in items]
+
+
+class _EntryBatch:
+    """Controller results gathered into one Raft entry, and where that entry went."""
+
+    def __init__(self) -> None:
+        self.records: list[r.Record] = []
+        self.proposed = trio.Event()
+        self.offset = -1
+        self.epoch = -1
+        self.not_leader: NotLeader | None = None
+
+    def propose(self, quorum: QuorumDriver) -> None:
+        try:
+            self.offset, self.epoch = quorum.propose(encode_entry(self.records))
+        except NotLeader as exc:
+            self.not_leader = exc
+        self.proposed.set()
 
 
 class NotControllerError(KafkaError):
@@ -69,6 +90,7 @@ class MetadataService:
         self._records_since_snapshot = 0
         self._changed = trio.Event()
         self._leader_change_payload = b""
+        self._gathering: _EntryBatch | None = None
 
     def attach(self, quorum: QuorumDriver) -> None:
         self.quorum = quorum
@@ -204,13 +226,38 @@ class MetadataService:
         return result.reply
 
     async def _append(self, records: tuple[r.Record, ...]) -> None:
+        """Append a controller result and wait until it commits.
+
+        Results produced in the same scheduler pass share ONE Raft entry (as KRaft batches
+        controller writes): still atomic per result, applied in the order the controller
+        produced them, and the per-entry costs (append, commit, apply, listeners) are paid
+        once per batch instead of once per request."""
         assert self.quorum is not None
-        try:
-            offset, epoch = self.quorum.propose(encode_entry(records))
-        except NotLeader as exc:
+        batch = self._gathering
+        if batch is not None and len(batch.records) + len(records) > MAX_RECORDS_PER_ENTRY:
+            # Full: propose it now. At most one batch is ever unproposed, so entries keep
+            # the order in which the controller produced their records.
+            self._gathering = None
+            batch.propose(self.quorum)
+            batch = None
+        if batch is None:
+            batch = self._gathering = _EntryBatch()
+            batch.records.extend(records)
+            # Shielded: the requests that join this batch wait for its proposal, so it must
+            # happen even if the request that opened the batch is cancelled meanwhile.
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.checkpoint()  # let results handled in this pass join
+            if not batch.proposed.is_set():
+                self._gathering = None
+                batch.propose(self.quorum)
+        else:
+            batch.records.extend(records)
+            await batch.proposed.wait()
+        if batch.not_leader is not None:
             # The controller's image already holds these records; it must not survive them.
             self.controller = None
-            raise NotControllerError(exc.leader_id) from None
+            raise NotControllerError(batch.not_leader.leader_id)
+        offset, epoch = batch.offset, batch.epoch
         with trio.move_on_after(CONTROLLER_COMMIT_TIMEOUT_MS / 1000):
             if await self.quorum.wait_committed(offset, epoch):
                 return
