@@ -8,13 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from raftlog_cli.common import Options, common_options, connect, run_async
+import trio
+from raftlog_cli.cluster_local import load_cluster
+from raftlog_cli.common import DEFAULT_CLUSTER_DIR, Options, common_options, connect, run_async
 from raftlog_cli.errors import CliError
 
 from raftlog.client import Admin, QuotaMatch
+from raftlog.config import parse_voters
+from raftlog.errors import ConfigError
+from raftlog.net.rpc import RpcError
 from raftlog.quotas.entity import (
     CLIENT_ID,
     CONSUMER_BYTE_RATE,
@@ -27,6 +33,7 @@ from raftlog.quotas.entity import (
     QuotaValidationError,
     validate_alteration,
 )
+from raftlog.quotas.usage_rpc import UsageRow, fetch_usage
 
 F = TypeVar("F", bound=Callable[..., Any])
 Component = tuple[str, str | None]
@@ -169,14 +176,20 @@ def delete(components: list[Component], keys: tuple[str, ...], opts: Options) ->
 @quotas_group.command("describe")
 @entity_options
 @click.option("--usage", is_flag=True, help="Show current usage and throttling per sensor.")
+@click.option(
+    "--internal-servers",
+    default=None,
+    metavar="ID@HOST:PORT,...",
+    help="Internal listeners to ask for --usage (default: the local cluster's nodes).",
+)
 @common_options
-def describe(components: list[Component], usage: bool, opts: Options) -> None:
+def describe(
+    components: list[Component], usage: bool, internal_servers: str | None, opts: Options
+) -> None:
     """Show quotas: every entity, or the one named by the entity options."""
     if usage:
-        raise CliError(
-            "quota usage is not exposed over the Kafka protocol by this cluster "
-            "(each broker tracks it in memory)"
-        )
+        _describe_usage(internal_servers, opts)
+        return
 
     async def go() -> list[dict[str, Any]]:
         async with connect(opts) as cluster:
@@ -191,3 +204,48 @@ def describe(components: list[Component], usage: bool, opts: Options) -> None:
             ]
 
     opts.out.quotas(run_async(opts, go))
+
+
+def _internal_servers(value: str | None) -> dict[int, tuple[str, int]]:
+    """Usage is per-broker memory, read over each node's internal listener (not Kafka)."""
+    if value:
+        try:
+            return parse_voters(value)
+        except ConfigError as exc:
+            raise CliError(f"--internal-servers: {exc}") from None
+    local = load_cluster(Path(DEFAULT_CLUSTER_DIR))
+    if local is None:
+        raise CliError(
+            "--usage needs the nodes' internal listeners: pass --internal-servers "
+            "ID@HOST:PORT,... (no local cluster in .raftlog)"
+        )
+    return {n.node_id: ("127.0.0.1", n.internal_port) for n in local.nodes}
+
+
+def _describe_usage(internal_servers: str | None, opts: Options) -> None:
+    servers = _internal_servers(internal_servers)
+
+    async def go() -> list[UsageRow]:
+        rows: list[UsageRow] = []
+        for node_id, (host, port) in sorted(servers.items()):
+            try:
+                rows.extend(await fetch_usage(node_id, host, port))
+            except RpcError as exc:
+                raise CliError(f"node {node_id} at {host}:{port}: {exc}") from None
+        return rows
+
+    opts.out.quota_usage(
+        [
+            {
+                "node": row.node_id,
+                "entity": row.entity.path,
+                "key": row.quota_key,
+                "client_id": row.client_id,
+                "user": row.user,
+                "quota": row.quota,
+                "rate": round(row.rate, 1),
+                "throttle_time_total_ms": row.throttle_time_total_ms,
+            }
+            for row in trio.run(go)
+        ]
+    )

@@ -252,6 +252,22 @@ class Renderer:
         columns = [("entity", "ENTITY"), ("key", "KEY"), ("value", "VALUE")]
         self.table(columns, rows, empty="(no quotas)")
 
+    def quota_usage(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Per-broker sensors: measured rate against the quota, and time spent throttled."""
+        if self.json_mode:
+            self.json(list(rows))
+            return
+        columns = [
+            ("node", "NODE"),
+            ("entity", "ENTITY"),
+            ("key", "KEY"),
+            ("client_id", "CLIENT ID"),
+            ("quota", "QUOTA"),
+            ("rate", "RATE"),
+            ("throttle_time_total_ms", "THROTTLED MS"),
+        ]
+        self.table(columns, list(rows), empty="(no client is near a quota)")
+
     # ------------------------------------------------------------------ cluster
     def cluster_started(self, info: Mapping[str, Any]) -> None:
         if self.json_mode:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
+import trio
 
+from raftlog.net.rpc import serve_rpc
 from tests.cli.conftest import Cli
 
 RULE = "\u2500"
@@ -162,10 +165,60 @@ async def test_status_degraded_exit_code(raftlog: Cli, tmp_path) -> None:  # typ
     ]
 
 
-async def test_quota_usage_is_reported_unavailable(raftlog: Cli) -> None:
+async def test_quota_usage_needs_internal_listeners(raftlog: Cli, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no .raftlog here
     r = await raftlog("quotas", "describe", "--usage")
     assert (r.exit_code, r.stderr) == (
         1,
-        "error: quota usage is not exposed over the Kafka protocol by this cluster "
-        "(each broker tracks it in memory)\n",
+        "error: --usage needs the nodes' internal listeners: pass --internal-servers "
+        "ID@HOST:PORT,... (no local cluster in .raftlog)\n",
     )
+    r = await raftlog("quotas", "describe", "--usage", "--internal-servers", "nonsense")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: --internal-servers: controller_quorum_voters: expected")
+
+
+async def test_quota_usage_from_internal_listeners(raftlog: Cli) -> None:
+    async def handler(sender_id, method, body):
+        assert method == "quotas.usage"
+        return [
+            [
+                "producer_byte_rate",
+                "ANONYMOUS",
+                "greedy",
+                [["client-id", "greedy"]],
+                1048576.0,
+                1100000.25,
+                1234,
+            ]
+        ]
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(serve_rpc, handler, "127.0.0.1", 0))
+        port = listeners[0].socket.getsockname()[1]
+        r = await raftlog(
+            "quotas", "describe", "--usage", "--internal-servers", f"7@127.0.0.1:{port}"
+        )
+        nursery.cancel_scope.cancel()
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == [
+        "NODE",
+        "ENTITY",
+        "KEY",
+        "CLIENT",
+        "ID",
+        "QUOTA",
+        "RATE",
+        "THROTTLED",
+        "MS",
+    ]
+    assert lines[2].split() == [
+        "7",
+        "/config/clients/greedy",
+        "producer_byte_rate",
+        "greedy",
+        "1048576",
+        "1100000.2",
+        "1234",
+    ]
