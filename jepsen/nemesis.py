@@ -6,14 +6,17 @@ Families (``--nemesis kill,pause,partition,restart``; ``all`` is every one):
                 quorum) leader, a partition leader, or a majority of nodes;
 - ``pause``     SIGSTOP, SIGCONT at the stop: a random node, the controller leader or a
                 partition leader;
-- ``partition`` dropped packets (a grudge): isolate one node, isolate the controller leader,
-                random halves, a majorities ring, or a bridge;
+- ``partition`` dropped packets (a grudge): isolate one node, the controller leader or a
+                partition leader, random halves, a majorities ring, or a bridge;
 - ``restart``   every node killed and restarted together (no membership change).
 
 The schedule is Jepsen's: wait an interval, start a fault of a random enabled family, wait
-an interval, stop it, repeat, until cancelled. Whatever is cancelled, ``heal_all`` always runs
-so the final reads see a whole cluster. The cluster is anything with the ClusterControl
-methods (the real jepsen.cluster.Cluster, or a fake in tests).
+an interval, stop it, repeat, until cancelled. A ``--nemesis`` entry is a family (a random
+mode each time) or one fault kind, ``family-mode`` as the history records it (e.g.
+``partition-partition-leader``): a run can aim at the one fault that matters to it.
+Whatever is cancelled, ``heal_all`` always runs so the final reads see a whole cluster.
+The cluster is anything with the ClusterControl methods (the real jepsen.cluster.Cluster,
+or a fake in tests).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ FAMILIES = ("kill", "pause", "partition", "restart")
 MODES = {
     "kill": ("one", "controller-leader", "partition-leader", "majority"),
     "pause": ("one", "controller-leader", "partition-leader"),
-    "partition": ("one", "controller-leader", "halves", "ring", "bridge"),
+    "partition": ("one", "controller-leader", "partition-leader", "halves", "ring", "bridge"),
     "restart": ("all",),
 }
 # Healing must finish even when the run is being cancelled; past this something is wrong
@@ -59,16 +62,35 @@ class ClusterControl(Protocol):
     async def partition_leaders(self) -> dict[int, str]: ...
 
 
+def split_kind(entry: str) -> tuple[str, str | None] | None:
+    """ "kill" -> ("kill", None): a family, random modes; "kill-partition-leader" -> ("kill",
+    "partition-leader"): one fault kind; anything else -> None."""
+    if entry in FAMILIES:
+        return entry, None
+    family, _, mode = entry.partition("-")
+    if family in FAMILIES and mode in MODES[family]:
+        return family, mode
+    return None
+
+
+def fault_kinds() -> list[str]:
+    return [f"{family}-{mode}" for family in FAMILIES for mode in MODES[family]]
+
+
 def parse_families(spec: str) -> list[str]:
-    """ "kill,partition" -> ["kill", "partition"]; "all" -> every family; "none" or "" -> []."""
+    """ "kill,partition" -> ["kill", "partition"]; "all" -> every family; "none" or "" -> [];
+    a fault kind ("partition-partition-leader") is kept as it is."""
     items = [s.strip() for s in spec.split(",") if s.strip()]
     if items in ([], ["none"]):
         return []
     if items == ["all"]:
         return list(FAMILIES)
-    unknown = [s for s in items if s not in FAMILIES]
+    unknown = [s for s in items if split_kind(s) is None]
     if unknown:
-        raise ValueError(f"unknown nemesis {unknown}; choose from {', '.join(FAMILIES)}, all, none")
+        raise ValueError(
+            f"unknown nemesis {unknown}; choose from {', '.join(FAMILIES)}, all, none, "
+            f"or one fault kind: {', '.join(fault_kinds())}"
+        )
     return list(dict.fromkeys(items))
 
 
@@ -148,7 +170,11 @@ class Nemesis:
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
+        unknown = [f for f in families if split_kind(f) is None]
+        if unknown:
+            raise ValueError(f"unknown nemesis {unknown}")
         self.cluster = cluster
+        # Families and/or single fault kinds (see parse_families).
         self.families = list(families)
         self.recorder = recorder
         self.rng = rng
@@ -164,17 +190,22 @@ class Nemesis:
                 await trio.sleep_forever()
             while True:
                 await trio.sleep(self.interval_s)
-                family = self.rng.choice(self.families)
+                entry = self.rng.choice(self.families)
                 with trio.move_on_after(START_TIMEOUT_S):
-                    await self.start_fault(family)
+                    await self.start_fault(entry)
                 await trio.sleep(self.interval_s)
                 await self.stop_all_active()
         finally:
             with trio.CancelScope(shield=True):
                 await self.heal_all()
 
-    async def start_fault(self, family: str) -> Fault | None:
-        mode = self.rng.choice(MODES[family])
+    async def start_fault(self, entry: str) -> Fault | None:
+        """Start one fault of ``entry``: a family (random mode) or a ``family-mode`` kind."""
+        split = split_kind(entry)
+        if split is None:
+            raise ValueError(f"unknown nemesis {entry!r}")
+        family, chosen = split
+        mode = chosen if chosen is not None else self.rng.choice(MODES[family])
         names = list(self.cluster.names)
         try:
             fault = await self._apply(family, mode, names)
@@ -216,7 +247,10 @@ class Nemesis:
             await self.cluster.pause(target)
             return Fault(family, f"pause-{mode}", [target])
         if family == "partition":
-            if mode in ("one", "controller-leader"):
+            if mode in ("one", "controller-leader", "partition-leader"):
+                # Isolating a partition leader for longer than the broker session timeout
+                # makes the controller elect another: what it acknowledged alone meanwhile
+                # is exactly what acks=1 can lose.
                 target, mode = await self._target(mode, names)
                 grudge, targets = isolate(target, names), [target]
             elif mode == "halves":

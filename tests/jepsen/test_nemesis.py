@@ -20,6 +20,7 @@ from jepsen.nemesis import (
     isolate,
     majorities_ring,
     parse_families,
+    split_kind,
 )
 
 
@@ -161,6 +162,41 @@ def test_parse_families() -> None:
     assert parse_families("none") == [] and parse_families("") == []
     with pytest.raises(ValueError, match="unknown nemesis"):
         parse_families("kill,flood")
+    # One fault kind, as the history records it, is an entry of its own.
+    assert parse_families("partition-partition-leader,kill") == [
+        "partition-partition-leader",
+        "kill",
+    ]
+    assert split_kind("kill-majority") == ("kill", "majority")
+    assert split_kind("pause") == ("pause", None)
+    for bad in ("kill-halves", "partition-", "flood-one"):
+        assert split_kind(bad) is None
+        with pytest.raises(ValueError, match="unknown nemesis"):
+            parse_families(bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_a_fault_kind_entry_always_starts_that_fault(
+    seed: int, mock_clock: MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0
+    cluster, rec = FakeCluster(), recorder()
+    nemesis = Nemesis(
+        cluster, ["partition-partition-leader"], rec, random.Random(seed), interval_s=10
+    )
+    await run_nemesis(nemesis, 45)
+    windows = rec.history.fault_windows()
+    assert len(windows) == 2, f"seed={seed} {windows}"
+    for w in windows:
+        assert w.kind == "partition-partition-leader" and w.healed, f"seed={seed} {w}"
+        assert w.targets[0] in {"n2", "n3"}, f"seed={seed} {w}"
+    partitioned = [arg for _, what, arg in cluster.calls if what == "partition"]
+    for grudge in partitioned:
+        isolated = [n for n, peers in grudge.items() if len(peers) == len(cluster.names) - 1]
+        assert len(isolated) == 1 and isolated[0] in {"n2", "n3"}, f"seed={seed} {grudge}"
+    assert cluster.whole, f"seed={seed}"
+    with pytest.raises(ValueError, match="unknown nemesis"):
+        Nemesis(cluster, ["partition-everything"], rec, random.Random(seed), interval_s=1)
 
 
 def check_grudge(grudge: dict[str, list[str]], names: list[str]) -> None:
