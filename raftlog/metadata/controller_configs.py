@@ -304,8 +304,9 @@ def _quota_error(entity: Any, ops: Any) -> str | None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"quota {key} must be a number, got {value!r}"
-        if not math.isfinite(value) or value < 0:
-            return f"quota {key} must be a finite number >= 0, got {value}"
+        if not math.isfinite(value) or value <= 0:
+            # Zero would throttle forever; removing the key is how a quota is lifted.
+            return f"quota {key} must be a finite number > 0, got {value}"
         if whole and value != int(value):
             return f"quota {key} must be a whole number of bytes per second, got {value}"
     return None

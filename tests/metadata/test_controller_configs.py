@@ -176,8 +176,9 @@ def test_set_and_remove_quotas_for_every_entity_shape():
 @pytest.mark.parametrize(
     ("entity", "ops", "message"),
     [
-        (USER, [("producer_byte_rate", -1)], "must be a finite number >= 0"),
-        (USER, [("producer_byte_rate", math.inf)], "must be a finite number >= 0"),
+        (USER, [("producer_byte_rate", -1)], "must be a finite number > 0"),
+        (USER, [("producer_byte_rate", 0)], "must be a finite number > 0"),
+        (USER, [("producer_byte_rate", math.inf)], "must be a finite number > 0"),
         (USER, [("producer_byte_rate", 1.5)], "whole number"),
         (USER, [("request_percentage", "10")], "must be a number"),
         (USER, [("bandwidth", 1.0)], "unknown quota key 'bandwidth'"),
