@@ -41,6 +41,8 @@ MIN_RATE_BUCKET_S = 0.01
 MIN_PLOTTED_LATENCY_MS = 0.01
 # Fault labels are drawn only for this many windows; more would overlap into noise.
 MAX_FAULT_LABELS = 40
+# A fault starting in the last part of the x range gets its label right-aligned to its end.
+LABEL_RIGHT_ALIGN_FRACTION = 0.2
 # summary.txt lists at most this many fault windows and one example per anomaly type.
 MAX_SUMMARY_FAULTS = 12
 MAX_SUMMARY_EXAMPLE_CHARS = 160
@@ -168,20 +170,27 @@ def _shade_faults(ax: Any, windows: list[FaultWindow]) -> None:
     kinds = sorted({w.kind for w in windows})
     colour_of = {k: FAULT_COLOURS[i % len(FAULT_COLOURS)] for i, k in enumerate(kinds)}
     transform = ax.get_xaxis_transform()  # x in data units, y in axes fraction
+    # The data are plotted already, so the x range is known: a label that would run off the
+    # right edge is written leftwards from its window's end instead.
+    x_lo, x_hi = ax.get_xlim()
+    right_aligned_from = x_hi - (x_hi - x_lo) * LABEL_RIGHT_ALIGN_FRACTION
     for i, w in enumerate(windows):
         ax.axvspan(w.start_ns / 1e9, w.stop_ns / 1e9, color=colour_of[w.kind], alpha=0.18, lw=0)
         if i < MAX_FAULT_LABELS:
             label = w.kind + (" " + ",".join(w.targets) if w.targets else "")
             label += "" if w.healed else " (not healed)"
+            at_right = w.start_ns / 1e9 > right_aligned_from
             ax.text(
-                w.start_ns / 1e9,
+                (w.stop_ns if at_right else w.start_ns) / 1e9,
                 0.99 - 0.05 * (i % 3),  # stagger so adjacent windows' labels do not collide
-                " " + label,
+                label,
                 transform=transform,
                 fontsize=7,
                 va="top",
-                ha="left",
+                ha="right" if at_right else "left",
                 color="#333333",
+                # A translucent box keeps the label legible over dense points.
+                bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1.0},
                 clip_on=True,
             )
 
