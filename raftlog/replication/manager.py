@@ -115,8 +115,9 @@ class ReplicaManager:
         self._alter_partition = alter_partition
         self.high_watermark_checkpoint_interval_ms = high_watermark_checkpoint_interval_ms
         self.log_cleanup_interval_ms = log_cleanup_interval_ms
-        # Retention compares record timestamps (wall-clock ms, set by producers) with now:
-        # it needs the wall clock, not the monotonic clock_ms that drives timeouts.
+        # Retention and producer-id expiry compare record timestamps (wall-clock ms, set by
+        # producers) with now: they need the wall clock, not the monotonic clock_ms that
+        # drives timeouts.
         self.wall_clock_ms = wall_clock_ms
         self.producer_snapshot_interval_ms = producer_snapshot_interval_ms
         self.settings = ReplicationSettings(
@@ -202,7 +203,7 @@ class ReplicaManager:
         await trio.to_thread.run_sync(flush_all)
         await self.checkpoint_high_watermarks()
         # A restart then replays no batch headers (the snapshots sit at the log ends).
-        now_ms = self.clock_ms()
+        now_ms = self.wall_clock_ms()
         for hosted in list(self.partitions.values()):
             await hosted.producers.write_snapshot(now_ms)
 
@@ -424,7 +425,7 @@ class ReplicaManager:
     def _on_follower_progress(self, hosted: HostedPartition) -> None:
         self._hw_dirty = True
         if hosted.producers.rolled():
-            self._spawn(hosted.producers.write_snapshot, self.clock_ms())
+            self._spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
     def _on_follower_truncated(self, hosted: HostedPartition, reset: bool | None) -> None:
         # The fetcher leaves the partition alone until the table matches the log again.
@@ -432,7 +433,7 @@ class ReplicaManager:
             self._spawn(self._reload_producers, hosted)
 
     async def _reload_producers(self, hosted: HostedPartition) -> None:
-        await hosted.producers.reload(self.clock_ms())
+        await hosted.producers.reload(self.wall_clock_ms())
         if hosted.producers.loaded:
             self.fetchers.wake(hosted.key)  # it skipped the partition while loading
 
@@ -443,7 +444,7 @@ class ReplicaManager:
         if leader is not None:
             self.handle_effects(hosted, leader.on_local_append(now_ms))
         if hosted.producers.rolled():
-            self._spawn(hosted.producers.write_snapshot, now_ms)
+            self._spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
     def deadline_wakeup(self) -> None:
         self._deadline_wakeup.set()
@@ -581,7 +582,7 @@ class ReplicaManager:
         while True:
             await trio.sleep(self.producer_snapshot_interval_ms / 1000)
             for hosted in list(self.partitions.values()):
-                await hosted.producers.write_snapshot(self.clock_ms())
+                await hosted.producers.write_snapshot(self.wall_clock_ms())
 
     async def _cleanup_loop(self) -> None:
         while True:

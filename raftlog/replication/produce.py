@@ -56,7 +56,7 @@ async def produce(
         return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
     key = (topic, partition)
     hosted = manager.partitions.get(key)
-    if hosted is not None and not hosted.producers.loaded:
+    if hosted is not None and hosted.replica.leader is not None and not hosted.producers.loaded:
         wait_ms = max(0, min(timeout_ms, MAX_PRODUCER_STATE_WAIT_MS))
         with trio.move_on_after(wait_ms / 1000):
             await hosted.producers.ready.wait()

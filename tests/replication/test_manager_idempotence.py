@@ -3,11 +3,13 @@ truncation and restarts keep exactly one copy of every batch (three managers, no
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller_messages import CreateTopics, NewTopic
 from raftlog.records import Record, build_batch, iter_batches
 from raftlog.replication.producer_state import list_snapshots, rebuild
 from tests.replication.test_manager import (
@@ -24,8 +26,8 @@ PID = 4242
 
 def idempotent(seq: int, count: int = 2, *, epoch: int = 0, pid: int = PID) -> bytes:
     records = [Record(value=f"{pid}-{epoch}-{seq + i}".encode()) for i in range(count)]
-    # Timestamps on the managers' clock: snapshots expire producers idle for a day by it.
-    now_ms = int(trio.current_time() * 1000)
+    # CreateTime is wall-clock time: producers idle for a day by it expire.
+    now_ms = time.time_ns() // 1_000_000
     return build_batch(
         records, producer_id=pid, producer_epoch=epoch, base_sequence=seq, now_ms=now_ms
     )
@@ -156,4 +158,28 @@ async def test_restart_recovers_producer_state_from_its_snapshot(tmp_path: Path)
         retry = await send(cluster, idempotent(4), acks=1)
         assert (retry.error, retry.base_offset) == (ErrorCode.none, 4), retry
         assert cluster.status(leader_id).log_end_offset == 6
+        await cluster.stop_all()
+
+
+async def test_segment_rolls_snapshot_the_producer_state_on_every_replica(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        small = "small"
+        reply = cluster.handle(
+            CreateTopics((NewTopic(small, 1, 3, configs={"segment.bytes": "300"}),))
+        )
+        assert reply.results[0].error_code == ErrorCode.none
+        leader_id = cluster.image.topic(small).partitions[0].leader  # type: ignore[union-attr]
+        leader = cluster.managers[leader_id]
+        for seq in range(0, 12, 2):
+            result = await leader.produce(small, 0, idempotent(seq), -1, 10_000)
+            assert result.error == ErrorCode.none, result
+
+        def snapshotted(broker_id: int) -> bool:
+            hosted = cluster.managers[broker_id].partitions[(small, 0)]
+            offsets = [o for o, _ in list_snapshots(hosted.log.directory)]
+            return bool(offsets) and all(0 < o <= hosted.log.log_end_offset for o in offsets)
+
+        for broker_id in BROKERS:
+            await wait_until(lambda b=broker_id: snapshotted(b), "a producer snapshot")
         await cluster.stop_all()
