@@ -1,0 +1,133 @@
+"""Value types and errors of the Raft core: what the driver hands in and gets back.
+
+``RaftConfig`` (limits with units), ``QuorumState`` (what is fsynced before a vote or a
+leader claim is sent), ``Snapshot``, the ``Ready`` record of effects with its ``RoleChange``,
+and the errors the core raises. No logic lives here beyond validating the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raftlog.errors import RaftlogError
+from raftlog.metadata.raft_messages import Entry, Message
+
+__all__ = [
+    "NotLeader",
+    "Overloaded",
+    "ProtocolViolation",
+    "QuorumState",
+    "RaftConfig",
+    "Ready",
+    "RoleChange",
+    "Snapshot",
+]
+
+
+class ProtocolViolation(RaftlogError):
+    """A peer sent a message no correct node sends (bad offsets, entries out of order)."""
+
+
+class Overloaded(RaftlogError):
+    """propose() on a leader whose uncommitted backlog is at max_uncommitted_entries."""
+
+
+class NotLeader(RaftlogError):
+    """propose()/read_index() on a node that is not the leader; says whom to ask instead."""
+
+    def __init__(self, leader_id: int | None, epoch: int) -> None:
+        super().__init__(f"not the leader (leader_id={leader_id}, epoch={epoch})")
+        self.leader_id = leader_id
+        self.epoch = epoch
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumState:
+    """What must be durable before any message reflecting it is sent (KIP-595 quorum-state)."""
+
+    epoch: int = 0
+    voted_for: int | None = None
+    leader_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A snapshot of the state machine covering every entry below end_offset."""
+
+    end_offset: int
+    epoch: int  # epoch of entry end_offset - 1 (0 for an empty prefix)
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    """Timing and size limits of the core; every value carries its unit in its name."""
+
+    election_timeout_ms: int = 1000  # base; the actual timeout is randomized in [t, 2t)
+    fetch_timeout_ms: int = 2000  # follower: no leader contact -> pre-vote; leader: check-quorum
+    election_backoff_max_ms: int = 1000  # random wait after a lost election
+    fetch_max_wait_ms: int = 500  # long-poll: how long the leader may park an idle fetch
+    max_fetch_entries: int = 500  # entries per FetchResponse
+    max_fetch_bytes: int = 1024 * 1024  # payload bytes per FetchResponse (at least one entry)
+    max_uncommitted_entries: int = 10_000  # propose() refuses beyond this backlog
+    snapshot_chunk_bytes: int = 64 * 1024  # bytes per FetchSnapshotResponse
+    request_timeout_ms: int = 2000  # resend a fetch whose response never came
+    leader_change_payload: bytes = b"\x00raftlog-leader-change"  # the per-epoch no-op entry
+
+    def __post_init__(self) -> None:
+        if self.fetch_max_wait_ms >= self.fetch_timeout_ms:
+            # An idle follower fetches once per fetch_max_wait_ms; if that were not well below
+            # the fetch timeout, a healthy leader would fail check-quorum.
+            raise ValueError(f"fetch_max_wait_ms must be < fetch_timeout_ms: {self}")
+        for name in (
+            "election_timeout_ms",
+            "fetch_timeout_ms",
+            "max_fetch_entries",
+            "max_fetch_bytes",
+            "max_uncommitted_entries",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0: {self}")
+        if self.snapshot_chunk_bytes <= 0 or self.request_timeout_ms <= 0:
+            raise ValueError(f"snapshot_chunk_bytes and request_timeout_ms must be > 0: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    """Reported in Ready whenever the role name, epoch or known leader changes."""
+
+    role: str
+    epoch: int
+    leader_id: int | None
+
+
+@dataclass(slots=True)
+class Ready:
+    """Everything the driver must do, in field order: see docs/raft.md ("The Ready contract").
+
+    truncate_to removes every entry at or above that offset; entries are appended after the
+    truncation; a snapshot replaces the whole log (the core never puts entries after it in the
+    same Ready); committed entries are handed to the state machine in offset order, once each.
+    """
+
+    quorum_state: QuorumState | None = None
+    truncate_to: int | None = None
+    entries: list[Entry] = field(default_factory=list)
+    snapshot: Snapshot | None = None
+    messages: list[tuple[int, Message]] = field(default_factory=list)
+    committed: list[Entry] = field(default_factory=list)
+    high_watermark: int = 0
+    reads: list[tuple[object, int | None]] = field(default_factory=list)
+    role_change: RoleChange | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.quorum_state is None
+            and self.truncate_to is None
+            and not self.entries
+            and self.snapshot is None
+            and not self.messages
+            and not self.committed
+            and not self.reads
+            and self.role_change is None
+        )
