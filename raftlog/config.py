@@ -345,6 +345,8 @@ def config_docs() -> list[tuple[str, str, str]]:
     """(key, default as TOML, doc) for every key, in definition order."""
     rows = []
     for f in dataclasses.fields(NodeConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        # List-valued keys have a default factory instead of a default.
+        factory: Any = f.default_factory
+        default = f.default if f.default is not dataclasses.MISSING else factory()
         rows.append((f.name, _toml_value(default), f.metadata["doc"]))
     return rows

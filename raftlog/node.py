@@ -244,7 +244,7 @@ class Node:
             return _quorum_from_wire(local)
         leader = self.quorum.core.leader_id
         address = self.config.voters.get(leader) if leader is not None else None
-        if address is None:
+        if leader is None or address is None:
             raise KafkaError(ErrorCode.not_leader_or_follower, "the metadata quorum has no leader")
         wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
         if wire is None:

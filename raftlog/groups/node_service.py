@@ -82,7 +82,9 @@ class NodeGroupService:
             self._create_offsets_topic()
             return CoordinatorLocation(ErrorCode.coordinator_not_available)
         state = topic.partitions.get(partition_for_group(group_id, len(topic.partitions)))
-        broker = image.brokers.get(state.leader) if state is not None else None
+        if state is None:
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        broker = image.brokers.get(state.leader)
         if broker is None or broker.fenced:
             return CoordinatorLocation(ErrorCode.coordinator_not_available)
         host, port = broker.client_endpoint

@@ -83,10 +83,14 @@ async def serve_rpc(
     """Accept internal connections and dispatch frames to `handler` until cancelled."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners)
-    await trio.serve_listeners(lambda stream: _serve_connection(stream, handler, limits), listeners)
+
+    async def serve_one(stream: trio.SocketStream) -> None:
+        await _serve_connection(stream, handler, limits)
+
+    await trio.serve_listeners(serve_one, listeners)
 
 
-async def _serve_connection(stream: trio.SocketStream, handler: Handler, limits: RpcLimits) -> None:
+async def _serve_connection(stream: trio.abc.Stream, handler: Handler, limits: RpcLimits) -> None:
     peer = _peer_name(stream)
     reader = FrameReader(stream, limits.max_frame_bytes)
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
@@ -172,9 +176,9 @@ async def _read_requests(
         nursery.start_soon(answer, kind, correlation_id, sender_id, method, body)
 
 
-def _peer_name(stream: trio.SocketStream) -> str:
+def _peer_name(stream: trio.abc.Stream) -> str:
     try:
-        host, port = stream.socket.getpeername()[:2]
+        host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
         return f"{host}:{port}"
     except OSError:
         return "?"

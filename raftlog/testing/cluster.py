@@ -159,7 +159,7 @@ class ProcessCluster:
     def stop(self) -> None:
         """SIGTERM every node (controlled shutdown), SIGKILL what does not stop in time."""
         for node in self.nodes.values():
-            if node.running:
+            if node.process is not None and node.running:
                 with contextlib.suppress(ProcessLookupError):
                     node.process.send_signal(signal.SIGCONT)
                     node.process.send_signal(signal.SIGTERM)
@@ -220,7 +220,7 @@ class ProcessCluster:
 
     def _pause_s(self, seconds: float) -> None:
         """The poll interval: wait on a running node, so an exit is noticed at once."""
-        running = [n.process for n in self.nodes.values() if n.running]
+        running = [n.process for n in self.nodes.values() if n.process is not None and n.running]
         if not running:
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
