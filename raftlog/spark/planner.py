@@ -8,7 +8,9 @@ committed: no leader change can take them back. Executors then read exactly thes
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import trio
 
@@ -18,6 +20,7 @@ from raftlog.spark.options import EARLIEST, LATEST, OptionError, ReadOptions
 from raftlog.spark.ranges import OffsetRange, split_ranges
 
 log = logging.getLogger("raftlog.spark")
+T = TypeVar("T")
 
 # ListOffsets requests in flight at once while planning (one request per partition and spec).
 PLAN_MAX_CONCURRENT_REQUESTS = 16
@@ -35,6 +38,28 @@ class PartitionOffsets:
     partition: int
     log_start_offset: int
     high_watermark: int
+
+
+def run_blocking(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """trio.run for Spark's plain-Python workers, raising what the work raised.
+
+    An error inside open_cluster() leaves its nursery wrapped in an ExceptionGroup; a user
+    should see the DataLossError or KafkaError itself, so a group of one is unwrapped.
+    """
+    try:
+        return trio.run(async_fn, *args)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 def cluster_limits(options: ReadOptions) -> ClusterLimits:
@@ -200,7 +225,7 @@ async def plan_async(options: ReadOptions) -> list[OffsetRange]:
 
 def plan(options: ReadOptions) -> list[OffsetRange]:
     """Blocking plan_async, for Spark's planner (plain Python, no event loop running)."""
-    return trio.run(plan_async, options)
+    return run_blocking(plan_async, options)
 
 
 async def high_watermarks_async(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
@@ -212,4 +237,4 @@ async def high_watermarks_async(options: ReadOptions) -> dict[tuple[str, int], P
 
 
 def high_watermarks(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
-    return trio.run(high_watermarks_async, options)
+    return run_blocking(high_watermarks_async, options)

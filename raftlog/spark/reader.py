@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import trio
 
 from raftlog.client import Cluster, open_cluster
 from raftlog.client.cluster import raise_for
@@ -27,7 +26,12 @@ from raftlog.client.consumer import whole_batches
 from raftlog.errors import ErrorCode
 from raftlog.records import iter_batches, iter_records
 from raftlog.spark.options import ReadOptions
-from raftlog.spark.planner import DataLossError, cluster_limits, data_loss_message
+from raftlog.spark.planner import (
+    DataLossError,
+    cluster_limits,
+    data_loss_message,
+    run_blocking,
+)
 from raftlog.spark.ranges import OffsetRange
 
 log = logging.getLogger("raftlog.spark")
@@ -207,7 +211,7 @@ def read_range(
     offset = rng.start
     last_progress_s = time.monotonic()
     while offset < rng.end:
-        chunk = trio.run(read_chunk, options, rng, offset)
+        chunk = run_blocking(read_chunk, options, rng, offset)
         if len(chunk.columns):
             yield to_record_batch(chunk.columns, rng.topic, rng.partition, schema)
         if chunk.next_offset > offset:

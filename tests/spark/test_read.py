@@ -12,9 +12,15 @@ import signal
 import time
 
 import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from raftlog.client import ACKS_LEADER
 from raftlog.records import Record
+from raftlog.spark.options import parse_options
+from raftlog.spark.planner import DataLossError
+from raftlog.spark.ranges import OffsetRange
+from raftlog.spark.reader import read_range
+from raftlog.spark.source import source_schema
 from raftlog.testing.cluster import ProcessCluster
 from tests.spark.conftest import (
     create_topic,
@@ -32,6 +38,7 @@ RECORDS_PER_BATCH = 100
 RECORDS_PER_PARTITION = BATCHES_PER_PARTITION * RECORDS_PER_BATCH
 # CreateTime of the record at offset i of every partition: BASE + i seconds.
 BASE_TIMESTAMP_MS = 1_700_000_000_000
+SCHEMA = to_arrow_schema(source_schema(False), timezone="UTC")
 
 
 def _record(partition: int, offset: int) -> Record:
@@ -199,6 +206,21 @@ def test_fail_on_data_loss_after_retention(spark, cluster):
     # Retention may have moved on since log_start was read; what is returned is contiguous.
     assert offsets == list(range(offsets[0], high_watermark)) and offsets[0] >= log_start
 
+    # Retention after planning: the executor's fetch finds the range gone (out of range).
+    planned = OffsetRange(topic, 0, 0, high_watermark)
+    strict = parse_options({"bootstrap.servers": cluster.bootstrap_servers, "subscribe": topic})
+    with pytest.raises(DataLossError, match="no longer in the log"):
+        list(read_range(strict, planned, SCHEMA))
+    lenient = parse_options(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "subscribe": topic,
+            "failOnDataLoss": "false",
+        }
+    )
+    read = [o for b in read_range(lenient, planned, SCHEMA) for o in b.column("offset").to_pylist()]
+    assert read == list(range(read[0], high_watermark)) and read[0] >= log_start
+
 
 def test_acks_1_records_past_the_high_watermark_are_not_returned(spark, cluster):
     topic = "stalled"
@@ -264,12 +286,10 @@ def test_streaming_micro_batches(spark, cluster, produced, tmp_path):
 def test_read_survives_a_leader_change_mid_read(cluster, produced):
     """Read a split chunk by chunk; after the first chunk the leader shuts down, the rest
     comes from the new leader, and every record arrives exactly once."""
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     from raftlog.spark.options import parse_options
     from raftlog.spark.ranges import OffsetRange
     from raftlog.spark.reader import read_range
-    from raftlog.spark.source import source_schema
 
     partition = 2
     leader, _ = partition_replicas(cluster.bootstrap_servers, TOPIC, partition)
@@ -281,8 +301,7 @@ def test_read_survives_a_leader_change_mid_read(cluster, produced):
             "fetchesPerChunk": "1",
         }
     )
-    schema = to_arrow_schema(source_schema(False), timezone="UTC")
-    batches = read_range(options, OffsetRange(TOPIC, partition, 0, RECORDS_PER_PARTITION), schema)
+    batches = read_range(options, OffsetRange(TOPIC, partition, 0, RECORDS_PER_PARTITION), SCHEMA)
     first = next(batches)
     assert 0 < first.num_rows < RECORDS_PER_PARTITION
     cluster.kill(leader, signal.SIGTERM)  # controlled shutdown: leadership moves at once

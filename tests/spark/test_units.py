@@ -168,3 +168,16 @@ def test_columns_keep_exactly_the_range(compression):
     assert batch_out.column("timestampType").to_pylist() == [int(TimestampType.CREATE_TIME)] * 12
     plain = to_record_batch(Columns(), "t", 0, _schema(False))
     assert plain.num_rows == 0 and plain.schema.equals(_schema(False))
+
+
+def test_run_blocking_raises_the_error_itself_not_a_group():
+    import trio
+
+    from raftlog.spark.planner import DataLossError, run_blocking
+
+    async def fails_in_nursery() -> None:
+        async with trio.open_nursery():
+            raise DataLossError("gone")
+
+    with pytest.raises(DataLossError, match="gone"):
+        run_blocking(fails_in_nursery)
