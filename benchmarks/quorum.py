@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import signal
 import statistics
 import subprocess
@@ -292,19 +293,45 @@ def run_failovers(cluster: ProcessCluster, rounds: int) -> list[float]:
 
 
 # --------------------------------------------------------------------------- main
+def cpu_seconds(cluster: ProcessCluster) -> float | None:
+    """CPU time (user + system) used so far by the node processes and this process, or None
+    where /proc is not available. Diagnostic: on a shared machine it tells whether the
+    commit rate is bounded by CPU or by waiting."""
+    total = sum(os.times()[:2])
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    for node in cluster.nodes.values():
+        if node.process is None:
+            continue
+        try:
+            stat = Path(f"/proc/{node.process.pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks_per_s
+    return total
+
+
 def run(seconds: float, failovers: int, writers: int, root: Path) -> dict[str, Any]:
     overrides = default_timings()
     with ProcessCluster(root / "raftlog", 3, overrides) as cluster:
         addresses = [n.client_address for n in cluster.nodes.values()]
         # One committed write first, so connection set-up is not part of the measurement.
         trio.run(first_committed_write, addresses, 0)
+        cpu_before = cpu_seconds(cluster)
         with progress(f"raftlog: {writers} concurrent controller writes", seconds) as bar:
             commits, elapsed, failed = trio.run(raftlog_commits, addresses, seconds, writers, bar)
+        cpu_after = cpu_seconds(cluster)
         commits_per_s = commits / elapsed if elapsed > 0 else 0.0
-        console.log(f"raftlog: {commits} commits in {elapsed:.2f}s ({failed} failed)")
+        cpu_ms_per_commit = None
+        if cpu_before is not None and cpu_after is not None and commits:
+            cpu_ms_per_commit = round((cpu_after - cpu_before) * 1000 / commits, 3)
+        console.log(
+            f"raftlog: {commits} commits in {elapsed:.2f}s ({failed} failed), "
+            f"{cpu_ms_per_commit} ms CPU per commit (3 nodes + client)"
+        )
 
-        console.log(f"pysyncobj: {commits} commands, {writers} in flight")
-        baseline = trio.run(pysyncobj_commits, root / "pysyncobj", max(commits, 1), writers)
+        with console.status(f"pysyncobj: {commits} commands, {writers} in flight"):
+            baseline = trio.run(pysyncobj_commits, root / "pysyncobj", max(commits, 1), writers)
         console.log(f"pysyncobj: {baseline}")
 
         durations = run_failovers(cluster, failovers) if failovers > 0 else []
@@ -316,7 +343,9 @@ def run(seconds: float, failovers: int, writers: int, root: Path) -> dict[str, A
         "failover_s_median": round(statistics.median(durations), 3) if durations else None,
         "failover_s_max": round(max(durations), 3) if durations else None,
         "commits": commits,
+        "failed_writes": failed,
         "seconds": round(elapsed, 2),
+        "cpu_ms_per_commit": cpu_ms_per_commit,
         "writers": writers,
         "failovers": len(durations),
         "failover_s": [round(d, 3) for d in durations],
