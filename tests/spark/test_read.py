@@ -52,14 +52,21 @@ def _record(partition: int, offset: int) -> Record:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, request):
     overrides = {
         "broker_session_timeout_ms": 60_000,
         "replica_lag_time_max_ms": 60_000,
         "log_retention_check_interval_ms": 200,
     }
-    with ProcessCluster(tmp_path_factory.mktemp("spark-read"), 3, overrides) as running:
+    running = ProcessCluster(tmp_path_factory.mktemp("spark-read"), 3, overrides)
+    running.start()
+    try:
+        # The nodes boot in their own processes while Spark's JVM starts: seconds saved.
+        request.getfixturevalue("spark")
+        running.wait_ready()
         yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="module")
