@@ -12,6 +12,8 @@ import struct
 import trio
 
 _SIZE = struct.Struct(">i")
+# Receives shorter than this are appended to one buffer instead of kept as separate parts.
+SMALL_RECEIVE_BYTES = 4096
 
 
 class FrameTooLarge(Exception):
@@ -39,9 +41,7 @@ class FrameReader:
 
     async def _fill(self, needed_bytes: int) -> bool:
         while len(self._buffer) < needed_bytes:
-            chunk = await self._stream.receive_some(
-                max(self._receive_chunk_bytes, needed_bytes - len(self._buffer))
-            )
+            chunk = await self._stream.receive_some(self._receive_chunk_bytes)
             if not chunk:
                 return False
             self._buffer += chunk
@@ -60,11 +60,35 @@ class FrameReader:
         (size_bytes,) = _SIZE.unpack_from(self._buffer, 0)
         if size_bytes < 0 or size_bytes > self.max_frame_bytes:
             raise FrameTooLarge(size_bytes, self.max_frame_bytes)
-        if not await self._fill(4 + size_bytes):
-            raise trio.BrokenResourceError("stream ended inside a frame")
-        payload = bytes(self._buffer[4 : 4 + size_bytes])
-        del self._buffer[: 4 + size_bytes]
-        return payload
+        end = 4 + size_bytes
+        if len(self._buffer) >= end:
+            payload = bytes(memoryview(self._buffer)[4:end])
+            del self._buffer[:end]
+            return payload
+        # The rest of a large frame: receive exactly its bytes, at most one chunk at a time
+        # (each receive allocates what it asks for), and copy them once, in the join. Small
+        # receives are coalesced, so a peer trickling bytes cannot make the list of parts
+        # cost much more memory than the frame itself.
+        parts: list[bytes | bytearray] = [bytes(memoryview(self._buffer)[4:])]
+        small = bytearray()
+        have_bytes = len(self._buffer) - 4
+        self._buffer = bytearray()
+        while have_bytes < size_bytes:
+            chunk = await self._stream.receive_some(
+                min(self._receive_chunk_bytes, size_bytes - have_bytes)
+            )
+            if not chunk:
+                raise trio.BrokenResourceError("stream ended inside a frame")
+            have_bytes += len(chunk)
+            if len(chunk) < SMALL_RECEIVE_BYTES:
+                small += chunk
+                continue
+            if small:
+                parts.append(small)
+                small = bytearray()
+            parts.append(chunk)
+        parts.append(small)
+        return b"".join(parts)
 
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
