@@ -218,6 +218,15 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
     )
     if streaming and _get(options, "endingOffsets") is not None:
         raise OptionError("option endingOffsets is for batch queries only (as in Spark)")
+    if streaming and (
+        _get(options, "startingTimestamp") is not None
+        or _get(options, "endingTimestamp") is not None
+    ):
+        # Refused rather than ignored: a stream would silently start somewhere else.
+        raise OptionError(
+            "options startingTimestamp/endingTimestamp are not supported for streaming reads "
+            "yet; use startingOffsets"
+        )
     strategy = (_get(options, "startingOffsetsByTimestampStrategy") or "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError(

@@ -51,6 +51,12 @@ def test_bad_options_name_the_option(extra, message):
         parse_options({**BASE, **extra})
 
 
+def test_streaming_refuses_batch_only_options():
+    for extra in ({"endingOffsets": "latest"}, {"startingTimestamp": "5"}):
+        with pytest.raises(OptionError, match=r"streaming|batch queries only"):
+            parse_options({**BASE, "subscribe": "a", **extra}, streaming=True)
+
+
 def test_bootstrap_is_required():
     with pytest.raises(OptionError, match=r"bootstrap\.servers"):
         parse_options({"subscribe": "a"})
