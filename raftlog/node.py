@@ -52,8 +52,14 @@ PARTITIONS_DIR = "logs"
 
 
 def clock_ms() -> int:
-    """The node's monotonic clock in ms (trio's clock, so tests can drive it)."""
+    """The node's monotonic clock in ms (trio's clock, so tests can drive it): timeouts,
+    sessions, leases. Storage gets wall-clock ms instead (segment.ms, retention and record
+    timestamps are wall-clock, as in Kafka)."""
     return int(trio.current_time() * 1000)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class DataDirError(RaftlogError):
@@ -135,7 +141,7 @@ class Node:
             self.peers = peers
 
             store = await trio.to_thread.run_sync(
-                functools.partial(MetadataLogStore, config.data_path, now_ms=clock_ms())
+                functools.partial(MetadataLogStore, config.data_path, now_ms=wall_clock_ms())
             )
             self.metadata = MetadataService(config, self.cluster_id)
             self.quorum = QuorumDriver(
@@ -179,7 +185,7 @@ class Node:
         config = self.config
         assert self.metadata is not None and self.controller_client is not None
         assert self.log_manager is not None
-        await self.log_manager.open_all_async(now_ms=clock_ms())
+        await self.log_manager.open_all_async(now_ms=wall_clock_ms())
         self.lifecycle = BrokerLifecycle(config, self.controller_client, self.metadata)
         controller_client = self.controller_client
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,10 @@ SNAPSHOT_SUFFIX = ".snapshot"
 METADATA_SEGMENT_BYTES = 8 * MIB
 # Bytes read per step while loading the metadata log at start-up.
 LOAD_READ_BYTES = 4 * MIB
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class MetadataLogStore:
@@ -325,7 +330,8 @@ class QuorumDriver:
             self.store.truncate_to(ready.truncate_to)
             self._fail_waiters_from(ready.truncate_to)
         if ready.entries:
-            self.store.append(ready.entries, int(trio.current_time() * 1000))
+            # Storage time is wall-clock ms (segment.ms, record timestamps), as in Kafka.
+            self.store.append(ready.entries, wall_clock_ms())
             self._flush_wanted.set()
         if ready.snapshot is not None:
             await trio.to_thread.run_sync(self.store.install_snapshot, ready.snapshot)

@@ -23,7 +23,7 @@ from raftlog.metadata import records as r
 from raftlog.metadata.controller import Controller
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.quorum import QuorumDriver
-from raftlog.metadata.raft import NotLeader, Snapshot
+from raftlog.metadata.raft import NotLeader, Overloaded, Snapshot
 from raftlog.metadata.raft_messages import Entry
 from raftlog.metadata.raft_roles import RoleChange
 from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot, image_records
@@ -68,6 +68,10 @@ class _EntryBatch:
             self.offset, self.epoch = quorum.propose(encode_entry(self.records))
         except NotLeader as exc:
             self.not_leader = exc
+        except Overloaded:
+            # The uncommitted backlog is full (followers slow or gone): refuse retriably, as
+            # for a lost leadership, so the controller's image does not run ahead of the log.
+            self.not_leader = NotLeader(quorum.core.leader_id, quorum.core.epoch)
         self.proposed.set()
 
 
