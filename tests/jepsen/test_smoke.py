@@ -107,6 +107,30 @@ def test_checker_bites_the_unsafe_configuration(tmp_path: Path) -> None:
     pytest.fail(f"the unsafe configuration lost no acknowledged write in any run: {seen}")
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+@needs_cluster
+def test_safe_configuration_survives_the_same_leader_faults(tmp_path: Path) -> None:
+    """The other half of the proof: the faults that make the unsafe run lose writes leave
+    acks=all, min ISR 2, no unclean election and fsync-before-ack valid."""
+    seed = UNSAFE_SEEDS[0]
+    outcome = run(
+        RunOptions(
+            nodes=3,
+            time_limit_s=40,
+            nemesis=LEADER_FAULTS,
+            nemesis_interval_s=10,
+            seed=seed,
+            progress=False,
+            store_root=tmp_path,
+        )
+    )
+    res = outcome.results
+    assert res["faults"]["count"] >= 2, f"seed={seed} {res['faults']}"
+    assert res["valid"], f"seed={seed} {outcome.run_dir}: {res['anomaly_counts']}"
+    assert res["ops"]["send"]["ok"] > 100, f"seed={seed} {res['ops']}"
+
+
 def test_matrix_table_replaces_only_its_own_block(tmp_path: Path) -> None:
     from jepsen.runner import MATRIX_BEGIN, MATRIX_END, MatrixRow, matrix_table, write_matrix_table
 
