@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from jepsen.history import ASSIGN, CRASH, FINAL_POLL, POLL, SEND, Recorder
 
@@ -41,6 +41,8 @@ SOCKET_TIMEOUT_MS = 5_000
 METADATA_REFRESH_MS = 1_000
 FETCH_WAIT_MAX_MS = 100
 WATERMARK_TIMEOUT_S = 5.0
+# Where a partition's log starts in a run (no retention or deletion happens in one).
+LOG_START_OFFSET = 0
 # A final read that failed to start (no leader yet) tries again after this pause.
 FINAL_RETRY_BACKOFF_S = 0.5
 
@@ -135,8 +137,16 @@ class KeyedConsumer:
         if seek_to_beginning:
             self.positions.clear()
         self.positions = {k: v for k, v in self.positions.items() if k in keys}
+        # Explicit offsets only, never the logical OFFSET_BEGINNING: librdkafka (2.16) keeps a
+        # timed ListOffsets query for a logical offset alive across a re-assignment, and when
+        # it fires it rewinds a partition that meanwhile got an explicit position back to the
+        # beginning (reproduced against a single healthy node: assign all keys at BEGINNING,
+        # re-assign a subset at once, read on; a kept key later restarts at 0). The checker
+        # rightly calls that a nonmonotonic poll, but it is the client's. Offset 0 is where
+        # every run's log starts (nothing is deleted); were it gone, auto.offset.reset
+        # (earliest) still starts at the beginning.
         self._consumer.assign(
-            [TopicPartition(self.topic, k, self.positions.get(k, OFFSET_BEGINNING)) for k in keys]
+            [TopicPartition(self.topic, k, self.positions.get(k, LOG_START_OFFSET)) for k in keys]
         )
         self.assigned = list(keys)
 
