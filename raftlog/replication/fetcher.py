@@ -184,7 +184,8 @@ class ReplicaFetcher:
             partition_log = hosted.log
             try:
                 if step.action is FollowerAction.APPEND:
-                    partition_log.append_as_follower(records, now_ms)
+                    # Storage time is wall-clock (segment.ms); now_ms here is monotonic.
+                    partition_log.append_as_follower(records)
                     appended.append(hosted)
                     self._update_producers(hosted, records)
                     self._follow_log_start(hosted, follower, response.log_start_offset)

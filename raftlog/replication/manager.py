@@ -252,10 +252,11 @@ class ReplicaManager:
             hosted = None
         if hosted is not None:
             return hosted
-        now_ms = self.clock_ms()
         existed = self.log_manager.get(topic, index) is not None
         overrides = self._log_overrides(topic)
-        partition_log = self.log_manager.get_or_create(topic, index, overrides, now_ms=now_ms)
+        partition_log = self.log_manager.get_or_create(
+            topic, index, overrides, now_ms=self.wall_clock_ms()
+        )
         if existed:
             self.log_manager.update_config(topic, index, overrides)
         settings = dataclasses.replace(

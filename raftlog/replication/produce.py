@@ -93,7 +93,10 @@ async def produce(
         required_offset = original.last_offset + 1
     else:
         try:
-            info = hosted.log.append_as_leader(records, leader.leader_epoch, now_ms)
+            # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
+            info = hosted.log.append_as_leader(
+                records, leader.leader_epoch, manager.wall_clock_ms()
+            )
         except KafkaError as exc:
             return ProduceResult(exc.code, error_message=exc.message)
         table.update_leader_append(records, info.first_offset)

@@ -32,7 +32,7 @@ from raftlog.metadata.controller_messages import (
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.records import iter_batches
-from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.manager import ReplicaManager, wall_clock_ms
 from raftlog.storage import LogManager
 from tests.storage.helpers import batch
 
@@ -152,7 +152,8 @@ class Cluster:
 
     async def start(self, broker_id: int) -> ReplicaManager:
         log_manager = LogManager(self.root / f"broker-{broker_id}", self.config)
-        await log_manager.open_all_async(now_ms=clock_ms())
+        # Storage time is wall-clock ms, as the node passes it (segment.ms compares it).
+        await log_manager.open_all_async(now_ms=wall_clock_ms())
         manager = ReplicaManager(
             broker_id,
             self.config,
