@@ -92,7 +92,12 @@ class MetadataLogStore:
         return None
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        """Blocking (fsync): write the snapshot, then drop older ones."""
+        """Blocking (fsync): write the snapshot, then drop older ones.
+
+        Only older ones: a local snapshot's write can finish after a newer snapshot from the
+        leader was installed (and the log emptied up to its end), and deleting that newer one
+        would leave a gap between the surviving snapshot and the log at the next start.
+        """
         name = f"{snapshot.end_offset:020d}-{snapshot.epoch:010d}{SNAPSHOT_SUFFIX}"
         write_checkpoint(
             self.directory / name,
@@ -100,7 +105,7 @@ class MetadataLogStore:
             {"end_offset": snapshot.end_offset, "epoch": snapshot.epoch, "data": snapshot.data},
         )
         for old in self._snapshot_paths():
-            if old.name != name:
+            if old.name < name:  # zero-padded end offset, then epoch: names sort by age
                 old.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- entries

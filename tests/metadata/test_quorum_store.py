@@ -1,0 +1,32 @@
+"""MetadataLogStore and QuorumDriver details that the 3-node harness cannot pin down."""
+
+from raftlog.metadata.quorum import MetadataLogStore
+from raftlog.metadata.raft import Snapshot
+from raftlog.metadata.raft_messages import Entry
+
+NOW_MS = 1_700_000_000_000
+
+
+def _entries(start: int, end: int, epoch: int = 1) -> list[Entry]:
+    return [Entry(offset, epoch, f"e{offset}".encode()) for offset in range(start, end)]
+
+
+def test_late_local_snapshot_never_deletes_a_newer_installed_one(tmp_path):
+    # A follower starts persisting a local snapshot (end 5); before that write finishes it
+    # installs the leader's snapshot (end 20), which empties its log up to 20. The local
+    # write then completes: it must not delete the installed snapshot, or the next start
+    # finds snapshot 5 and a log starting at 20.
+    store = MetadataLogStore(tmp_path, now_ms=NOW_MS)
+    store.append(_entries(0, 8), NOW_MS)
+    store.install_snapshot(Snapshot(20, 2, b"leader's"))
+    store.save_snapshot(Snapshot(5, 1, b"local"))
+    store.close()
+
+    reopened = MetadataLogStore(tmp_path, now_ms=NOW_MS)
+    snapshot = reopened.load_snapshot()
+    assert snapshot == Snapshot(20, 2, b"leader's")
+    assert reopened.log.log_start_offset == 20
+    # A newer snapshot still replaces every older one.
+    reopened.save_snapshot(Snapshot(30, 2, b"newer"))
+    assert [p.name.split("-")[0] for p in reopened._snapshot_paths()] == [f"{30:020d}"]
+    reopened.close()
