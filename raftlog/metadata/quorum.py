@@ -149,6 +149,11 @@ class MetadataLogStore:
     def install_snapshot(self, snapshot: Snapshot) -> None:
         """Blocking: a follower got a snapshot from the leader; it replaces the whole log."""
         self.save_snapshot(snapshot)
+        self.start_after_snapshot(snapshot)
+
+    def start_after_snapshot(self, snapshot: Snapshot) -> None:
+        """Empty the log up to an installed (already durable) snapshot's end. Call it on the
+        event loop: the flusher and compaction touch the same PartitionLog there."""
         self.log.truncate_fully_and_start_at(snapshot.end_offset)
 
     def compact_to(self, end_offset: int) -> None:
@@ -339,7 +344,12 @@ class QuorumDriver:
             self.store.append(ready.entries, wall_clock_ms())
             self._flush_wanted.set()
         if ready.snapshot is not None:
-            await trio.to_thread.run_sync(self.store.install_snapshot, ready.snapshot)
+            # Only the snapshot file goes to a worker thread. The log itself is changed here,
+            # on the event loop, like every other change to it: a flusher round or the
+            # compaction after a local snapshot must never run against a log that a thread
+            # is emptying at the same time.
+            await trio.to_thread.run_sync(self.store.save_snapshot, ready.snapshot)
+            self.store.start_after_snapshot(ready.snapshot)
             self._fail_waiters_from(0, below=ready.snapshot.end_offset)
             self._on_snapshot(ready.snapshot)
         for to_id, message in ready.messages:

@@ -30,3 +30,50 @@ def test_late_local_snapshot_never_deletes_a_newer_installed_one(tmp_path):
     reopened.save_snapshot(Snapshot(30, 2, b"newer"))
     assert [p.name.split("-")[0] for p in reopened._snapshot_paths()] == [f"{30:020d}"]
     reopened.close()
+
+
+def _driver(tmp_path, **callbacks):
+    from raftlog.metadata.quorum import QuorumDriver
+    from raftlog.net.rpc import PeerSet
+    from raftlog.storage.flusher import Flusher
+    from tests.metadata.test_node_quorum import make_configs
+
+    config = make_configs(tmp_path, n=1)[0]
+    store = MetadataLogStore(config.data_path, now_ms=NOW_MS)
+    noop = lambda *_: None  # noqa: E731
+    return QuorumDriver(
+        config,
+        store,
+        Flusher(),
+        PeerSet(config.node_id),
+        on_commit=callbacks.get("on_commit", noop),
+        on_snapshot=callbacks.get("on_snapshot", noop),
+        on_role_change=callbacks.get("on_role_change", noop),
+    )
+
+
+async def test_snapshot_install_changes_the_log_on_the_event_loop_only(tmp_path):
+    import threading
+
+    from raftlog.metadata.raft_types import Ready
+
+    installed = []
+    driver = _driver(tmp_path, on_snapshot=installed.append)
+    driver.store.append(_entries(0, 4), NOW_MS)
+    log = driver.store.log
+    threads = []
+    truncate = log.truncate_fully_and_start_at
+
+    def recording_truncate(offset):
+        threads.append(threading.current_thread() is threading.main_thread())
+        truncate(offset)
+
+    log.truncate_fully_and_start_at = recording_truncate
+    snapshot = Snapshot(10, 2, b"image")
+    driver.core.take_ready = lambda: Ready(snapshot=snapshot, high_watermark=10)
+    await driver._process_ready()
+    assert threads == [True], "the log was emptied from a worker thread"
+    assert installed == [snapshot]
+    assert (log.log_start_offset, log.log_end_offset) == (10, 10)
+    assert driver.store.load_snapshot() == snapshot
+    driver.close()
