@@ -36,7 +36,9 @@ def test_smoke_run_with_kills_and_partitions_is_valid(tmp_path: Path) -> None:
     outcome = run(
         RunOptions(
             nodes=3,
-            time_limit_s=45,
+            # Two whole fault windows (8-16 s, 24-32 s) and recovery after each; the whole
+            # test stays near a minute on a loaded two-core machine.
+            time_limit_s=40,
             nemesis=("kill", "partition"),
             nemesis_interval_s=8,
             seed=SMOKE_SEED,
