@@ -262,9 +262,8 @@ def test_kcat_round_trip_every_codec(cluster):
     _create_topic(cluster, topic)
     sent = _records("kcat", KCAT_CODECS)
     for codec in KCAT_CODECS:
-        # kcat -H applies to every record of a run: one run per codec with that codec's
-        # headers would lose the per-record "seq", so give kcat records whose headers are
-        # fixed per run and compare on those.
+        # kcat's -H puts the same headers on every record of a run, so each record carries
+        # only its run's codec header (no per-record "seq"); the comparison uses exactly that.
         lines = "".join(
             f"{r.key.decode()}{FIELD_SEP}{r.value.decode()}\n" for c, r in sent if c == codec
         )
@@ -368,28 +367,63 @@ def test_confluent_kafka_group_splits_and_rebalances(cluster):
     )
 
 
-def test_kafka_python_group_splits_and_rebalances(cluster):
+async def test_kafka_python_group_splits_and_rebalances(cluster):
+    """kafka-python joins the group inside poll(), which blocks: polling two members in turn
+    from one thread can leave one waiting in JoinGroup for the other. Each member is polled
+    from its own worker thread instead, as two applications would be."""
     from kafka import KafkaConsumer
 
     topic = "group-kafka-python"
-    _create_topic(cluster, topic)
-    members = [
-        KafkaConsumer(
+    await trio.to_thread.run_sync(_create_topic, cluster, topic)
+
+    def make() -> KafkaConsumer:
+        return KafkaConsumer(
             topic,
             bootstrap_servers=cluster.bootstrap_servers,
             group_id="g-kafka-python",
             session_timeout_ms=6000,
             heartbeat_interval_ms=500,
+            max_poll_interval_ms=10_000,
         )
-        for _ in range(2)
-    ]
-    _split_and_rebalance(
-        members,
-        lambda m: {tp.partition for tp in m.assignment()},
-        lambda m: m.poll(200),
-        lambda m: m.close(),
-        "kafka-python",
-    )
+
+    members = [await trio.to_thread.run_sync(make) for _ in range(2)]
+    assigned: list[set[int]] = [set(), set()]
+    stops = [trio.Event(), trio.Event()]
+    everything = set(range(PARTITIONS))
+
+    def poll(i: int) -> None:
+        members[i].poll(200)
+        assigned[i] = {tp.partition for tp in members[i].assignment()}
+
+    polled = trio.Event()  # replaced by each waiter; set after every poll
+
+    async def run_member(i: int) -> None:
+        while not stops[i].is_set():
+            await trio.to_thread.run_sync(poll, i)
+            polled.set()
+        await trio.to_thread.run_sync(members[i].close)
+
+    def split() -> bool:
+        a, b = assigned
+        return bool(a) and bool(b) and not (a & b) and (a | b) == everything
+
+    async def wait_until(condition, what: str) -> None:
+        nonlocal polled
+        try:
+            with trio.fail_after(DEADLINE_S):
+                while not condition():
+                    polled = trio.Event()
+                    await polled.wait()
+        except trio.TooSlowError:
+            raise AssertionError(f"timed out waiting for {what}: {assigned}") from None
+
+    async with trio.open_nursery() as nursery:
+        for i in range(2):
+            nursery.start_soon(run_member, i)
+        await wait_until(split, "kafka-python members to split the partitions")
+        stops[0].set()
+        await wait_until(lambda: assigned[1] == everything, "a rebalance after a member left")
+        stops[1].set()
 
 
 async def _aiokafka_group(bootstrap: str, topic: str) -> None:
@@ -444,7 +478,7 @@ def test_follower_answers_not_leader_with_the_kip_951_leader_hint(cluster):
     replica that is not the leader names the leader (and, for produce v10, its endpoint)."""
     topic = "leader-hint"
     _create_topic(cluster, topic, partitions=1)
-    leader = cluster.wait_for(lambda: _leader_of(cluster, topic, 0) > 0, "a leader")
+    cluster.wait_for(lambda: _leader_of(cluster, topic, 0) > 0, "a leader")
     leader = _leader_of(cluster, topic, 0)
     follower = next(n for n in cluster.nodes.values() if n.node_id != leader and n.running)
     host, port = follower.client_address.rsplit(":", 1)
