@@ -89,7 +89,8 @@ def _run_options(
         p.add_argument(
             "--nemesis",
             default="kill,partition",
-            help="comma-separated: kill, pause, partition, restart; or all, none",
+            help="comma-separated: kill, pause, partition, restart, or one fault kind such as "
+            "partition-partition-leader; or all, none",
         )
     else:
         p.add_argument(
