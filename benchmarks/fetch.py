@@ -53,7 +53,7 @@ from raftlog.client.connection import BrokerConnection, ConnectionLimits
 from raftlog.client.protocol import API_KEYS, build_request, decode_response, encode_request
 from raftlog.net.framing import frame
 from raftlog.node import PARTITIONS_DIR
-from raftlog.records import Record, build_batch, parse_header
+from raftlog.records import HEADER_SIZE_BYTES, Record, build_batch, parse_header
 from raftlog.testing.cluster import ProcessCluster
 
 TOPIC = "fetch-bench"
@@ -225,7 +225,7 @@ def next_offset_after(records: bytes, offset: int) -> int:
     """The offset after the last whole batch in `records` (headers only, nothing decoded)."""
     position = 0
     view = memoryview(records)
-    while position + 61 <= len(view):
+    while position + HEADER_SIZE_BYTES <= len(view):
         header = parse_header(view, position)
         if position + header.size_bytes > len(view):
             break  # a partial batch at the end of the response
