@@ -13,10 +13,20 @@ from dataclasses import dataclass
 
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.protocol import throttle_time_ms
+from raftlog.errors import ErrorCode
 from raftlog.records import LOG_OVERHEAD_BYTES, Record, batch_size_at, iter_batches, iter_records
 
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 500
+
+
+@dataclass(frozen=True)
+class RawFetch:
+    error: ErrorCode  # none, or offset_out_of_range (every other error is raised)
+    data: bytes  # record batches as the broker sent them; may end in a cut batch
+    high_watermark: int
+    log_start_offset: int
+    throttle_time_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,16 +71,21 @@ class Consumer:
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
 
-    async def fetch(self, topic: str, partition: int, offset: int) -> FetchResult:
-        """One fetch at offset from the leader (retrying leadership errors)."""
+    async def fetch_raw(
+        self, topic: str, partition: int, offset: int, *, max_bytes: int | None = None
+    ) -> RawFetch:
+        """One fetch at offset from the leader, the record bytes undecoded (leadership errors
+        retried). OFFSET_OUT_OF_RANGE is answered, not raised: whether it means data loss
+        (below the log start) is the caller's decision."""
+        max_bytes = self.max_bytes if max_bytes is None else max_bytes
 
-        async def attempt() -> FetchResult:
+        async def attempt() -> RawFetch:
             connection, info = await self.cluster.leader(topic, partition)
             values = {
                 "replica_id": -1,
                 "max_wait": self.max_wait_ms,
                 "min_bytes": 1,
-                "max_bytes": self.max_bytes,
+                "max_bytes": max_bytes,
                 "isolation_level": 0,
                 "session_id": 0,
                 "session_epoch": -1,
@@ -84,7 +99,7 @@ class Consumer:
                                 "fetch_offset": offset,
                                 "last_fetched_epoch": -1,
                                 "log_start_offset": -1,
-                                "partition_max_bytes": self.max_bytes,
+                                "partition_max_bytes": max_bytes,
                             }
                         ],
                     }
@@ -94,12 +109,26 @@ class Consumer:
             }
             response = await connection.call("fetch", values)
             raise_for(getattr(response, "error_code", 0), f"fetch {topic}-{partition}")
-            data = response.responses[0].partitions[0]
-            raise_for(data.error_code, f"fetch {topic}-{partition}")
-            records = [r for r in decode_records(data.records) if r.offset >= offset]
-            return FetchResult(records, int(data.high_watermark), throttle_time_ms(response))
+            answer = response.responses[0].partitions[0]
+            error = ErrorCode(int(answer.error_code))
+            if error != ErrorCode.offset_out_of_range:
+                raise_for(error, f"fetch {topic}-{partition} at {offset}")
+            return RawFetch(
+                error,
+                bytes(answer.records or b""),
+                int(answer.high_watermark),
+                int(getattr(answer, "log_start_offset", -1)),
+                throttle_time_ms(response),
+            )
 
         return await self.cluster.retrying(attempt, refresh_topics=[topic])
+
+    async def fetch(self, topic: str, partition: int, offset: int) -> FetchResult:
+        """One fetch at offset from the leader (retrying leadership errors), decoded."""
+        raw = await self.fetch_raw(topic, partition, offset)
+        raise_for(raw.error, f"fetch {topic}-{partition} at {offset}")
+        records = [r for r in decode_records(raw.data) if r.offset >= offset]
+        return FetchResult(records, raw.high_watermark, raw.throttle_time_ms)
 
     async def fetch_range(
         self, topic: str, partition: int, start: int, end: int | None = None

@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from raftlog.client import Cluster, open_cluster
+from raftlog.client import open_cluster
 from raftlog.client.cluster import raise_for
-from raftlog.client.consumer import whole_batches
+from raftlog.client.consumer import Consumer, whole_batches
 from raftlog.errors import ErrorCode
 from raftlog.records import iter_batches, iter_records
 from raftlog.spark.options import ReadOptions
@@ -40,14 +40,6 @@ log = logging.getLogger("raftlog.spark")
 # anyway, the next fetch asks for twice as much, up to this.
 FETCH_MAX_BYTES_CEILING = 256 * 1024 * 1024
 MICROS_PER_MS = 1000
-
-
-@dataclass(frozen=True)
-class RawFetch:
-    error: ErrorCode
-    data: bytes
-    high_watermark: int
-    log_start_offset: int
 
 
 @dataclass
@@ -114,56 +106,6 @@ def to_record_batch(
     return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
-async def fetch_raw(
-    cluster: Cluster, topic: str, partition: int, offset: int, max_bytes: int, max_wait_ms: int
-) -> RawFetch:
-    """One fetch from the current leader; leadership errors are retried, out-of-range is
-    answered (the caller decides whether it is data loss)."""
-
-    async def attempt() -> RawFetch:
-        connection, info = await cluster.leader(topic, partition)
-        values = {
-            "replica_id": -1,
-            "max_wait": max_wait_ms,
-            "min_bytes": 1,
-            "max_bytes": max_bytes,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [
-                {
-                    "topic": topic,
-                    "partitions": [
-                        {
-                            "partition": partition,
-                            "current_leader_epoch": info.leader_epoch,
-                            "fetch_offset": offset,
-                            "last_fetched_epoch": -1,
-                            "log_start_offset": -1,
-                            "partition_max_bytes": max_bytes,
-                        }
-                    ],
-                }
-            ],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        }
-        response = await connection.call("fetch", values)
-        raise_for(getattr(response, "error_code", 0), f"fetch {topic}-{partition}")
-        answer = response.responses[0].partitions[0]
-        error = ErrorCode(int(answer.error_code))
-        if error != ErrorCode.offset_out_of_range:
-            raise_for(error, f"fetch {topic}-{partition} at {offset}")
-        return RawFetch(
-            error,
-            bytes(answer.records or b""),
-            int(answer.high_watermark),
-            int(getattr(answer, "log_start_offset", -1)),
-        )
-
-    return await cluster.retrying(attempt, refresh_topics=[topic])
-
-
 @dataclass
 class Chunk:
     columns: Columns
@@ -177,12 +119,11 @@ async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chu
     async with open_cluster(
         options.bootstrap_servers, client_id="raftlog-spark", limits=cluster_limits(options)
     ) as cluster:
+        consumer = Consumer(cluster, max_wait_ms=options.fetch_max_wait_ms)
         for _ in range(options.fetches_per_chunk):
             if offset >= rng.end:
                 break
-            raw = await fetch_raw(
-                cluster, rng.topic, rng.partition, offset, max_bytes, options.fetch_max_wait_ms
-            )
+            raw = await consumer.fetch_raw(rng.topic, rng.partition, offset, max_bytes=max_bytes)
             if raw.error == ErrorCode.offset_out_of_range:
                 if raw.log_start_offset < 0 or offset >= raw.log_start_offset:
                     raise_for(raw.error, f"fetch {rng.topic}-{rng.partition} at {offset}")
