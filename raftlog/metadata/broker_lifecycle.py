@@ -109,6 +109,7 @@ class BrokerLifecycle:
         self._wake = trio.Event()
         self.shutdown_done = trio.Event()
         self.shutdown_confirmed = False
+        self._heartbeat_scope: trio.CancelScope | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -122,8 +123,13 @@ class BrokerLifecycle:
                 if shutting_down
                 else self.config.broker_session_timeout_ms
             )
+            # A shutdown request cancels a regular heartbeat still in flight, so the shutdown
+            # heartbeat goes out at once instead of after the session timeout.
+            self._heartbeat_scope = trio.CancelScope()
+            reply = None
             try:
-                reply = await self.client.call(self._heartbeat(), timeout_ms=timeout_ms)
+                with self._heartbeat_scope:
+                    reply = await self.client.call(self._heartbeat(), timeout_ms=timeout_ms)
             except KafkaError as exc:
                 if shutting_down:
                     # No controller can act (e.g. the whole cluster is stopping and the quorum
@@ -135,6 +141,8 @@ class BrokerLifecycle:
                 log.warning("heartbeat failed: %s", exc)
                 await trio.sleep(interval_s)
                 continue
+            if reply is None:
+                continue  # cancelled by controlled_shutdown: send the shutdown heartbeat
             if reply.error_code in (
                 ErrorCode.stale_broker_epoch,
                 ErrorCode.broker_id_not_registered,
@@ -212,6 +220,8 @@ class BrokerLifecycle:
         """Ask the controller to move leadership away; True once it says we may stop."""
         self._shutting_down = True
         self._wake.set()
+        if self._heartbeat_scope is not None:
+            self._heartbeat_scope.cancel()
         with trio.move_on_after(timeout_s):
             await self.shutdown_done.wait()
         return self.shutdown_confirmed

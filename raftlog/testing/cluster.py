@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,17 +38,27 @@ READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
+# Ports for test nodes come from below Linux's ephemeral range (32768-60999): a port the OS
+# handed out with bind(0) is free now but may be given to some outgoing connection before the
+# node binds it; ports below that range are only ever taken by an explicit bind.
+TEST_PORT_RANGE = (20000, 32700)
+
+
 def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """`count` distinct ports that are bindable right now, outside the ephemeral range."""
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.randrange(*TEST_PORT_RANGE)
+        if port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 @dataclass
