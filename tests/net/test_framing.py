@@ -32,3 +32,21 @@ async def test_truncated_frame_is_an_error():
     await send.aclose()
     with pytest.raises(trio.BrokenResourceError):
         await FrameReader(receive, max_frame_bytes=1024).read_frame()
+
+
+async def test_large_frames_assemble_from_bounded_receives():
+    send, receive = trio.testing.memory_stream_pair()
+    reader = FrameReader(receive, max_frame_bytes=1 << 20, receive_chunk_bytes=1000)
+    big = bytes(range(256)) * 1500  # 384 000 bytes: many receives of at most 1000 bytes
+    data = frame(big) + frame(b"tail")
+    async with trio.open_nursery() as nursery:
+
+        async def writer():
+            for i in range(0, len(data), 4096):
+                await send.send_all(data[i : i + 4096])
+            await send.aclose()
+
+        nursery.start_soon(writer)
+        assert await reader.read_frame() == big
+        assert await reader.read_frame() == b"tail"
+        assert await reader.read_frame() is None
