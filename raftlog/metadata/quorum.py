@@ -300,9 +300,12 @@ class QuorumDriver:
     def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
         self.core.snapshot_written(end_offset, epoch, data)
 
-    def resign(self) -> None:
+    def resign(self) -> bool:
+        """Hand leadership over (EndQuorumEpoch); True if this node was the leader."""
+        leading = self.core.role.name == "leader"
         self.core.resign(self.now_ms())
         self._wake.set()
+        return leading
 
     # ---------------------------------------------------------------- loop
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

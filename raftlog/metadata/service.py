@@ -259,14 +259,26 @@ class MetadataService:
             await batch.proposed.wait()
         if batch.not_leader is not None:
             # The controller's image already holds these records; it must not survive them.
-            self.controller = None
+            self._renounce("its records could not be appended")
             raise NotControllerError(batch.not_leader.leader_id)
         offset, epoch = batch.offset, batch.epoch
         with trio.move_on_after(CONTROLLER_COMMIT_TIMEOUT_MS / 1000):
             if await self.quorum.wait_committed(offset, epoch):
                 return
-        self.controller = None
+        self._renounce("its records did not commit")
         raise NotControllerError(self.quorum.core.leader_id)
+
+    def _renounce(self, why: str) -> None:
+        """Drop the controller, and with it this node's leadership if it still leads.
+
+        A controller is only built when its epoch's no-op entry commits, so dropping it
+        while keeping the leadership (an overloaded backlog, a commit that timed out) would
+        leave the cluster without an active controller until the next election. Resigning
+        starts that election now, as KRaft's controller renounces on a failed write.
+        """
+        self.controller = None
+        if self.quorum is not None and self.quorum.resign():
+            log.warning("controller inactive (%s): resigned metadata leadership", why)
 
 
 def full_delta(image: MetadataImage) -> MetadataDelta:

@@ -217,3 +217,39 @@ async def test_linearizable_read_index(tmp_path):
             with trio.fail_after(10):
                 await leader.quorum.read_index()
         nursery.cancel_scope.cancel()
+
+
+async def test_controller_that_cannot_append_resigns_so_another_takes_over(tmp_path):
+    from raftlog.metadata.raft import Overloaded
+    from raftlog.metadata.service import NotControllerError
+
+    configs = make_configs(tmp_path)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(nursery, configs)
+        for i in (1, 2, 3):
+            await cluster.start(i)
+        leader = await cluster.controller()
+        await cluster.wait_for(
+            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
+            "all brokers unfenced",
+        )
+        quorum = leader.quorum
+        epoch = quorum.core.epoch
+
+        def overloaded(payload):
+            raise Overloaded("backlog full (injected)")
+
+        quorum.propose = overloaded
+        with pytest.raises(NotControllerError):
+            await leader.metadata.handle(cm.CreateTopics((cm.NewTopic("x", 1, 1),)))
+        del quorum.propose  # the instance attribute shadowed the method
+        # The dropped controller must not leave the cluster without one: a new epoch's
+        # controller (on any node) takes over.
+        await cluster.wait_for(
+            lambda: any(n.quorum.core.epoch > epoch for n in cluster.leaders()),
+            "a controller in a later epoch",
+        )
+        new_leader = await cluster.controller()
+        result = await create_topic(new_leader, "after-renounce", partitions=1, rf=1)
+        assert result.error_code == ErrorCode.none, result
+        nursery.cancel_scope.cancel()

@@ -21,6 +21,7 @@ class FakeQuorum:
     def __init__(self, leading: bool = True) -> None:
         self.entries: list[list[r.Record]] = []
         self.leading = leading
+        self.resigned = False
 
     def propose(self, payload: bytes) -> tuple[int, int]:
         if not self.leading:
@@ -31,6 +32,10 @@ class FakeQuorum:
     async def wait_committed(self, offset: int, epoch: int) -> bool:
         await trio.lowlevel.checkpoint()
         return offset < len(self.entries) and epoch == 5
+
+    def resign(self) -> bool:
+        self.resigned = self.leading
+        return self.leading
 
 
 def config(name: str) -> r.Config:
