@@ -103,19 +103,23 @@ async def _serve_connection(stream: trio.abc.Stream, handler: Handler, limits: R
     async def answer(
         kind: int, correlation_id: int, sender_id: int, method: str, body: Any
     ) -> None:
+        # The in-flight slot is held until the answer is queued: released earlier, a peer
+        # that never reads its answers would have this side read requests and run handlers
+        # without bound while the answers piled up in memory.
         try:
-            result = await handler(sender_id, method, body)
-            if kind == KIND_REQUEST:
+            try:
+                result = await handler(sender_id, method, body)
+                if kind != KIND_REQUEST:
+                    return
                 out = _encode(KIND_RESPONSE, correlation_id, 0, method, result)
-        except Exception as exc:  # a bad request must not kill the connection or the node
-            log.exception("rpc %s from %s (node %s) failed", method, peer, sender_id)
-            if kind != KIND_REQUEST:
-                return
-            out = _encode(KIND_ERROR, correlation_id, 0, method, f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a bad request must not kill the connection or the node
+                log.exception("rpc %s from %s (node %s) failed", method, peer, sender_id)
+                if kind != KIND_REQUEST:
+                    return
+                out = _encode(KIND_ERROR, correlation_id, 0, method, f"{type(exc).__name__}: {exc}")
+            await responses_in.send(out)
         finally:
             inflight.release()
-        if kind == KIND_REQUEST:
-            await responses_in.send(out)
 
     async def write_responses() -> None:
         try:
@@ -180,7 +184,7 @@ def _peer_name(stream: trio.abc.Stream) -> str:
     try:
         host, port = stream.socket.getpeername()[:2]  # type: ignore[attr-defined]
         return f"{host}:{port}"
-    except OSError:
+    except (OSError, AttributeError):  # AttributeError: not a socket (a test's memory stream)
         return "?"
 
 

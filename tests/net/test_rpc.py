@@ -132,3 +132,35 @@ async def test_peer_set_replaces_moved_peer():
         assert await peers.peer(3, "127.0.0.1", port_b).call("x", None) == "b"
         assert peers.get(3).address == ("127.0.0.1", port_b)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_that_never_reads_answers_cannot_pile_up_requests():
+    """The in-flight limit holds a request's slot until its answer is queued for writing: a
+    peer that sends requests but never reads the answers stalls only itself."""
+    from trio.testing import lockstep_stream_pair, wait_all_tasks_blocked
+
+    from raftlog.net.rpc import KIND_REQUEST, _encode, _serve_connection
+
+    inflight = 4
+    calls = 0
+
+    async def handler(sender_id, method, body):
+        nonlocal calls
+        calls += 1
+        return b"x" * 1024
+
+    # A lockstep stream: the server's first answer blocks until the client reads it (never).
+    client, server = lockstep_stream_pair()
+
+    async def flood():
+        for correlation_id in range(1, 201):
+            await client.send_all(_encode(KIND_REQUEST, correlation_id, 9, "x", None))
+
+    async with trio.open_nursery() as nursery:
+        limits = RpcLimits(max_inflight_per_connection=inflight)
+        nursery.start_soon(_serve_connection, server, handler, limits)
+        nursery.start_soon(flood)
+        await wait_all_tasks_blocked()
+        # One answer in the writer's send, `inflight` queued, `inflight` waiting for room.
+        assert calls <= 2 * inflight + 1, calls
+        nursery.cancel_scope.cancel()
