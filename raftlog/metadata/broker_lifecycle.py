@@ -15,7 +15,7 @@ from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata import controller_messages as cm
 from raftlog.metadata.service import MetadataService, NotControllerError
 from raftlog.net.rpc import PeerSet, RpcError
-from raftlog.net.wire import WireRegistry
+from raftlog.net.wire import WireDecodeError, WireRegistry
 
 log = logging.getLogger("raftlog.broker")
 
@@ -70,17 +70,26 @@ class ControllerClient:
         address = self.config.voters.get(leader)
         if address is None:
             raise NotControllerError(leader)
-        status, body = await self.peers.peer(leader, *address).call(
+        answer = await self.peers.peer(leader, *address).call(
             "controller",
             self.wire.encode(request),
             timeout_s=timeout_ms / 1000,
             connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
         )
+        try:
+            status, body = answer
+            reply = self.wire.decode(body) if status == "ok" else None
+        except (TypeError, ValueError, WireDecodeError) as exc:
+            # A controller of another version (or a bug) fails this request with a Kafka
+            # error, which every caller handles; anything else would end the caller's task.
+            raise KafkaError(
+                ErrorCode.unknown_server_error, f"malformed controller reply: {exc}"
+            ) from None
         if status == "not_controller":
             raise NotControllerError(body)
         if status != "ok":
             raise KafkaError(ErrorCode.unknown_server_error, f"controller answered {status}")
-        return self.wire.decode(body)
+        return reply
 
     async def serve(self, body: bytes) -> list[Any]:
         """The internal RPC method "controller" on this node."""

@@ -1,0 +1,64 @@
+"""What a node makes of a peer that answers badly or not at all: Kafka errors, not crashes."""
+
+import functools
+import socket
+from types import SimpleNamespace
+
+import msgpack
+import pytest
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.broker_lifecycle import ControllerClient
+from raftlog.net.rpc import PeerSet, serve_rpc
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _config(leader_port: int) -> NodeConfig:
+    return NodeConfig.from_dict(
+        {
+            "node_id": 1,
+            "controller_quorum_voters": f"1@127.0.0.1:{_free_port()},2@127.0.0.1:{leader_port}",
+            "request_timeout_ms": 2000,
+        }
+    )
+
+
+def _metadata_led_by(leader_id: int) -> SimpleNamespace:
+    core = SimpleNamespace(leader_id=leader_id, replica_progress=lambda: None)
+    return SimpleNamespace(quorum=SimpleNamespace(core=core), cluster_id="c")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ["ok", b"\xc1"],
+        ["ok", msgpack.packb(msgpack.ExtType(3, msgpack.packb(["Unheard", []])))],
+        "not a pair",
+        ["weird-status", None],
+    ],
+    ids=["undecodable", "unregistered-type", "not-a-pair", "unknown-status"],
+)
+async def test_controller_client_turns_a_malformed_reply_into_a_kafka_error(answer):
+    # e.g. a controller of another version: its reply must fail the request with a Kafka
+    # error (which the broker's heartbeat loop logs and retries), not kill the caller.
+    async def controller(sender_id, method, body):
+        return answer
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(serve_rpc, controller, "127.0.0.1", 0))
+        port = listeners[0].socket.getsockname()[1]
+        peers = PeerSet(1)
+        await nursery.start(peers.run)
+        client = ControllerClient(_config(port), peers, _metadata_led_by(2))
+        with pytest.raises(KafkaError) as caught:
+            await client.call(cm.BrokerHeartbeat(1, 1, 0, want_shutdown=False))
+        assert caught.value.code == ErrorCode.unknown_server_error
+        nursery.cancel_scope.cancel()
