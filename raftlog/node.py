@@ -31,7 +31,7 @@ from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.server import serve as serve_kafka
-from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
+from raftlog.net.rpc import PeerSet, RpcError, RpcLimits, serve_rpc
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
@@ -252,7 +252,14 @@ class Node:
         address = self.config.voters.get(leader) if leader is not None else None
         if leader is None or address is None:
             raise KafkaError(ErrorCode.not_leader_or_follower, "the metadata quorum has no leader")
-        wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
+        try:
+            wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
+        except RpcError as exc:
+            # The leader just died or is cut off: a client retries NOT_LEADER_OR_FOLLOWER
+            # (after refreshing metadata), where UNKNOWN_SERVER_ERROR would be final.
+            raise KafkaError(
+                ErrorCode.not_leader_or_follower, f"the metadata leader {leader}: {exc}"
+            ) from None
         if wire is None:
             raise KafkaError(ErrorCode.not_leader_or_follower, "the leader changed")
         return _quorum_from_wire(wire)

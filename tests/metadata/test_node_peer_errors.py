@@ -12,7 +12,7 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata import controller_messages as cm
 from raftlog.metadata.broker_lifecycle import ControllerClient
-from raftlog.net.rpc import PeerSet, serve_rpc
+from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
 
 
 def _free_port() -> int:
@@ -61,4 +61,20 @@ async def test_controller_client_turns_a_malformed_reply_into_a_kafka_error(answ
         with pytest.raises(KafkaError) as caught:
             await client.call(cm.BrokerHeartbeat(1, 1, 0, want_shutdown=False))
         assert caught.value.code == ErrorCode.unknown_server_error
+        nursery.cancel_scope.cancel()
+
+
+async def test_describe_quorum_with_an_unreachable_leader_is_retriable():
+    from raftlog.node import Node
+
+    config = _config(_free_port())  # node 2 "leads" but nothing listens there
+    node = Node(config)
+    node.quorum = _metadata_led_by(2).quorum
+    async with trio.open_nursery() as nursery:
+        node.peers = PeerSet(1, RpcLimits(connect_timeout_s=0.2))
+        await nursery.start(node.peers.run)
+        with pytest.raises(KafkaError) as caught:
+            await node.describe_quorum()
+        # A client retries NOT_LEADER_OR_FOLLOWER; UNKNOWN_SERVER_ERROR it would give up on.
+        assert caught.value.code == ErrorCode.not_leader_or_follower
         nursery.cancel_scope.cancel()
