@@ -40,6 +40,10 @@ SNAPSHOT_SUFFIX = ".snapshot"
 METADATA_SEGMENT_BYTES = 8 * MIB
 # Bytes read per step while loading the metadata log at start-up.
 LOAD_READ_BYTES = 4 * MIB
+# Non-voters (broker-only nodes) whose reply address this node keeps. A frame names its own
+# sender id, so the table (and the connections and per-replica leader state behind it) is
+# bounded; a cluster has far fewer brokers than this.
+MAX_OBSERVER_COUNT = 1024
 
 
 def wall_clock_ms() -> int:
@@ -243,11 +247,19 @@ class QuorumDriver:
         try:
             wire, host, port = body
             message = message_from_wire(wire)
+            reply_address = (str(host), int(port))
         except (MessageDecodeError, TypeError, ValueError) as exc:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
         if sender_id not in self.voters:
-            self._observers[sender_id] = (str(host), int(port))
+            if sender_id not in self._observers and len(self._observers) >= MAX_OBSERVER_COUNT:
+                log.warning(
+                    "dropping raft message from node %s: already %d observers",
+                    sender_id,
+                    len(self._observers),
+                )
+                return
+            self._observers[sender_id] = reply_address
         try:
             self.core.receive(self.now_ms(), sender_id, message)
         except ProtocolViolation as exc:

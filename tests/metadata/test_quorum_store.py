@@ -77,3 +77,25 @@ async def test_snapshot_install_changes_the_log_on_the_event_loop_only(tmp_path)
     assert (log.log_start_offset, log.log_end_offset) == (10, 10)
     assert driver.store.load_snapshot() == snapshot
     driver.close()
+
+
+async def test_observer_table_is_bounded_and_bad_reply_addresses_are_dropped(tmp_path, monkeypatch):
+    from raftlog.metadata import quorum
+    from raftlog.metadata.raft_messages import Fetch
+
+    monkeypatch.setattr(quorum, "MAX_OBSERVER_COUNT", 3)
+    driver = _driver(tmp_path)
+
+    def fetch_from(sender: int) -> list:
+        return Fetch(sender, 0, 0, 0, 0).to_wire()
+
+    # A reply port that is not a number is malformed input: dropped, never raised.
+    driver.receive(50, [fetch_from(50), "127.0.0.1", "not-a-port"])
+    assert driver._observers == {}
+    for sender in range(100, 110):
+        driver.receive(sender, [fetch_from(sender), "127.0.0.1", 9000 + sender])
+    assert sorted(driver._observers) == [100, 101, 102]
+    # A known observer may still move (a restart on another port).
+    driver.receive(101, [fetch_from(101), "127.0.0.1", 1234])
+    assert driver._observers[101] == ("127.0.0.1", 1234)
+    driver.close()
