@@ -68,6 +68,9 @@ class NodeProcess:
     config_path: Path
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    # Set when the harness itself stopped the process: a node that handles SIGTERM exits
+    # with 0, and that exit is not a failure to report.
+    stopped_on_purpose: bool = False
 
     @property
     def client_address(self) -> str:
@@ -133,6 +136,7 @@ class ProcessCluster:
             if node.running:
                 continue
             log_file = node.log_path.open("ab")
+            node.stopped_on_purpose = False
             node.process = subprocess.Popen(
                 [
                     sys.executable,
@@ -153,6 +157,8 @@ class ProcessCluster:
         node = self.nodes[node_id]
         if node.process is None:
             return
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            node.stopped_on_purpose = True
         node.process.send_signal(sig)
         if sig in (signal.SIGKILL, signal.SIGTERM):
             node.process.wait(STOP_TIMEOUT_S)
@@ -171,6 +177,7 @@ class ProcessCluster:
         """SIGTERM every node (controlled shutdown), SIGKILL what does not stop in time."""
         for node in self.nodes.values():
             if node.process is not None and node.running:
+                node.stopped_on_purpose = True
                 with contextlib.suppress(ProcessLookupError):
                     node.process.send_signal(signal.SIGCONT)
                     node.process.send_signal(signal.SIGTERM)
@@ -224,7 +231,9 @@ class ProcessCluster:
 
     def _check_unexpected_exits(self) -> None:
         for node in self.nodes.values():
-            if node.process is not None and node.process.poll() not in (None, -9, -15):
+            if node.process is None or node.stopped_on_purpose:
+                continue
+            if node.process.poll() not in (None, -9, -15):
                 raise RuntimeError(
                     f"node {node.node_id} exited with {node.process.returncode}:\n{node.log_tail()}"
                 )
@@ -233,6 +242,7 @@ class ProcessCluster:
         """The poll interval: wait on a running node, so an exit is noticed at once."""
         running = [n.process for n in self.nodes.values() if n.process is not None and n.running]
         if not running:
+            time.sleep(seconds)  # nothing to wait on (every node stopped): still pace the poll
             return
         with contextlib.suppress(subprocess.TimeoutExpired):
             running[0].wait(seconds)
