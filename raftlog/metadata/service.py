@@ -95,6 +95,7 @@ class MetadataService:
         self._changed = trio.Event()
         self._leader_change_payload = b""
         self._gathering: _EntryBatch | None = None
+        self._nursery: trio.Nursery | None = None  # while run() runs: snapshot persistence
 
     def attach(self, quorum: QuorumDriver) -> None:
         self.quorum = quorum
@@ -188,7 +189,7 @@ class MetadataService:
         self._background(persist)
 
     def _background(self, fn: Callable[[], Any]) -> None:
-        nursery = getattr(self, "_nursery", None)
+        nursery = self._nursery
         if nursery is not None:
             nursery.start_soon(fn)
 
@@ -204,14 +205,20 @@ class MetadataService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            while True:
-                await trio.sleep(CONTROLLER_TICK_MS / 1000)
-                controller = self.controller
-                if controller is None:
-                    continue
-                result = controller.tick(self.quorum.now_ms() if self.quorum else 0)
-                if result.records:
-                    nursery.start_soon(self._commit_background, result.records)
+            try:
+                while True:
+                    await trio.sleep(CONTROLLER_TICK_MS / 1000)
+                    controller = self.controller
+                    if controller is None:
+                        continue
+                    result = controller.tick(self.quorum.now_ms() if self.quorum else 0)
+                    if result.records:
+                        nursery.start_soon(self._commit_background, result.records)
+            finally:
+                # Stopping: the quorum task may still apply entries on its way out (after a
+                # worker thread returns), and a snapshot it starts then must be skipped (the
+                # log keeps the entries), not started in a nursery that is closing.
+                self._nursery = None
 
     async def _commit_background(self, records: tuple[r.Record, ...]) -> None:
         try:
