@@ -210,11 +210,14 @@ class BrokerLifecycle:
             None,
             self.metadata.cluster_id or None,
         )
+        interval_s = self.config.broker_heartbeat_interval_ms / 1000
         while True:
             try:
                 reply = await self.client.call(request)
             except KafkaError as exc:
+                # Pace the retry: some failures (a malformed or unknown answer) come at once.
                 log.info("registration not answered yet: %s", exc)
+                await trio.sleep(interval_s)
                 continue
             if reply.error_code == ErrorCode.none:
                 self.broker_epoch = reply.broker_epoch
@@ -223,7 +226,7 @@ class BrokerLifecycle:
                 )
                 return
             log.warning("registration refused: %s %s", reply.error_code.name, reply.error_message)
-            await trio.sleep(self.config.broker_heartbeat_interval_ms / 1000)
+            await trio.sleep(interval_s)
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Ask the controller to move leadership away; True once it says we may stop."""

@@ -78,3 +78,23 @@ async def test_describe_quorum_with_an_unreachable_leader_is_retriable():
         # A client retries NOT_LEADER_OR_FOLLOWER; UNKNOWN_SERVER_ERROR it would give up on.
         assert caught.value.code == ErrorCode.not_leader_or_follower
         nursery.cancel_scope.cancel()
+
+
+async def test_registration_retries_are_paced_when_the_controller_fails_at_once(autojump_clock):
+    from raftlog.metadata.broker_lifecycle import BrokerLifecycle
+
+    config = NodeConfig.from_dict({"node_id": 1, "broker_heartbeat_interval_ms": 100})
+    calls = 0
+
+    class FailingClient:
+        async def call(self, request, **_):
+            nonlocal calls
+            calls += 1
+            assert calls < 1000, "registration retries in a tight loop"
+            await trio.lowlevel.checkpoint()
+            raise KafkaError(ErrorCode.unknown_server_error, "malformed controller reply")
+
+    lifecycle = BrokerLifecycle(config, FailingClient(), SimpleNamespace(cluster_id="c"))
+    with trio.move_on_after(1.0):
+        await lifecycle._register()
+    assert calls <= 11, calls
