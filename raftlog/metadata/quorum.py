@@ -131,21 +131,25 @@ class MetadataLogStore:
         return entries
 
     def append(self, entries: Sequence[Entry], now_ms: int) -> None:
-        """Write entries (offsets and epochs set by the core) as record batches."""
-        start = 0
-        while start < len(entries):
-            end = start
-            while end < len(entries) and entries[end].epoch == entries[start].epoch:
-                end += 1
-            run = entries[start:end]
-            batch = build_batch(
-                [Record(timestamp_ms=now_ms, value=e.data) for e in run],
-                base_offset=run[0].offset,
-                partition_leader_epoch=run[0].epoch,
+        """Write entries (offsets and epochs set by the core), one record batch each.
+
+        One batch per entry because storage truncates whole batches: Raft may cut the log
+        at any entry (a follower's divergent tail starts wherever the new leader's log
+        ends), and a batch spanning that cut would take the entries below it along, some
+        of them committed, leaving the log shorter than the core believes.
+        """
+        if not entries:
+            return
+        batches = b"".join(
+            build_batch(
+                [Record(timestamp_ms=now_ms, value=e.data)],
+                base_offset=e.offset,
+                partition_leader_epoch=e.epoch,
                 now_ms=now_ms,
             )
-            self.log.append_as_follower(batch, now_ms)
-            start = end
+            for e in entries
+        )
+        self.log.append_as_follower(batches, now_ms)
 
     def truncate_to(self, offset: int) -> None:
         self.log.truncate_to(offset)

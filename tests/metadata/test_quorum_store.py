@@ -99,3 +99,19 @@ async def test_observer_table_is_bounded_and_bad_reply_addresses_are_dropped(tmp
     driver.receive(101, [fetch_from(101), "127.0.0.1", 1234])
     assert driver._observers[101] == ("127.0.0.1", 1234)
     driver.close()
+
+
+async def test_truncating_a_divergent_tail_keeps_every_entry_below_the_cut(tmp_path):
+    # A follower appended entries 0..5 of epoch 1 in one go (one fetch response); the new
+    # leader's log has only 0..2 of epoch 1, so the core truncates to 3 and fetches 3..4 of
+    # epoch 2. Storage truncates whole batches: the store must still hold 0..2 afterwards.
+    from raftlog.metadata.raft_types import Ready
+
+    driver = _driver(tmp_path)
+    driver.store.append(_entries(0, 6), NOW_MS)
+    new_tail = _entries(3, 5, epoch=2)
+    driver.core.take_ready = lambda: Ready(truncate_to=3, entries=new_tail)
+    await driver._process_ready()
+    assert driver.store.log.log_end_offset == 5
+    assert driver.store.load_entries() == _entries(0, 3) + new_tail
+    driver.close()
