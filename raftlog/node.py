@@ -239,7 +239,12 @@ class Node:
         registration = self.metadata.image.brokers.get(leader_id)
         if registration is None:
             raise KafkaError(ErrorCode.broker_not_available, f"unknown broker {leader_id}")
-        peer = self.peers.peer(leader_id, *registration.internal_endpoint)
+        # A voter is reached at its controller_quorum_voters address, as the Raft driver and
+        # the controller client reach it: PeerSet keeps one client per node and re-creates it
+        # whenever a caller names another address, so mixing the two spellings of one node
+        # ("localhost" there, "127.0.0.1" registered) would drop the connection every time.
+        address = self.config.voters.get(leader_id) or registration.internal_endpoint
+        peer = self.peers.peer(leader_id, *address)
         return await peer.call("replica.fetch", body, timeout_s=REPLICA_FETCH_RPC_TIMEOUT_S)
 
     async def describe_quorum(self) -> QuorumInfo:

@@ -98,3 +98,32 @@ async def test_registration_retries_are_paced_when_the_controller_fails_at_once(
     with trio.move_on_after(1.0):
         await lifecycle._register()
     assert calls <= 11, calls
+
+
+async def test_replica_fetch_to_a_voter_uses_its_voter_address():
+    # One client per peer id, re-created whenever a caller names another address. A voter
+    # registered as 127.0.0.1 but configured in controller_quorum_voters as localhost must
+    # not have its connection torn down by every replica fetch and again by every Raft cast.
+    from raftlog.node import Node
+
+    async def peer(sender_id, method, body):
+        return {"answered": method}
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(serve_rpc, peer, "127.0.0.1", 0))
+        port = listeners[0].socket.getsockname()[1]
+        config = NodeConfig.from_dict(
+            {
+                "node_id": 1,
+                "controller_quorum_voters": f"1@127.0.0.1:{_free_port()},2@localhost:{port}",
+            }
+        )
+        node = Node(config)
+        registration = SimpleNamespace(internal_endpoint=("127.0.0.1", port))
+        node.metadata = SimpleNamespace(image=SimpleNamespace(brokers={2: registration}))
+        node.peers = PeerSet(1)
+        await nursery.start(node.peers.run)
+        raft_client = node.peers.peer(2, *config.voters[2])  # what the quorum driver uses
+        assert await node._send_replica_fetch(2, {}) == {"answered": "replica.fetch"}
+        assert node.peers.get(2) is raft_client
+        nursery.cancel_scope.cancel()
