@@ -21,6 +21,7 @@ from typing import Any
 import trio
 
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
+from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError
 from raftlog.groups.node_service import NodeGroupService
@@ -49,17 +50,6 @@ RESIGN_GRACE_S = 0.2
 # Slack on top of the replica fetch long-poll before the RPC gives up on the leader.
 REPLICA_FETCH_RPC_TIMEOUT_S = 10.0
 PARTITIONS_DIR = "logs"
-
-
-def clock_ms() -> int:
-    """The node's monotonic clock in ms (trio's clock, so tests can drive it): timeouts,
-    sessions, leases. Storage gets wall-clock ms instead (segment.ms, retention and record
-    timestamps are wall-clock, as in Kafka)."""
-    return int(trio.current_time() * 1000)
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class DataDirError(RaftlogError):

@@ -16,13 +16,13 @@ so it runs in a worker thread).
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import trio
 
+from raftlog.clock import wall_clock_ms
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.groups.coordinator import Append, Effects, GroupCoordinator
 from raftlog.groups.group import Token
@@ -49,12 +49,6 @@ log = logging.getLogger(__name__)
 
 AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
 ReadAllFn = Callable[[int], Iterable[Record]]
-
-
-def wall_clock_ms() -> int:
-    # Kafka's coordinator runs on wall-clock time too: commit timestamps are stored and
-    # compared across restarts, which a monotonic clock cannot do.
-    return time.time_ns() // 1_000_000
 
 
 class _Slot:

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple, Protocol
 
 import trio
 
+from raftlog.clock import wall_clock_ms
 from raftlog.errors import ErrorCode
 from raftlog.groups.coordinator import GroupCoordinator
-from raftlog.groups.coordinator_shell import GroupCoordinatorShell, wall_clock_ms
+from raftlog.groups.coordinator_shell import GroupCoordinatorShell
 from raftlog.groups.offsets_format import Record
 from raftlog.groups.settings import GroupConfig
 

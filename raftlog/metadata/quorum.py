@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+from raftlog.clock import wall_clock_ms
 from raftlog.config import MIB, NodeConfig
 from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
 from raftlog.metadata.raft_messages import Entry, MessageDecodeError, message_from_wire
@@ -44,10 +44,6 @@ LOAD_READ_BYTES = 4 * MIB
 # sender id, so the table (and the connections and per-replica leader state behind it) is
 # bounded; a cluster has far fewer brokers than this.
 MAX_OBSERVER_COUNT = 1024
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class MetadataLogStore:

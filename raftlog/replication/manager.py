@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
+from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
@@ -69,10 +69,6 @@ from raftlog.storage.config import TOPIC_CONFIG_KEYS
 log = logging.getLogger("raftlog.replication")
 
 AlterPartitionFn = Callable[[AlterPartition], Awaitable[AlterPartitionReply]]
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # Kafka's replica.high.watermark.checkpoint.interval.ms.

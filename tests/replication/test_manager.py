@@ -17,6 +17,7 @@ import msgpack
 import pytest
 import trio
 
+from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller import Controller
@@ -32,7 +33,7 @@ from raftlog.metadata.controller_messages import (
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.records import iter_batches
-from raftlog.replication.manager import ReplicaManager, wall_clock_ms
+from raftlog.replication.manager import ReplicaManager
 from raftlog.storage import LogManager
 from tests.storage.helpers import batch
 
