@@ -96,6 +96,12 @@ class NodeConfig:
     internal_listener: str = _key(
         "127.0.0.1:19092", "HOST:PORT of the internal (Raft and replication, msgpack) listener."
     )
+    advertised_internal_listener: str = _key(
+        "",
+        "HOST:PORT other nodes are told to use for the internal listener (broker "
+        "registration, observer replies); empty means internal_listener. Set it when "
+        "internal_listener binds 0.0.0.0.",
+    )
     controller_quorum_voters: str = _key(
         "1@127.0.0.1:19092",
         "Metadata quorum voters as ID@HOST:PORT,... using their internal listeners.",
@@ -246,6 +252,11 @@ class NodeConfig:
         return parse_host_port(self.internal_listener, "internal_listener")
 
     @property
+    def advertised_internal_address(self) -> tuple[str, int]:
+        value = self.advertised_internal_listener or self.internal_listener
+        return parse_host_port(value, "advertised_internal_listener")
+
+    @property
     def voters(self) -> dict[int, tuple[str, int]]:
         return parse_voters(self.controller_quorum_voters)
 
@@ -288,6 +299,7 @@ class NodeConfig:
             )
         self.client_address  # noqa: B018 - parse for the error
         self.internal_address  # noqa: B018
+        self.advertised_internal_address  # noqa: B018
         voters = self.voters
         if not voters:
             raise ConfigError(f"{source}: controller_quorum_voters names no voter")

@@ -60,3 +60,14 @@ def test_missing_and_malformed_files(tmp_path):
 def test_every_key_is_documented():
     for key, _default, doc in config_docs():
         assert doc.strip(), key
+
+
+def test_advertised_internal_listener_defaults_to_the_bound_one():
+    config = NodeConfig.from_dict({"internal_listener": "0.0.0.0:19092"})
+    assert config.advertised_internal_address == ("0.0.0.0", 19092)
+    config = NodeConfig.from_dict(
+        {"internal_listener": "0.0.0.0:19092", "advertised_internal_listener": "10.0.0.5:19092"}
+    )
+    assert config.advertised_internal_address == ("10.0.0.5", 19092)
+    with pytest.raises(ConfigError, match="advertised_internal_listener: expected HOST:PORT"):
+        NodeConfig.from_dict({"advertised_internal_listener": "nope"})

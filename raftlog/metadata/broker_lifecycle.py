@@ -199,7 +199,7 @@ class BrokerLifecycle:
 
     async def _register(self) -> None:
         client_host, client_port = self.config.advertised_client_address
-        internal_host, internal_port = self.config.internal_address
+        internal_host, internal_port = self.config.advertised_internal_address
         request = cm.RegisterBroker(
             self.config.node_id,
             self.incarnation_id,

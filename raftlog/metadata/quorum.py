@@ -199,7 +199,7 @@ class QuorumDriver:
         self._on_snapshot = on_snapshot
         self._on_role_change = on_role_change
         self._observers: dict[int, tuple[str, int]] = {}
-        self._internal_address = config.internal_address
+        self._internal_address = config.advertised_internal_address
         raft_config = RaftConfig(
             election_timeout_ms=config.election_timeout_ms,
             fetch_timeout_ms=config.fetch_timeout_ms,
