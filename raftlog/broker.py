@@ -94,8 +94,14 @@ class BrokerBackend:
         return self.config.node_id
 
     def controller_id(self) -> int:
-        # Clients send admin requests to the "controller"; every broker forwards them to the
-        # active controller, so naming this broker keeps clients off fenced or dead ones.
+        """Where clients should send admin requests. In combined mode the active controller
+        is also a broker: naming it saves every admin write the forwarding hop. Otherwise
+        (no leader known, or a controller-only leader) this broker takes them and forwards."""
+        quorum = self.metadata.quorum
+        leader = quorum.core.leader_id if quorum is not None else None
+        registration = self.image.brokers.get(leader) if leader is not None else None
+        if registration is not None and not registration.fenced:
+            return leader
         return self.config.node_id
 
     def brokers(self) -> Sequence[BrokerInfo]:

@@ -72,3 +72,19 @@ def test_kill_leader_keep_committing_restart_catch_up(tmp_path):
     assert all(n.process.returncode == 0 for n in cluster.nodes.values()), [
         (n.node_id, n.process.returncode) for n in cluster.nodes.values()
     ]
+
+
+def test_metadata_names_the_active_controller(cluster):
+    """Admin clients go straight to the active controller (no forwarding hop)."""
+    leader = _leader_id(cluster)
+    admin = _admin(cluster)
+    try:
+        cluster.wait_for(
+            lambda: admin.describe_cluster()["controller_id"] == leader,
+            "DescribeCluster names the quorum leader",
+            timeout_s=20,
+        )
+    finally:
+        admin.close()
+    for node_id in cluster.nodes:
+        assert cluster.describe(node_id)["controller_id"] == leader
