@@ -32,9 +32,11 @@ from raftlog.errors import ErrorCode, KafkaError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Errors that mean "your picture of who leads is out of date": refresh metadata and retry.
+# Errors that mean "your picture of who leads is out of date" or "ask again shortly" (a new
+# leader still settling its high watermark, KIP-207): refresh metadata and retry.
 RETRIABLE_CODES = frozenset(
     {
+        ErrorCode.offset_not_available,
         ErrorCode.not_leader_or_follower,
         ErrorCode.leader_not_available,
         ErrorCode.fenced_leader_epoch,

@@ -252,11 +252,13 @@ class Partition:
             self.leader = self._leader_cls(
                 self.replica_id, self.log, state, self.settings, now_ms, high_watermark
             )
-            # lost_leadership: waiters of our previous leader epoch end with it.
+            # lost_leadership: waiters of our previous leader epoch end with it. The HW is
+            # re-evaluated at once: with an ISR of one (e.g. after a full restart) it is our
+            # own durable end, and waiting for the next append would serve a stale HW.
             return MetadataResult(
                 Transition.BECAME_LEADER,
                 lost_leadership=was_leader,
-                effects=LeaderEffects(self.leader.high_watermark),
+                effects=self.leader.on_flushed(now_ms),
             )
         if state.leader_id != NO_LEADER and self.replica_id in state.replicas:
             self.follower = self._follower_cls(

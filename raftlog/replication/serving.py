@@ -150,6 +150,10 @@ class ReadPaths:
             return ListOffsetsResult(error)
         partition_log = hosted.log
         high_watermark = leader.high_watermark
+        if high_watermark < leader.leader_epoch_start_offset and timestamp_ms != EARLIEST_TIMESTAMP:
+            # KIP-207: a new leader whose HW has not yet reached the start of its epoch would
+            # answer with a stale (lower) end than its predecessor did; clients retry instead.
+            return ListOffsetsResult(ErrorCode.offset_not_available)
         if timestamp_ms == LATEST_TIMESTAMP:
             return ListOffsetsResult(offset=high_watermark, leader_epoch=leader.leader_epoch)
         if timestamp_ms == EARLIEST_TIMESTAMP:

@@ -51,3 +51,31 @@ def test_no_leader_means_no_role() -> None:
     partition = Partition(1, MemoryLog(), ReplicationSettings())
     partition.apply_metadata(0, state(-1, 4, 4))
     assert partition.leader is None and partition.follower is None
+
+
+def test_sole_isr_leader_serves_its_durable_end_at_once() -> None:
+    # After a full restart the checkpointed HW lags the durable log; a leader whose ISR is
+    # only itself must not serve that stale HW until its next append (found by Jepsen:
+    # a consumer saw the high watermark go backwards).
+    log = MemoryLog()
+    log.append(1, ["a", "b", "c", "d", "e"])
+    log.flush_to(5)
+    partition = Partition(1, log, ReplicationSettings(), high_watermark=2)
+    result = partition.apply_metadata(0, state(1, 2, 2, isr=(1,)))
+    assert result.transition is Transition.BECAME_LEADER
+    assert partition.high_watermark == 5
+    assert result.effects is not None and result.effects.high_watermark == 5
+
+
+def test_new_leader_with_followers_keeps_its_hw_until_they_fetch() -> None:
+    log = MemoryLog()
+    log.append(1, ["a", "b", "c"])
+    log.flush_to(3)
+    partition = Partition(1, log, ReplicationSettings(), high_watermark=2)
+    result = partition.apply_metadata(0, state(1, 2, 2))
+    assert result.transition is Transition.BECAME_LEADER
+    leader = partition.leader
+    assert leader is not None
+    # Followers are unknown: the HW cannot move past what was known, and it is below the
+    # start of this epoch, which is what makes ListOffsets answer OFFSET_NOT_AVAILABLE.
+    assert leader.high_watermark == 2 < leader.leader_epoch_start_offset == 3
