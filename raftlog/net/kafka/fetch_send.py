@@ -30,6 +30,21 @@ def sendfile_capable(stream: trio.abc.Stream) -> bool:
     return hasattr(os, "sendfile") and isinstance(stream, trio.SocketStream)
 
 
+def small_frame(segments: Sequence[Segment]) -> bytes | None:
+    """The whole frame as bytes when it is small and holds no file region, else None."""
+    if any(isinstance(segment, FileRegion) for segment in segments):
+        return None
+    body = b"".join(segments)  # type: ignore[arg-type]  # no FileRegion here
+    if len(body) >= COALESCE_MAX_BYTES:
+        return None
+    return bytes(frame_header(segments)) + body
+
+
+async def send_responses(stream: trio.abc.SendStream, frames: Sequence[bytes]) -> None:
+    """Several small, finished responses in one send (one syscall instead of many)."""
+    await stream.send_all(b"".join(frames))
+
+
 async def send_response(
     stream: trio.abc.SendStream, segments: Sequence[Segment], use_sendfile: bool
 ) -> None:

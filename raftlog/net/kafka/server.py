@@ -26,7 +26,13 @@ from raftlog.net.kafka import codec
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry, ApiSpec, default_registry
 from raftlog.net.kafka.backend import KafkaBackend
 from raftlog.net.kafka.context import NoQuotas, QuotaHook, RequestContext
-from raftlog.net.kafka.fetch_send import send_response, sendfile_capable
+from raftlog.net.kafka.fetch_send import (
+    COALESCE_MAX_BYTES,
+    send_response,
+    send_responses,
+    sendfile_capable,
+    small_frame,
+)
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -215,12 +221,45 @@ class Connection:
     async def _write_responses(
         self, receive_slots: trio.MemoryReceiveChannel[_Slot], cancel_scope: trio.CancelScope
     ) -> None:
+        carried: _Slot | None = None
         try:
-            async for slot in receive_slots:
+            while True:
+                slot = carried if carried is not None else await receive_slots.receive()
+                carried = None
                 await slot.done.wait()
-                if slot.segments is not None:
+                # Pipelining clients often have several answers ready at once: small ones
+                # that are already finished go out together, in order, in one send.
+                frames: list[bytes] = []
+                released = 0
+                while True:
+                    frame = None if slot.segments is None else small_frame(slot.segments)
+                    if slot.segments is not None and frame is None:
+                        break  # large or zero-copy: sent on its own below
+                    if frame is not None:
+                        frames.append(frame)
+                    released += 1
+                    if sum(map(len, frames)) >= COALESCE_MAX_BYTES:
+                        slot = None
+                        break
+                    try:
+                        following = receive_slots.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        slot = None
+                        break
+                    if not following.done.is_set():
+                        carried, slot = following, None
+                        break
+                    slot = following
+                if frames:
+                    await send_responses(self._stream, frames)
+                for _ in range(released):
+                    self._inflight.release()
+                if slot is not None:  # a finished response too big to coalesce
+                    assert slot.segments is not None
                     await send_response(self._stream, slot.segments, self._use_sendfile)
-                self._inflight.release()
+                    self._inflight.release()
+        except trio.EndOfChannel:
+            pass  # the reader is done: no more responses
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("cannot write to %s: %s", self.peer, exc)
         # A writer that stops (peer gone) ends the connection.
