@@ -120,26 +120,41 @@ class MetadataService:
     # ---------------------------------------------------------------- quorum callbacks
     def on_commit(self, entries: list[Entry], high_watermark: int) -> None:
         assert self.quorum is not None
+        # Everything committed in one go is applied as ONE change: a node replaying its log
+        # after a restart jumps straight to the committed state instead of acting, entry by
+        # entry, on history (e.g. briefly leading a partition at an old leader epoch).
+        # Epoch-start (no-op) entries split the run: a new controller must start from exactly
+        # the state committed before its epoch.
+        pending: list[r.Record] = []
+        last: Entry | None = None
         for entry in entries:
             if entry.data == self._leader_change_payload:
+                self._apply_run(pending, last)
+                pending, last = [], None
                 self._on_epoch_start(entry)
                 continue
             try:
-                records = decode_entry(entry.data)
+                pending.extend(decode_entry(entry.data))
             except r.RecordDecodeError as exc:
                 # A committed entry this node cannot read is a version skew or a bug; applying
                 # the rest would diverge the image, so stop applying loudly.
                 log.critical("cannot decode committed metadata entry %d: %s", entry.offset, exc)
                 raise
-            self.image, delta = self.image.apply(records, entry.offset, entry.epoch)
-            self._records_since_snapshot += len(records)
-            if self.controller is not None:
-                self.controller.committed(entry.offset + 1)
-            self._notify(delta)
+            last = entry
+        self._apply_run(pending, last)
         if self.controller is not None:
             self.controller.committed(high_watermark)
         if self._records_since_snapshot >= self.config.metadata_snapshot_max_records:
             self._take_snapshot(entries[-1])
+
+    def _apply_run(self, records: list[r.Record], last: Entry | None) -> None:
+        if last is None:
+            return
+        self.image, delta = self.image.apply(records, last.offset, last.epoch)
+        self._records_since_snapshot += len(records)
+        if self.controller is not None:
+            self.controller.committed(last.offset + 1)
+        self._notify(delta)
 
     def _on_epoch_start(self, entry: Entry) -> None:
         assert self.quorum is not None
