@@ -87,6 +87,11 @@ class Controller:
         # Every known broker gets a fresh session on a new controller: the old leader's
         # heartbeat times died with it, and fencing everyone at once would be worse.
         self._last_contact_ms: dict[int, int] = {b: now_ms for b in image.brokers}
+        # Brokers that registered or heartbeated with THIS controller. The grace sessions above
+        # keep live brokers from being fenced at a failover, but must not make a dead
+        # incarnation look alive: after a full restart the new incarnation would otherwise be
+        # refused (DUPLICATE_BROKER_REGISTRATION) for a whole session timeout.
+        self._heard_from: set[int] = set()
         self._next_periodic_check_ms = now_ms + preferred_leader_check_interval_ms
         # Rotates placement so single-partition topics do not all land on one leader; seeded
         # from the topic count so a new controller continues roughly where the last stopped.
@@ -163,6 +168,7 @@ class Controller:
     def become_leader(self, now_ms: int) -> None:
         """This standby just became Raft leader: everyone gets a fresh session (grace)."""
         self._last_contact_ms = {b: now_ms for b in self.image.brokers}
+        self._heard_from = set()
         self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
 
     def last_contact_ms(self, broker_id: int) -> int | None:
@@ -187,7 +193,8 @@ class Controller:
         if existing is not None and existing.incarnation_id != req.incarnation_id:
             last_ms = self._last_contact_ms.get(req.broker_id)
             session_alive = (
-                last_ms is not None
+                req.broker_id in self._heard_from
+                and last_ms is not None
                 and now_ms - last_ms < self.config.broker_session_timeout_ms
                 and not existing.fenced
             )
@@ -217,6 +224,7 @@ class Controller:
                 *leave_changes(batch.image, req.broker_id, self.config.unclean_leader_election)
             )
         self._last_contact_ms[req.broker_id] = now_ms
+        self._heard_from.add(req.broker_id)
         return RegisterBrokerReply(broker_epoch=epoch)
 
     def _heartbeat(self, batch: Batch, req: BrokerHeartbeat, now_ms: int) -> BrokerHeartbeatReply:
@@ -231,6 +239,7 @@ class Controller:
                 f"broker {req.broker_id} epoch is {reg.epoch}, heartbeat has {req.broker_epoch}",
             )
         self._last_contact_ms[req.broker_id] = now_ms
+        self._heard_from.add(req.broker_id)
         caught_up = req.current_metadata_offset >= self.committed_offset
         unclean = self.config.unclean_leader_election
 

@@ -263,3 +263,34 @@ def test_unknown_request_type_is_a_programming_error():
 
     with pytest.raises(TypeError, match="does not handle"):
         cluster(0).handle(object(), 0)
+
+
+def test_new_incarnation_after_a_full_restart_is_not_refused_for_a_dead_session() -> None:
+    # A new controller grants every known broker a grace session; that grace must not make a
+    # crashed incarnation look alive to the restarted process registering again.
+    import uuid as _uuid
+
+    from raftlog.config import NodeConfig as _NodeConfig
+    from raftlog.errors import ErrorCode as _ErrorCode
+    from raftlog.metadata.controller import Controller as _Controller
+    from raftlog.metadata.controller_messages import BrokerHeartbeat as _Heartbeat
+    from raftlog.metadata.controller_messages import RegisterBroker as _Register
+    from raftlog.metadata.image import MetadataImage as _Image
+
+    config = _NodeConfig()
+    first = _Controller(_Image.empty("c"), config, 0)
+    old = first.handle(_Register(1, _uuid.uuid4(), "h", 1, "h", 2), 0)
+    image, _ = _Image.empty("c").apply(old.records, 0)
+    caught_up = first.handle(_Heartbeat(1, old.reply.broker_epoch, 10**6), 0)
+    image, _ = image.apply(caught_up.records, 1)
+    assert not image.brokers[1].fenced
+
+    # Full restart: a fresh controller, and broker 1 comes back as a new process at once.
+    after = _Controller(image, config, 100)
+    fresh = after.handle(_Register(1, _uuid.uuid4(), "h", 1, "h", 2), 100)
+    assert fresh.reply.error_code == _ErrorCode.none, fresh.reply
+    # But a live incarnation that heartbeats to this controller still wins.
+    live = after.handle(_Heartbeat(1, fresh.reply.broker_epoch, 10**6), 101)
+    assert live.reply.error_code == _ErrorCode.none
+    again = after.handle(_Register(1, _uuid.uuid4(), "h", 1, "h", 2), 102)
+    assert again.reply.error_code == _ErrorCode.duplicate_broker_registration
