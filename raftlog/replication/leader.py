@@ -36,6 +36,11 @@ ACKS_ALL = -1
 
 # AlterPartition errors after which a retry with the same epochs can only fail again: the
 # leader waits for newer metadata instead of asking the controller over and over.
+# After any other refusal (e.g. INELIGIBLE_REPLICA: the follower's broker is fenced, which
+# the partition's own metadata does not show), wait this long before asking again, instead of
+# re-proposing on the follower's very next fetch.
+ALTER_PARTITION_RETRY_BACKOFF_MS = 1000
+
 _WAIT_FOR_METADATA_ERRORS = frozenset(
     {
         ErrorCode.fenced_leader_epoch,
@@ -93,6 +98,8 @@ class LeaderState:
         self._high_watermark = max(log.log_start_offset, min(high_watermark, log.log_end_offset))
         self.pending: AlterPartitionRequest | None = None
         self._awaiting_metadata = False
+        self._refused = False  # the last AlterPartition was refused: back off
+        self._retry_not_before_ms = 0
         # Every follower starts unknown so the HW never moves on a previous leader's info; ISR
         # members count as caught up now so they are not shrunk before their first fetch.
         self.followers: dict[int, ReplicaProgress] = {
@@ -196,7 +203,7 @@ class LeaderState:
                 effects=LeaderEffects(self._high_watermark),
             )
         self._record_fetch(now_ms, follower, fetch_offset)
-        alter = self._maybe_expand_isr(follower)
+        alter = self._maybe_expand_isr(now_ms, follower)
         advanced = self._maybe_advance_high_watermark()
         return FetchDecision(
             FetchOutcome.READ,
@@ -271,7 +278,14 @@ class LeaderState:
         )
         return self.pending
 
-    def _maybe_expand_isr(self, follower: ReplicaProgress) -> AlterPartitionRequest | None:
+    def _maybe_expand_isr(
+        self, now_ms: int, follower: ReplicaProgress
+    ) -> AlterPartitionRequest | None:
+        if self._refused:  # the answer carried no time; start the back-off at the next event
+            self._refused = False
+            self._retry_not_before_ms = now_ms + ALTER_PARTITION_RETRY_BACKOFF_MS
+        if now_ms < self._retry_not_before_ms:
+            return None
         if follower.replica_id in self.maximal_isr or not self._can_send_alter_partition():
             return None
         if (
@@ -311,6 +325,8 @@ class LeaderState:
         if isinstance(result, ErrorCode):
             if result in _WAIT_FOR_METADATA_ERRORS:
                 self._awaiting_metadata = True
+            else:
+                self._refused = True
             # Dropping an addition can only lower the HW candidate: nothing to do.
             return self._effects(False)
         if (

@@ -240,3 +240,23 @@ def test_storage_partition_log_has_the_replica_log_seam() -> None:
         "truncate_fully_and_start_at",
     ):
         assert hasattr(PartitionLog, name), name
+
+
+def test_refused_expansion_backs_off_instead_of_retrying_every_fetch() -> None:
+    # INELIGIBLE_REPLICA (the follower's broker is fenced) is not visible in the partition's
+    # metadata, so the leader retries on time, not on every fetch (found by Jepsen: hundreds
+    # of refused AlterPartitions a second).
+    from raftlog.replication.leader import ALTER_PARTITION_RETRY_BACKOFF_MS
+
+    log = MemoryLog()
+    log.append(5, ["a", "b"])
+    log.flush_to(2)
+    leader = LeaderState(1, log, state({1, 2}), ReplicationSettings(), 0, 0)
+    fetch(leader, 2, 2)
+    request = fetch(leader, 3, 2, now_ms=100).effects.alter_partition
+    assert request is not None
+    leader.on_alter_partition_result(request, ErrorCode.ineligible_replica)
+    assert fetch(leader, 3, 2, now_ms=110).effects.alter_partition is None
+    backoff_end = 110 + ALTER_PARTITION_RETRY_BACKOFF_MS
+    assert fetch(leader, 3, 2, now_ms=backoff_end - 1).effects.alter_partition is None
+    assert fetch(leader, 3, 2, now_ms=backoff_end).effects.alter_partition is not None
