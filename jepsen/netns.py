@@ -20,6 +20,7 @@ heal during a run go through ``trio.run_process``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -106,6 +107,12 @@ def used_run_numbers() -> set[int]:
         tail = bridge[len(BRIDGE_PREFIX) :]
         if tail.isdigit():
             used.add(int(tail))
+    # A deleted namespace whose killed processes have not exited yet keeps its veth pair
+    # alive for a moment; reusing that run number would collide with it.
+    for veth in list_veths():
+        digits = "".join(itertools.takewhile(str.isdigit, veth[len(VETH_PREFIX) :]))
+        if digits:
+            used.add(int(digits))
     return used
 
 
@@ -123,6 +130,17 @@ def list_bridges() -> list[str]:
         if len(parts) > 1:
             names.append(parts[1].strip().split("@")[0])
     return [n for n in names if n.startswith(BRIDGE_PREFIX) and n[len(BRIDGE_PREFIX) :].isdigit()]
+
+
+def list_veths() -> list[str]:
+    """Host-side veth ends this harness made (`jv<run><node>`), still present."""
+    out = _run(["ip", "-o", "link", "show", "type", "veth"], check=False).stdout
+    names = []
+    for line in out.splitlines():
+        parts = line.split(":")
+        if len(parts) > 1:
+            names.append(parts[1].strip().split("@")[0])
+    return [n for n in names if n.startswith(VETH_PREFIX)]
 
 
 def grudge_script(blocked_addresses: Sequence[str]) -> str:
@@ -204,6 +222,14 @@ class RunNetwork:
                 kill_namespace_processes(ns)
                 _run(["ip", "netns", "del", ns], check=False)
                 removed.append(ns)
+        # Deleting one end of a veth pair deletes both; do it explicitly, since a namespace
+        # whose processes are still exiting lingers (and keeps its veth) after `netns del`.
+        veths = set(list_veths())
+        for node in self.node_names:
+            veth = self.veth(node)
+            if veth in veths:
+                _run(["ip", "link", "del", veth], check=False)
+                removed.append(veth)
         if self.bridge in list_bridges():
             _run(["ip", "link", "del", self.bridge], check=False)
             removed.append(self.bridge)
@@ -270,6 +296,9 @@ def cleanup_all() -> list[str]:
         kill_namespace_processes(ns)
         _run(["ip", "netns", "del", ns], check=False)
         removed.append(ns)
+    for veth in list_veths():
+        _run(["ip", "link", "del", veth], check=False)
+        removed.append(veth)
     for bridge in list_bridges():
         _run(["ip", "link", "del", bridge], check=False)
         removed.append(bridge)

@@ -122,3 +122,17 @@ def test_addresses_stay_inside_the_run_subnet() -> None:
     assert net.host_address == "10.77.7.254"
     # Linux interface names are at most 15 bytes.
     assert all(len(net.veth(n)) <= 15 for n in net.node_names) and len(net.bridge) <= 15
+
+
+@needs_netns
+def test_a_lingering_veth_keeps_its_run_number_in_use() -> None:
+    # A namespace deleted while its killed processes still exit keeps its veth pair for a
+    # moment; the next run must not take that run number (it would collide: "File exists").
+    subprocess.run(
+        ["ip", "link", "add", "jv97n1", "type", "veth", "peer", "name", "jv97x"], check=True
+    )
+    try:
+        assert 97 in netns.used_run_numbers()
+    finally:
+        subprocess.run(["ip", "link", "del", "jv97n1"], check=False)
+    assert 97 not in netns.used_run_numbers()
