@@ -9,8 +9,8 @@ The coordinator is pure; this shell owns everything with time or I/O in it:
 - one timer task sleeps until the coordinator's next deadline, or until woken by a change.
 
 The node gives it `append(partition, [(key, value)])` (acks=all; raises KafkaError on failure)
-and `read_all(partition) -> iterable of (key, value)` (the committed log; may block on disk,
-so it runs in a worker thread).
+and `await read_all(partition) -> list of (key, value)` (the partition's log, read by the node
+in bounded steps on the event loop, where the log is never changed underneath it).
 """
 
 from __future__ import annotations
@@ -47,8 +47,11 @@ from raftlog.groups.offsets_format import Record
 
 log = logging.getLogger(__name__)
 
+# Reads of an offsets partition tried before its groups are given up (NOT_COORDINATOR).
+LOAD_ATTEMPTS = 3
+
 AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
-ReadAllFn = Callable[[int], Iterable[Record]]
+ReadAllFn = Callable[[int], Awaitable[list[Record]]]
 
 
 class _Slot:
@@ -91,7 +94,26 @@ class GroupCoordinatorShell:
         """This broker now leads offsets partition `partition`: load it, then serve it."""
         self._apply(self.coordinator.begin_load(partition, self._clock_ms()))
         epoch = self.coordinator.epoch_of(partition)
-        records = await trio.to_thread.run_sync(lambda: list(self._read_all(partition)))
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            try:
+                records = await self._read_all(partition)
+                break
+            except (KafkaError, OSError) as exc:
+                # The log moved under the read (truncated on a leader change, or its start
+                # advanced): a stale load is dropped below, a current one starts over.
+                if self.coordinator.epoch_of(partition) != epoch:
+                    return
+                log.warning(
+                    "reading offsets partition %d failed (attempt %d/%d): %s",
+                    partition,
+                    attempt,
+                    LOAD_ATTEMPTS,
+                    exc,
+                )
+        else:
+            log.error("cannot read offsets partition %d, not serving it", partition)
+            self.resign(partition)
+            return
         if self.coordinator.epoch_of(partition) != epoch:
             return  # resigned (or reloaded) while reading: this load is stale
         try:

@@ -9,7 +9,6 @@ replays it (read_all) before serving. Leadership changes come from the metadata 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import trio
@@ -32,8 +31,9 @@ from raftlog.replication.manager import ReplicaManager
 log = logging.getLogger("raftlog.groups")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-# Bytes read per step when a new coordinator replays its offsets partition.
-LOAD_READ_BYTES = 1024 * 1024
+# Bytes read per step (on the event loop) when a new coordinator replays its offsets
+# partition: small enough that one step stays a few milliseconds of loop time.
+LOAD_READ_BYTES = 256 * 1024
 # How long a commit may wait for acks=all before the member is told to retry.
 OFFSETS_APPEND_TIMEOUT_MS = 10_000
 
@@ -150,21 +150,32 @@ class NodeGroupService:
         if result.error != ErrorCode.none:
             raise KafkaError(result.error, result.error_message or "offsets append failed")
 
-    def _read_all(self, partition: int) -> Iterator[OffsetsRecord]:
-        """Blocking (worker thread): every (key, value) of the partition, in log order."""
+    async def _read_all(self, partition: int) -> list[OffsetsRecord]:
+        """Every (key, value) of the partition, in log order.
+
+        Read on the event loop, one bounded chunk at a time with a checkpoint between chunks:
+        the log's segment list and files change under appends, truncation, retention and
+        compaction, all of which run on the event loop, so a read there never sees a segment
+        closed halfway through, as a read in a worker thread could.
+        """
         hosted = self.replicas.partitions.get((OFFSETS_TOPIC, partition))
         if hosted is None:
-            return
+            return []
         partition_log = hosted.log
+        out: list[OffsetsRecord] = []
         offset = partition_log.log_start_offset
         end = partition_log.log_end_offset
         while offset < end:
             data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
             if not data:
-                return
+                break
             for pos, header in iter_batches(data):
                 if not header.is_control:
-                    for record in iter_records(data, pos):
-                        if record.key is not None:
-                            yield record.key, record.value
+                    out.extend(
+                        (record.key, record.value)
+                        for record in iter_records(data, pos)
+                        if record.key is not None
+                    )
                 offset = header.next_offset
+            await trio.lowlevel.checkpoint()
+        return out

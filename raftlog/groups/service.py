@@ -107,5 +107,5 @@ class InProcessGroupService:
         self.append_calls += 1
         self.partitions.setdefault(partition, []).extend(records)
 
-    def _read_all(self, partition: int) -> list[Record]:
+    async def _read_all(self, partition: int) -> list[Record]:
         return list(self.partitions.get(partition, []))

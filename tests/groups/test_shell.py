@@ -33,6 +33,7 @@ class FakeLog:
         self.partitions: dict[int, list[Record]] = {}
         self.append_calls = 0
         self.fail_with: ErrorCode | None = None
+        self.read_failures = 0  # reads that fail before one succeeds
 
     async def append(self, partition: int, records: list[Record]) -> None:
         self.append_calls += 1
@@ -41,7 +42,10 @@ class FakeLog:
             raise KafkaError(self.fail_with)
         self.partitions.setdefault(partition, []).extend(records)
 
-    def read_all(self, partition: int) -> list[Record]:
+    async def read_all(self, partition: int) -> list[Record]:
+        if self.read_failures:
+            self.read_failures -= 1
+            raise KafkaError(ErrorCode.offset_out_of_range, "the log moved under the read")
         return list(self.partitions.get(partition, []))
 
 
@@ -160,6 +164,32 @@ async def test_commit_is_answered_after_replication_and_survives_failover(autoju
         log.fail_with = ErrorCode.not_leader_or_follower
         failed = await second.offset_commit(request)
         assert {p.error_code for p in failed.topics[0].partitions} == {ErrorCode.not_coordinator}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_load_is_retried_then_given_up(autojump_clock) -> None:
+    log = FakeLog()
+    commit = OffsetCommitRequest(G, (OffsetCommitTopic("t", (OffsetCommitPartition(0, 7),)),))
+    async with trio.open_nursery() as nursery:
+        first = await start_shell(nursery, log)
+        await first.offset_commit(commit)
+        partition = first.coordinator.partition_for(G)
+        first.resign(partition)
+
+        # One read fails (the log moved under it): the next attempt loads and serves.
+        log.read_failures = 1
+        await first.become_coordinator(partition)
+        fetched = await first.offset_fetch(OffsetFetchRequest(G))
+        assert [(p.partition, p.offset) for p in fetched.topics[0].partitions] == [(0, 7)]
+
+        # Every read fails: the partition is given up, answered NOT_COORDINATOR, not served
+        # from a partial state and not crashing the shell.
+        first.resign(partition)
+        log.read_failures = 1_000
+        await first.become_coordinator(partition)
+        assert (await first.offset_fetch(OffsetFetchRequest(G))).error_code is (
+            ErrorCode.not_coordinator
+        )
         nursery.cancel_scope.cancel()
 
 
