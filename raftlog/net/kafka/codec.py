@@ -11,30 +11,29 @@ caller:
 * `encode_response()`, which writes the response through a segment-collecting buffer, so a
   `RecordSet` (record bytes still on disk as file regions) is passed through by reference and
   can later be written with sendfile, never copied into the response.
+
+`parse_request` also accepts what Kafka accepts and kio refuses: unknown tagged fields
+(tagged_fields.py) and trailing bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import logging
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import IO, Any, cast
 
+from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map, schema_name_map
+from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
-from kio.serial._introspect import (
-    EntityField,
-    EntityTupleField,
-    classify_field,
-)
-from kio.static.constants import EntityType
 
 from raftlog.net.kafka.backend import FileRegion
+from raftlog.net.kafka.kio_private import field_shape
+from raftlog.net.kafka.tagged_fields import strip_unknown_tags
 
 _API_KEY_VERSION = struct.Struct(">hh")
 _FRAME_SIZE = struct.Struct(">i")
@@ -103,6 +102,12 @@ class SegmentBuffer:
             self._segments.append(bytes(self._current))
             self._current = bytearray()
 
+    def as_kio_writable(self) -> IO[bytes]:
+        """This buffer typed as kio's writers declare their target. kio annotates it as
+        `StreamWriter | IO[bytes]` but only ever calls `write()` on it (and hands records
+        values straight to that `write()`, which is what keeps file regions by reference)."""
+        return cast("IO[bytes]", self)
+
     def segments(self) -> list[Segment]:
         self._flush()
         return self._segments
@@ -117,20 +122,17 @@ def api_name(api_key: int) -> str:
     return api_key_map.get(api_key, f"unknown({api_key})")
 
 
+# kio.index raises its KioIndexError (UnknownAPIKey, UnknownEntity) for what it does not model.
 @cache
-def entity_class(api_key: int, version: int, kind: EntityType) -> type[Any]:
-    """The kio dataclass of one API/version/kind; KeyError if kio does not model it."""
-    path = schema_name_map[api_key_map[api_key]][version][kind]
-    module_name, _, class_name = path.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
 def request_class(api_key: int, version: int) -> type[Any]:
-    return entity_class(api_key, version, EntityType.request)
+    """The kio request dataclass of one API version."""
+    return load_request_schema(api_key, version)
 
 
+@cache
 def response_class(api_key: int, version: int) -> type[Any]:
-    return entity_class(api_key, version, EntityType.response)
+    """The kio response dataclass of one API version."""
+    return load_response_schema(api_key, version)
 
 
 def peek_api(frame: bytes) -> tuple[int, int]:
@@ -141,8 +143,26 @@ def peek_api(frame: bytes) -> tuple[int, int]:
 
 
 def parse_request(frame: bytes, api_key: int, version: int) -> tuple[Any, Any]:
-    """Parse header and body with kio; MalformedRequest on anything kio rejects."""
+    """Parse header and body with kio; MalformedRequest on anything kio rejects, except
+    tagged fields kio does not model: Kafka skips those, and so does this."""
     cls = request_class(api_key, version)
+    try:
+        return _parse_request(frame, cls, version)
+    except MalformedRequest as exc:
+        if not cls.__flexible__:
+            raise
+        refused = exc
+    try:
+        stripped, dropped = strip_unknown_tags(frame, (cls.__header_schema__, cls))
+    except Exception:
+        stripped, dropped = frame, 0  # not the schema's shape at all: kio's error stands
+    if not dropped:
+        raise refused
+    log.debug("%s v%d: ignoring %d unknown tagged field(s)", cls.__name__, version, dropped)
+    return _parse_request(stripped, cls, version)
+
+
+def _parse_request(frame: bytes, cls: type[Any], version: int) -> tuple[Any, Any]:
     try:
         header, header_size = entity_reader(cls.__header_schema__)(frame, 0)
         body, body_size = entity_reader(cls)(frame, header_size)
@@ -173,8 +193,8 @@ def encode_response(response: Any, correlation_id: int) -> list[Segment]:
     """Header + body as segments; bytes segments are coalesced, file regions kept apart."""
     header_cls = type(response).__header_schema__
     buffer = SegmentBuffer()
-    entity_writer(header_cls)(buffer, header_cls(correlation_id=correlation_id))
-    entity_writer(type(response))(buffer, response)
+    entity_writer(header_cls)(buffer.as_kio_writable(), header_cls(correlation_id=correlation_id))
+    entity_writer(type(response))(buffer.as_kio_writable(), response)
     return buffer.segments()
 
 
@@ -203,12 +223,13 @@ def build(cls: type[Any], values: Mapping[str, Any]) -> Any:
         if field.name not in values:
             continue
         value = values[field.name]
-        kind = classify_field(field)
-        if isinstance(kind, EntityTupleField) and value is not None:
-            value = tuple(v if dataclasses.is_dataclass(v) else build(kind.type_, v) for v in value)
-        elif isinstance(kind, EntityField) and isinstance(value, Mapping):
-            value = build(kind.type_, value)
-        elif kind.is_array and value is not None:
+        shape = field_shape(field)
+        entity = shape.entity
+        if entity is not None and shape.is_array and value is not None:
+            value = tuple(v if dataclasses.is_dataclass(v) else build(entity, v) for v in value)
+        elif entity is not None and not shape.is_array and isinstance(value, Mapping):
+            value = build(entity, value)
+        elif shape.is_array and value is not None:
             value = tuple(value)
         else:
             value = _convert(field, value)
@@ -225,15 +246,15 @@ def zero_response(cls: type[Any], error: ErrorCode) -> Any:
     """
     values: dict[str, Any] = {}
     for field in dataclasses.fields(cls):
-        kind = classify_field(field)
+        shape = field_shape(field)
         if field.name == "error_code":
             values[field.name] = error
         elif field.default is not dataclasses.MISSING:
             continue
-        elif kind.is_array:
+        elif shape.is_array:
             values[field.name] = ()
-        elif isinstance(kind, EntityField):
-            values[field.name] = zero_response(kind.type_, error)
+        elif shape.entity is not None:
+            values[field.name] = zero_response(shape.entity, error)
         else:
             values[field.name] = _zero_primitive(field)
     return cls(**values)

@@ -221,6 +221,8 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> dict[str, A
     responses = []
     for res in request.resources:
         rtype = _resource_type(res.resource_type)
+        code: ErrorCode
+        message: str | None  # null: no message (the backend has nothing to add)
         if rtype is None:
             code, message = ErrorCode.invalid_request, "unsupported resource type"
         else:
@@ -255,6 +257,8 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
         except ValueError:
             log.info("incremental_alter_configs: unknown operation in %r", res)
             ops = None
+        code: ErrorCode
+        message: str | None
         if rtype is None or ops is None:
             code, message = ErrorCode.invalid_request, "unsupported resource type or operation"
         else:

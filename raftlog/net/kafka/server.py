@@ -231,32 +231,32 @@ class Connection:
                 # that are already finished go out together, in order, in one send.
                 frames: list[bytes] = []
                 released = 0
+                alone: _Slot | None = None  # a finished response too big to coalesce
                 while True:
                     frame = None if slot.segments is None else small_frame(slot.segments)
                     if slot.segments is not None and frame is None:
-                        break  # large or zero-copy: sent on its own below
+                        alone = slot  # large or zero-copy: sent on its own below
+                        break
                     if frame is not None:
                         frames.append(frame)
                     released += 1
                     if sum(map(len, frames)) >= COALESCE_MAX_BYTES:
-                        slot = None
                         break
                     try:
                         following = receive_slots.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
-                        slot = None
                         break
                     if not following.done.is_set():
-                        carried, slot = following, None
+                        carried = following
                         break
                     slot = following
                 if frames:
                     await send_responses(self._stream, frames)
                 for _ in range(released):
                     self._inflight.release()
-                if slot is not None:  # a finished response too big to coalesce
-                    assert slot.segments is not None
-                    await send_response(self._stream, slot.segments, self._use_sendfile)
+                if alone is not None:
+                    assert alone.segments is not None
+                    await send_response(self._stream, alone.segments, self._use_sendfile)
                     self._inflight.release()
         except trio.EndOfChannel:
             pass  # the reader is done: no more responses
