@@ -4,7 +4,8 @@ Inputs are requests plus `now_ms`; outputs are GroupEffects: replies to deliver 
 sync replies are parked under the caller's token until the rebalance completes) and requests
 to persist the group's metadata. Deadlines are not timers here: `next_deadline_ms()` says when
 the driver must call `tick(now_ms)` next. No clock, no I/O, no randomness (new member ids are
-passed in), so a test can drive it step by step.
+passed in), so a test can drive it step by step. What a member is, and the queries over the
+member table (protocol vote, static instance owner, member lists), are in group_members.py.
 
 States and their legal predecessors follow Kafka's GroupMetadata (see docs/groups.md):
   Empty ──join──▶ PreparingRebalance ──all joined / timeout──▶ CompletingRebalance
@@ -16,14 +17,23 @@ States and their legal predecessors follow Kafka's GroupMetadata (see docs/group
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode
+from raftlog.groups.group_members import (
+    Member,
+    Token,
+    all_support_one_of,
+    described_members,
+    instance_owner,
+    join_group_members,
+    max_rebalance_timeout_ms,
+    next_leader,
+    select_protocol,
+)
 from raftlog.groups.messages import (
     UNKNOWN_MEMBER_ID,
     DescribedGroup,
-    DescribedMember,
     HeartbeatRequest,
     JoinGroupMember,
     JoinGroupRequest,
@@ -32,8 +42,6 @@ from raftlog.groups.messages import (
     SyncGroupResponse,
 )
 from raftlog.groups.settings import GroupConfig
-
-Token = Hashable
 
 
 class GroupState(enum.Enum):
@@ -53,31 +61,6 @@ VALID_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
     S.STABLE: frozenset({S.COMPLETING_REBALANCE}),
     S.DEAD: frozenset(GroupState),
 }
-
-
-@dataclass
-class Member:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
-    assignment: bytes = b""
-    last_heartbeat_ms: int = 0
-    join_token: Token | None = None  # parked JoinGroup reply
-    sync_token: Token | None = None  # parked SyncGroup reply
-
-    def metadata_for(self, protocol: str | None) -> bytes:
-        for name, metadata in self.protocols:
-            if name == protocol:
-                return metadata
-        return b""
-
-    def protocol_names(self) -> list[str]:
-        return [name for name, _ in self.protocols]
 
 
 @dataclass(frozen=True)
@@ -142,37 +125,18 @@ class Group:
         return member_id in self.members
 
     def rebalance_timeout_ms(self) -> int:
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        return max_rebalance_timeout_ms(self.members)
 
     def _supports_protocols(self, protocol_type: str, names: list[str]) -> bool:
         if self.state is GroupState.EMPTY:
             return bool(protocol_type) and bool(names)
         if protocol_type != self.protocol_type:
             return False
-        counts = self._protocol_support()
-        return any(counts.get(name, 0) == len(self.members) for name in names)
-
-    def _protocol_support(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for member in self.members.values():
-            for name in set(member.protocol_names()):
-                counts[name] = counts.get(name, 0) + 1
-        return counts
+        return all_support_one_of(self.members, names)
 
     def select_protocol(self) -> str:
-        """Kafka's vote: candidates are protocols every member supports; each member votes
-        for its most preferred candidate; most votes wins (ties: the leader's preference)."""
-        counts = self._protocol_support()
-        candidates = {name for name, count in counts.items() if count == len(self.members)}
-        if not candidates:
-            raise AssertionError(f"group {self.group_id!r}: no protocol common to all members")
-        votes = dict.fromkeys(candidates, 0)
-        for member in self.members.values():
-            choice = next(n for n in member.protocol_names() if n in candidates)
-            votes[choice] += 1
-        leader = self.members.get(self.leader_id or "") or next(iter(self.members.values()))
-        preference = {name: i for i, name in enumerate(leader.protocol_names())}
-        return min(candidates, key=lambda name: (-votes[name], preference.get(name, 0), name))
+        """The protocol this generation uses (Kafka's vote, group_members.select_protocol)."""
+        return select_protocol(self.group_id, self.members, self.leader_id)
 
     def _all_joined(self) -> bool:
         return not self.pending_members and all(
@@ -184,12 +148,8 @@ class Group:
 
     def _join_result(self, member: Member) -> JoinGroupResponse:
         members: tuple[JoinGroupMember, ...] = ()
-        protocol = self.protocol_name
         if member.member_id == self.leader_id:
-            members = tuple(
-                JoinGroupMember(m.member_id, m.group_instance_id, m.metadata_for(protocol))
-                for m in self.members.values()
-            )
+            members = join_group_members(self.members, self.protocol_name)
         return JoinGroupResponse(
             error_code=ErrorCode.none,
             member_id=member.member_id,
@@ -203,19 +163,11 @@ class Group:
     def _sync_reply(self, code: ErrorCode, assignment: bytes = b"") -> SyncGroupResponse:
         return SyncGroupResponse(code, assignment, self.protocol_type, self.protocol_name)
 
-    def _instance_owner(self, group_instance_id: str | None) -> Member | None:
-        if group_instance_id is None:
-            return None
-        for member in self.members.values():
-            if member.group_instance_id == group_instance_id:
-                return member
-        return None
-
     def validate_member(
         self, member_id: str, group_instance_id: str | None, generation_id: int
     ) -> ErrorCode:
         """Kafka's validateCurrentMember: known member, not fenced, current generation."""
-        owner = self._instance_owner(group_instance_id)
+        owner = instance_owner(self.members, group_instance_id)
         if owner is not None and owner.member_id != member_id:
             return ErrorCode.fenced_instance_id
         if member_id not in self.members:
@@ -255,7 +207,7 @@ class Group:
     def _join_new_member(
         self, fx: GroupEffects, token: Token, req: JoinGroupRequest, now_ms: int, member_id: str
     ) -> None:
-        previous = self._instance_owner(req.group_instance_id)
+        previous = instance_owner(self.members, req.group_instance_id)
         if previous is not None:
             # A restarted static member: fence the old incarnation and take its place. Kafka
             # can skip the rebalance here (KIP-345); we rebalance, which is always safe.
@@ -277,7 +229,7 @@ class Group:
             del self.pending_members[member_id]
             self._add_member_and_rebalance(fx, token, req, member_id, now_ms)
             return
-        owner = self._instance_owner(req.group_instance_id)
+        owner = instance_owner(self.members, req.group_instance_id)
         if owner is not None and owner.member_id != member_id:
             fx.reply(token, self._error_join(member_id, ErrorCode.fenced_instance_id))
             return
@@ -404,11 +356,7 @@ class Group:
         del self.members[member_id]
         self.pending_sync.discard(member_id)
         if member_id == self.leader_id:
-            # Prefer a member that is already waiting in the join phase: it will get the
-            # member list and can compute the assignment.
-            waiting = [m.member_id for m in self.members.values() if m.join_token is not None]
-            candidates = waiting or list(self.members)
-            self.leader_id = candidates[0] if candidates else None
+            self.leader_id = next_leader(self.members)
 
     def _remove_member(
         self, fx: GroupEffects, member_id: str, code: ErrorCode, now_ms: int
@@ -513,7 +461,7 @@ class Group:
         if group_instance_id is not None:
             # KIP-345: a static member leaves by instance id; a member id that disagrees
             # with the instance's current owner is a fenced zombie.
-            owner = self._instance_owner(group_instance_id)
+            owner = instance_owner(self.members, group_instance_id)
             if owner is None:
                 return ErrorCode.unknown_member_id, fx
             if member_id not in (UNKNOWN_MEMBER_ID, owner.member_id):
@@ -609,17 +557,7 @@ class Group:
 
     def describe(self) -> DescribedGroup:
         stable = self.state is GroupState.STABLE
-        members = tuple(
-            DescribedMember(
-                member_id=m.member_id,
-                group_instance_id=m.group_instance_id,
-                client_id=m.client_id,
-                client_host=m.client_host,
-                metadata=m.metadata_for(self.protocol_name) if stable else b"",
-                assignment=m.assignment if stable else b"",
-            )
-            for m in self.members.values()
-        )
+        members = described_members(self.members, self.protocol_name, stable=stable)
         return DescribedGroup(
             group_id=self.group_id,
             error_code=ErrorCode.none,
