@@ -370,7 +370,13 @@ def test_confluent_kafka_group_splits_and_rebalances(cluster):
 async def test_kafka_python_group_splits_and_rebalances(cluster):
     """kafka-python joins the group inside poll(), which blocks: polling two members in turn
     from one thread can leave one waiting in JoinGroup for the other. Each member is polled
-    from its own worker thread instead, as two applications would be."""
+    from its own worker thread instead, as two applications would be.
+
+    Each member loads the topic's metadata before it first polls. Otherwise a leader can
+    assign before its metadata names the topic (assigning nothing), rejoin when the metadata
+    arrives, and - if that rejoin outlasts the poll() it began in - kafka-python 3.0.12 drops
+    the finished join (its assignment snapshot now matches, so nothing awaits the join task),
+    stops heartbeating and is expelled for good."""
     from kafka import KafkaConsumer
 
     topic = "group-kafka-python"
@@ -387,9 +393,11 @@ async def test_kafka_python_group_splits_and_rebalances(cluster):
         )
 
     members = [await trio.to_thread.run_sync(make) for _ in range(2)]
+    everything = set(range(PARTITIONS))
+    for member in members:
+        assert await trio.to_thread.run_sync(member.partitions_for_topic, topic) == everything
     assigned: list[set[int]] = [set(), set()]
     stops = [trio.Event(), trio.Event()]
-    everything = set(range(PARTITIONS))
 
     def poll(i: int) -> None:
         members[i].poll(200)
