@@ -1,9 +1,9 @@
 """Consumer-group coordinator: Kafka's classic group protocol and committed offsets.
 
-group.py is one group's pure state machine, coordinator.py routes requests for the offsets
-partitions this broker leads and owns committed offsets, offsets_format.py is the
-`__consumer_offsets` record format, coordinator_shell.py is the trio driver. See
-docs/groups.md.
+group.py is one group's pure state machine (group_members.py its member bookkeeping),
+coordinator.py routes requests for the offsets partitions this broker leads and owns
+committed offsets, offsets_format.py is the `__consumer_offsets` record format,
+coordinator_shell.py is the trio driver. See docs/groups.md.
 """
 
 from raftlog.groups.coordinator import Append, Effects, GroupCoordinator

@@ -1,7 +1,7 @@
 """Idempotent-producer state of each hosted replica, as the trio driver keeps it.
 
-producer_state.py is the sans-IO table plus blocking file helpers; this module decides when
-they run. The rules (docs/formats.md, "Producer state"):
+producer_table.py is the sans-IO table and producer_state.py its blocking snapshot files
+and replay; this module decides when they run. The rules (docs/formats.md, "Producer state"):
 - the table is built off the event loop (`rebuild` in a worker thread) when the replica is
   opened, and rebuilt after a truncation whenever it cannot be cut back in memory;
 - while it is loading the replica's log must not change under the worker thread: leader
