@@ -1,38 +1,58 @@
-"""`raftlog consume TOPIC`: print committed records, optionally as a (simple) group member.
+"""`raftlog consume TOPIC`: print committed records, alone or as a consumer-group member.
 
 Each selected partition is read by its own task; records reach the printer through a
-bounded channel, so a slow terminal slows the fetchers instead of growing memory. With
---group the start position is the group's committed offset, and the offsets consumed are
-committed on exit (as a standalone consumer: the group must have no active members).
+bounded channel, so a slow terminal slows the fetchers instead of growing memory.
+
+With --group the command is a real member of the group (raftlog.client.group_consumer): it
+joins, prints the records of the partitions the group assigns it, from the committed offset
+(--from-beginning or the end where nothing is committed), follows reassignments, commits
+periodically and on exit, and leaves the group on exit, -n, --timeout-ms or Ctrl-C — so two
+`raftlog consume --group G` processes split the topic's partitions between them.
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import threading
 
 import click
 import trio
 from raftlog_cli.common import Options, common_options, connect, run_async
-from raftlog_cli.errors import CliError, kafka_message, unknown_topic
+from raftlog_cli.errors import CliError, kafka_message, leaf_exception, unknown_topic
 
 from raftlog.client import Admin, Cluster, Consumer
-from raftlog.client.groups import GroupAdmin
+from raftlog.client.group_consumer import GroupConsumerConfig, open_group_consumer
+from raftlog.client.group_member import GroupMemberError, MemberConfig
 from raftlog.errors import ErrorCode
 from raftlog.records import Record
 
 # Records buffered between the fetch tasks and the printer.
 RECORD_CHANNEL_MAX_RECORDS = 1_000
 CONSUME_FETCH_MAX_WAIT_MS = 200
+# Kafka's consumer defaults for the group member's failure detection and commit period.
+DEFAULT_SESSION_TIMEOUT_MS = 10_000
+DEFAULT_HEARTBEAT_INTERVAL_MS = 3_000
+GROUP_COMMIT_INTERVAL_MS = 5_000
 
 
 @click.command("consume")
 @click.argument("topic")
-@click.option("--from-beginning", is_flag=True, help="Start at the earliest offset.")
+@click.option(
+    "--from-beginning",
+    is_flag=True,
+    help="Start at the earliest offset (with --group: where the group has committed nothing).",
+)
 @click.option("--offset", type=click.IntRange(min=0), default=None, help="Start at this offset.")
 @click.option(
     "-n", "--max-messages", type=click.IntRange(min=1), default=None, help="Stop after N records."
 )
-@click.option("--group", default=None, help="Start at GROUP's committed offsets; commit on exit.")
+@click.option(
+    "--group",
+    default=None,
+    help="Join consumer group GROUP: read the partitions it assigns, from its committed "
+    "offsets; commit and leave on exit.",
+)
 @click.option("--partition", type=click.IntRange(min=0), default=None, help="Only this partition.")
 @click.option(
     "--timeout-ms",
@@ -41,6 +61,20 @@ CONSUME_FETCH_MAX_WAIT_MS = 200
     help="Stop when no record arrives for this long (default: wait forever).",
 )
 @click.option("--key-separator", default=None, help="Print KEY SEP VALUE instead of the value.")
+@click.option(
+    "--session-timeout-ms",
+    type=click.IntRange(min=1),
+    default=DEFAULT_SESSION_TIMEOUT_MS,
+    show_default=True,
+    help="With --group: the coordinator drops this member after this long without a heartbeat.",
+)
+@click.option(
+    "--heartbeat-interval-ms",
+    type=click.IntRange(min=1),
+    default=DEFAULT_HEARTBEAT_INTERVAL_MS,
+    show_default=True,
+    help="With --group: how often to heartbeat (and so how soon a rebalance is noticed).",
+)
 @common_options
 def consume_command(
     topic: str,
@@ -51,6 +85,8 @@ def consume_command(
     partition: int | None,
     timeout_ms: int | None,
     key_separator: str | None,
+    session_timeout_ms: int,
+    heartbeat_interval_ms: int,
     opts: Options,
 ) -> None:
     """Print records of TOPIC (from the end unless told otherwise) until -n, --timeout-ms or
@@ -58,38 +94,111 @@ def consume_command(
     if from_beginning and offset is not None:
         raise click.UsageError("--from-beginning and --offset exclude each other")
     out = opts.out
+    if group is not None:
+        if offset is not None or partition is not None:
+            raise click.UsageError(
+                "--offset and --partition do not combine with --group (the group assigns "
+                "partitions; its committed offsets say where to start)"
+            )
+        if heartbeat_interval_ms >= session_timeout_ms:
+            raise click.UsageError("--heartbeat-interval-ms must be below --session-timeout-ms")
+        member = MemberConfig(
+            session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms
+        )
+        config = GroupConsumerConfig(
+            member=member,
+            reset="earliest" if from_beginning else "latest",
+            auto_commit_interval_ms=GROUP_COMMIT_INTERVAL_MS,
+            buffer_max_records=RECORD_CHANNEL_MAX_RECORDS,
+            fetch_max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS,
+        )
+
+        async def go_group() -> int:
+            try:
+                return await _consume_group(
+                    opts, topic, group, config, max_messages, timeout_ms, key_separator
+                )
+            except (GroupMemberError, BaseExceptionGroup) as exc:
+                # The member's own errors already say what went wrong in a line.
+                leaf = leaf_exception(exc)
+                if isinstance(leaf, GroupMemberError):
+                    raise CliError(str(leaf)) from None
+                raise
+
+        out.consumed(run_async(opts, go_group), topic)
+        return
 
     async def go() -> int:
         async with connect(opts) as cluster:
             partitions = await _partitions(cluster, topic, partition)
             if offset is not None and len(partitions) > 1:
                 raise click.UsageError("--offset needs --partition (the topic has several)")
-            groups = GroupAdmin(cluster) if group else None
             starts = await _start_offsets(cluster, topic, partitions, from_beginning, offset)
-            if groups is not None and group is not None:
-                committed = await groups.committed_offsets(group, [(topic, p) for p in partitions])
-                for c in committed:
-                    if c.offset >= 0:
-                        starts[c.partition] = c.offset
-            positions = dict(starts)
             count = 0
             send, receive = trio.open_memory_channel[tuple[int, Record]](RECORD_CHANNEL_MAX_RECORDS)
             limit = max_messages if max_messages is not None else math.inf
-            try:
-                async with trio.open_nursery() as nursery:
-                    consumer = Consumer(cluster, max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS)
-                    for p in partitions:
-                        nursery.start_soon(_fetch_loop, consumer, topic, p, starts[p], send.clone())
-                    send.close()
-                    idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
+            async with trio.open_nursery() as nursery:
+                consumer = Consumer(cluster, max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS)
+                for p in partitions:
+                    nursery.start_soon(_fetch_loop, consumer, topic, p, starts[p], send.clone())
+                send.close()
+                idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
+                while count < limit:
+                    with trio.move_on_after(idle_s):
+                        p, record = await receive.receive()
+                        count += 1
+                        out.record(
+                            topic,
+                            p,
+                            record.offset,
+                            record.timestamp_ms,
+                            record.key,
+                            record.value,
+                            record.headers,
+                            key_separator=key_separator,
+                        )
+                        continue
+                    break  # idle for --timeout-ms
+                nursery.cancel_scope.cancel()
+            return count
+
+    count = run_async(opts, go)
+    out.consumed(count, topic)
+
+
+async def _consume_group(
+    opts: Options,
+    topic: str,
+    group: str,
+    config: GroupConsumerConfig,
+    max_messages: int | None,
+    timeout_ms: int | None,
+    key_separator: str | None,
+) -> int:
+    """Print records as a member of group until -n, --timeout-ms (counted from the first
+    assignment) or Ctrl-C/SIGTERM; the member commits and leaves on every one of those."""
+    out = opts.out
+    count = 0
+    limit = max_messages if max_messages is not None else math.inf
+    idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
+    async with connect(opts) as cluster:
+        await _partitions(cluster, topic, None)  # an unknown topic is an error, not a wait
+        async with trio.open_nursery() as nursery:
+            stop = trio.CancelScope()
+            if threading.current_thread() is threading.main_thread():
+                # Signals end the read loop, so the member still commits and leaves; only the
+                # main thread can receive them (tests run the CLI in a worker thread).
+                nursery.start_soon(_stop_on_signals, stop)
+            with stop:
+                async with open_group_consumer(cluster, group, [topic], config) as consumer:
                     while count < limit:
                         with trio.move_on_after(idle_s):
-                            p, record = await receive.receive()
-                            positions[p] = record.offset + 1
+                            item = await consumer.receive()
                             count += 1
+                            record = item.record
                             out.record(
-                                topic,
-                                p,
+                                item.topic,
+                                item.partition,
                                 record.offset,
                                 record.timestamp_ms,
                                 record.key,
@@ -99,17 +208,16 @@ def consume_command(
                             )
                             continue
                         break  # idle for --timeout-ms
-                    nursery.cancel_scope.cancel()
-            finally:
-                if groups is not None and group is not None:
-                    moved = {(topic, p): o for p, o in positions.items() if o != starts[p]}
-                    if moved:
-                        with trio.CancelScope(shield=True):
-                            await groups.commit_offsets(group, moved)
-            return count
+            nursery.cancel_scope.cancel()
+    return count
 
-    count = run_async(opts, go)
-    out.consumed(count, topic)
+
+async def _stop_on_signals(stop: trio.CancelScope) -> None:
+    """SIGINT/SIGTERM stop reading; the member then commits and leaves. Later signals are
+    absorbed: that close is already bounded (MemberConfig.close_timeout_ms)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            stop.cancel()
 
 
 async def _partitions(cluster: Cluster, topic: str, partition: int | None) -> list[int]:

@@ -1,8 +1,9 @@
 """Consumer-group admin and offset look-ups: list/describe groups, committed offsets, lag.
 
-The group APIs (FindCoordinator, ListGroups, DescribeGroups, OffsetFetch, OffsetCommit) and
-OffsetForLeaderEpoch are negotiated here, per connection, from the versions the broker
-announced in ApiVersions, so the shared client table does not have to know about them. A
+The group APIs (FindCoordinator, ListGroups, DescribeGroups, OffsetFetch, OffsetCommit, and
+the membership APIs group_member.py uses) and OffsetForLeaderEpoch are negotiated here, per
+connection, from the versions the broker announced in ApiVersions, so the shared client
+table does not have to know about them. A
 broker that serves no group API gets a clear UnsupportedVersion rather than a wire error.
 
 Group requests go to the group's coordinator (FindCoordinator first); coordinator moves and
@@ -35,6 +36,13 @@ GROUP_API_VERSIONS: dict[str, tuple[int, int]] = {
     "offset_fetch": (1, 7),
     "offset_commit": (2, 8),
     "offset_for_leader_epoch": (2, 4),
+    # Membership (raftlog.client.group_member). JoinGroup v4+ has KIP-394's
+    # MEMBER_ID_REQUIRED round trip, which the member handles; LeaveGroup v3+ names members
+    # in a list, and build() drops whichever form a version lacks.
+    "join_group": (1, 9),
+    "sync_group": (1, 5),
+    "heartbeat": (1, 4),
+    "leave_group": (1, 5),
 }
 # The coordinator is loading or moved: ask FindCoordinator again and retry.
 COORDINATOR_RETRIABLE = frozenset(
@@ -63,9 +71,54 @@ def negotiated_version(connection: BrokerConnection, api: str) -> int:
     )
 
 
-async def call(connection: BrokerConnection, api: str, values: dict[str, Any]) -> Any:
+async def call(
+    connection: BrokerConnection,
+    api: str,
+    values: dict[str, Any],
+    *,
+    timeout_ms: int | None = None,
+) -> Any:
+    """Send api at the negotiated version; timeout_ms overrides the connection's (JoinGroup
+    is parked by the coordinator for up to the rebalance timeout)."""
     payload = build_request(api, negotiated_version(connection, api), values)
-    return await connection.request(payload)
+    return await connection.request(payload, timeout_ms=timeout_ms)
+
+
+def offset_commit_values(
+    group_id: str,
+    offsets: dict[tuple[str, int], int],
+    *,
+    generation_id: int = -1,
+    member_id: str = "",
+    group_instance_id: str | None = None,
+) -> dict[str, Any]:
+    """OffsetCommit request fields; generation -1 with no member id is a standalone commit."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": offset,
+                "committed_leader_epoch": -1,
+                "commit_timestamp": -1,
+                "committed_metadata": "",
+            }
+        )
+    return {
+        "group_id": group_id,
+        "generation_id_or_member_epoch": generation_id,
+        "member_id": member_id,
+        "group_instance_id": group_instance_id,
+        "retention_time_ms": -1,
+        "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
+    }
+
+
+def raise_for_commit(response: Any, group_id: str) -> None:
+    """Raise the first partition error of an OffsetCommit response (KafkaError)."""
+    for t in response.topics:
+        for p in t.partitions:
+            raise_for(p.error_code, f"offset_commit {group_id} {t.name}-{p.partition_index}")
 
 
 @dataclass(frozen=True)
@@ -154,7 +207,9 @@ class GroupAdmin:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
 
-    async def _coordinator(self, group_id: str) -> tuple[int, BrokerConnection]:
+    async def find_coordinator(self, group_id: str) -> tuple[int, tuple[str, int]]:
+        """FindCoordinator once: the coordinator's node id and address (KafkaError if the
+        answer is an error, e.g. COORDINATOR_NOT_AVAILABLE while it loads)."""
         connection = await self.cluster.any_broker()
         response = await call(
             connection,
@@ -163,8 +218,11 @@ class GroupAdmin:
         )
         entry = response.coordinators[0] if hasattr(response, "coordinators") else response
         raise_for(entry.error_code, f"find_coordinator {group_id}", entry.error_message)
-        node_id = int(entry.node_id)
-        return node_id, await self.cluster.connect((entry.host, int(entry.port)))
+        return int(entry.node_id), (entry.host, int(entry.port))
+
+    async def _coordinator(self, group_id: str) -> tuple[int, BrokerConnection]:
+        node_id, address = await self.find_coordinator(group_id)
+        return node_id, await self.cluster.connect(address)
 
     async def _with_coordinator(
         self, group_id: str, operation: Callable[[int, BrokerConnection], Awaitable[T]]
@@ -235,11 +293,44 @@ class GroupAdmin:
 
         return await self._with_coordinator(group_id, describe)
 
+    async def committed_positions(
+        self, group_id: str, partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """The committed offset of each partition that has one (no high watermark look-ups:
+        what a consumer needs to start)."""
+        response = await self._offset_fetch(group_id, partitions)
+        out: dict[tuple[str, int], int] = {}
+        for t in response.topics:
+            for p in t.partitions:
+                raise_for(p.error_code, f"offset_fetch {group_id} {t.name}-{p.partition_index}")
+                if int(p.committed_offset) >= 0:
+                    out[(t.name, int(p.partition_index))] = int(p.committed_offset)
+        return out
+
     async def committed_offsets(
         self, group_id: str, partitions: Sequence[tuple[str, int]] | None = None
     ) -> list[CommittedOffset]:
         """Committed offset, high watermark and lag per partition (None: all committed)."""
+        response = await self._offset_fetch(group_id, partitions)
+        out = []
+        for t in response.topics:
+            for p in t.partitions:
+                raise_for(p.error_code, f"offset_fetch {group_id} {t.name}-{p.partition_index}")
+                partition = int(p.partition_index)
+                out.append(
+                    CommittedOffset(
+                        topic=t.name,
+                        partition=partition,
+                        offset=int(p.committed_offset),
+                        high_watermark=await self._high_watermark(t.name, partition),
+                        metadata=p.metadata,
+                    )
+                )
+        return sorted(out, key=lambda c: (c.topic, c.partition))
 
+    async def _offset_fetch(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> Any:
         async def fetch(node_id: int, connection: BrokerConnection) -> Any:
             topics: list[dict[str, Any]] | None = None
             if partitions is not None:
@@ -257,56 +348,18 @@ class GroupAdmin:
             raise_for(getattr(response, "error_code", 0), f"offset_fetch {group_id}")
             return response
 
-        response = await self._with_coordinator(group_id, fetch)
-        out = []
-        for t in response.topics:
-            for p in t.partitions:
-                raise_for(p.error_code, f"offset_fetch {group_id} {t.name}-{p.partition_index}")
-                partition = int(p.partition_index)
-                out.append(
-                    CommittedOffset(
-                        topic=t.name,
-                        partition=partition,
-                        offset=int(p.committed_offset),
-                        high_watermark=await self._high_watermark(t.name, partition),
-                        metadata=p.metadata,
-                    )
-                )
-        return sorted(out, key=lambda c: (c.topic, c.partition))
+        return await self._with_coordinator(group_id, fetch)
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], int]) -> None:
         """Commit as a standalone (simple) consumer: generation -1, no member id.
 
-        Kafka accepts such commits only while the group has no active members, which is how
-        `raftlog consume --group` uses it.
+        Kafka accepts such commits only while the group has no active members (a group
+        member commits through raftlog.client.group_member instead).
         """
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition), offset in sorted(offsets.items()):
-            by_topic.setdefault(topic, []).append(
-                {
-                    "partition_index": partition,
-                    "committed_offset": offset,
-                    "committed_leader_epoch": -1,
-                    "commit_timestamp": -1,
-                    "committed_metadata": "",
-                }
-            )
-        values = {
-            "group_id": group_id,
-            "generation_id_or_member_epoch": -1,
-            "member_id": "",
-            "group_instance_id": None,
-            "retention_time_ms": -1,
-            "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
-        }
+        values = offset_commit_values(group_id, offsets)
 
         async def commit(node_id: int, connection: BrokerConnection) -> None:
-            response = await call(connection, "offset_commit", values)
-            for t in response.topics:
-                for p in t.partitions:
-                    raise_for(
-                        p.error_code, f"offset_commit {group_id} {t.name}-{p.partition_index}"
-                    )
+            raise_for_commit(await call(connection, "offset_commit", values), group_id)
 
         await self._with_coordinator(group_id, commit)
 
@@ -366,5 +419,7 @@ __all__ = [
     "PartitionOffsets",
     "decode_assignment",
     "negotiated_version",
+    "offset_commit_values",
     "partition_offsets",
+    "raise_for_commit",
 ]

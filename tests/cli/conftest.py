@@ -1,5 +1,7 @@
 """CLI tests run `raftlog ...` with click's CliRunner against a real Kafka server (the
-in-process server of tests/kafka on its memory backend).
+in-process server of tests/kafka on its memory backend). `raftlog` has the test-only group
+handlers of group_handlers.py (groups filled in by the test); `grouped` has the real group
+coordinator, for consumers that join groups.
 
 The server lives in the test's trio loop; the CLI calls trio.run itself, so each invocation
 runs in a worker thread (one at a time: CliRunner swaps sys.stdout for the call).
@@ -18,6 +20,7 @@ from raftlog_cli.main import cli
 
 from tests.cli.group_handlers import GroupStore, group_registry
 from tests.kafka.conftest import Broker, start_broker
+from tests.kafka.test_groups_wire import start_group_broker
 
 # One CLI call against a local in-process broker; far above what any call needs.
 CLI_CALL_DEADLINE_S = 30
@@ -55,3 +58,12 @@ async def raftlog(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cli]:
     store.port = broker.port
     yield Cli(broker, store)
     broker.backend.close()
+
+
+@pytest.fixture
+async def grouped(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cli]:
+    """The CLI against a broker with the real group coordinator (InProcessGroupService), for
+    commands that join groups: `raftlog consume --group`."""
+    started = await start_group_broker(nursery, tmp_path)
+    yield Cli(started.broker, GroupStore())
+    started.broker.backend.close()

@@ -90,27 +90,74 @@ async def test_produce_consume_errors(raftlog: Cli) -> None:
     assert (r.exit_code, r.stderr) == (1, "error: unknown topic 'missing'\n")
 
 
-async def test_consume_with_group_commits_and_resumes(raftlog: Cli) -> None:
-    await raftlog("topics", "create", "orders")
-    await raftlog("produce", "orders", input="a\nb\nc\n")
-    r = await raftlog("consume", "orders", "--group", "billing", "--from-beginning", "-n", "2")
-    assert r.stdout == "a\nb\n"
-    assert raftlog.groups.offsets[("billing", "orders", 0)] == 2
-    r = await raftlog("consume", "orders", "--group", "billing", "-n", "1")
-    assert r.stdout == "c\n"
+async def test_consume_with_group_joins_commits_and_resumes(grouped: Cli) -> None:
+    await grouped("topics", "create", "orders")
+    await grouped("produce", "orders", input="a\nb\nc\n")
+    r = await grouped("consume", "orders", "--group", "billing", "--from-beginning", "-n", "2")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "a\nb\n", "Consumed 2 records from orders\n")
+    # Committed on exit; the next member of the group starts there (not at the end).
+    r = await grouped("consume", "orders", "--group", "billing", "-n", "1")
+    assert (r.exit_code, r.stdout) == (0, "c\n")
+    r = await grouped("consume", "orders", "--group", "billing", "--timeout-ms", "300")
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "", "Consumed 0 records from orders\n")
 
-    r = await raftlog("groups", "list")
-    assert r.stdout == "GROUP     STATE   TYPE\n" + RULE * 26 + "\nbilling   Empty   consumer\n"
-    r = await raftlog("groups", "describe", "billing")
-    assert r.exit_code == 0
-    assert r.stdout == (
-        "Group: billing  state: Empty  coordinator: 1  members: 0\n"
-        "Members:\n"
-        "(no active members)\n"
-        "Offsets:\n"
-        "TOPIC    PARTITION   COMMITTED   HW   LAG\n" + RULE * 41 + "\n"
-        "orders   0           3           3    0\n"
+    # The members left: the group is Empty, with its offsets.
+    r = await grouped("groups", "describe", "billing", "--json")
+    described = json.loads(r.stdout)
+    assert (described["state"], described["protocol_type"], described["members"]) == (
+        "Empty",
+        "consumer",
+        [],
     )
+    assert [(o["partition"], o["committed_offset"]) for o in described["offsets"]] == [(0, 3)]
+
+
+async def test_consume_group_without_a_commit_starts_at_the_end(grouped: Cli) -> None:
+    await grouped("topics", "create", "tail")
+    await grouped("produce", "tail", input="old\n")
+    r = await grouped("consume", "tail", "--group", "fresh", "--timeout-ms", "300", "--json")
+    assert (r.exit_code, r.stdout) == (0, "")
+    # The end it started at was committed, so nothing produced since is skipped.
+    await grouped("produce", "tail", input="new\n")
+    r = await grouped("consume", "tail", "--group", "fresh", "-n", "1", "--json")
+    record = json.loads(r.stdout)
+    assert (record["partition"], record["offset"], record["value"]) == (0, 1, "new")
+
+
+async def test_consume_group_option_errors(grouped: Cli) -> None:
+    await grouped("topics", "create", "t")
+    r = await grouped("consume", "t", "--group", "g", "--partition", "0")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: --offset and --partition do not combine with --group")
+    r = await grouped(
+        "consume",
+        "t",
+        "--group",
+        "g",
+        "--session-timeout-ms",
+        "6000",
+        "--heartbeat-interval-ms",
+        "6000",
+    )
+    assert (r.exit_code, r.stderr) == (
+        2,
+        "error: --heartbeat-interval-ms must be below --session-timeout-ms "
+        "(see 'raftlog consume --help')\n",
+    )
+    r = await grouped("consume", "missing", "--group", "g", "-n", "1")
+    assert (r.exit_code, r.stderr) == (1, "error: unknown topic 'missing'\n")
+    # The coordinator refuses sessions below its minimum (6 s by default).
+    r = await grouped(
+        "consume",
+        "t",
+        "--group",
+        "g",
+        "--session-timeout-ms",
+        "1000",
+        "--heartbeat-interval-ms",
+        "100",
+    )
+    assert (r.exit_code, r.stderr) == (1, "error: cannot join group 'g': INVALID_SESSION_TIMEOUT\n")
 
 
 async def test_groups_describe_members_and_lag(raftlog: Cli) -> None:
