@@ -99,7 +99,9 @@ class BrokerBackend:
         (no leader known, or a controller-only leader) this broker takes them and forwards."""
         quorum = self.metadata.quorum
         leader = quorum.core.leader_id if quorum is not None else None
-        registration = self.image.brokers.get(leader) if leader is not None else None
+        if leader is None:
+            return self.config.node_id
+        registration = self.image.brokers.get(leader)
         if registration is not None and not registration.fenced:
             return leader
         return self.config.node_id

@@ -28,8 +28,9 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
-from kio.serial._introspect import EntityField, EntityTupleField, classify_field
 from kio.static.primitive import i16, i32, i32Timedelta, i64Timedelta
+
+from raftlog.kio_private import FieldShape, field_shape
 
 # API keys by name, from kio's own index (so a typo is a KeyError, not a wrong number).
 API_KEYS: dict[str, int] = {name: key for key, name in api_key_map.items()}
@@ -118,21 +119,20 @@ def decode_response(frame: bytes, api_key: int, api_version: int) -> Any:
 
 # --------------------------------------------------------------------------- building
 @cache
-def _fields(cls: type) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
-    return tuple((f, classify_field(f)) for f in dataclasses.fields(cls))
+def _fields(cls: type) -> tuple[tuple[dataclasses.Field[Any], FieldShape], ...]:
+    return tuple((f, field_shape(f)) for f in dataclasses.fields(cls))
 
 
-def _convert(f: dataclasses.Field[Any], kind: Any, value: Any) -> Any:
-    if isinstance(kind, EntityTupleField):
+def _convert(f: dataclasses.Field[Any], shape: FieldShape, value: Any) -> Any:
+    entity = shape.entity
+    if entity is not None and shape.is_array:
         if value is None:
             return None
-        return tuple(
-            item if isinstance(item, kind.type_) else build(kind.type_, item) for item in value
-        )
-    if isinstance(kind, EntityField):
-        if value is None or isinstance(value, kind.type_):
+        return tuple(item if isinstance(item, entity) else build(entity, item) for item in value)
+    if entity is not None:
+        if value is None or isinstance(value, entity):
             return value
-        return build(kind.type_, value)
+        return build(entity, value)
     kafka_type = f.metadata.get("kafka_type")
     if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
         delta = datetime.timedelta(milliseconds=value)
@@ -155,12 +155,12 @@ def build(cls: type, values: Mapping[str, Any]) -> Any:
     False for booleans; anything else missing raises, naming the field.
     """
     kwargs: dict[str, Any] = {}
-    for f, kind in _fields(cls):
+    for f, shape in _fields(cls):
         if f.name in values:
-            kwargs[f.name] = _convert(f, kind, values[f.name])
+            kwargs[f.name] = _convert(f, shape, values[f.name])
         elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
-        elif kind.is_array:
+        elif shape.is_array:
             kwargs[f.name] = ()
         elif _nullable(f):
             kwargs[f.name] = None

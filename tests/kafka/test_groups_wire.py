@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import trio
 from kio.schema.errors import ErrorCode
-from kio.serial._introspect import classify_field
 
 from raftlog.groups.service import CoordinatorLocation, InProcessGroupService
 from raftlog.groups.settings import GroupConfig
+from raftlog.kio_private import field_shape
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.codec import request_class, zero_response
 from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, ApiKey, register_group_apis
@@ -81,7 +81,9 @@ def make(cls: type[Any], **values: Any) -> Any:
 def item_class(cls: type[Any], field: str) -> type[Any]:
     """The nested entity class of `cls`'s array field `field`."""
     (f,) = [f for f in dataclasses.fields(cls) if f.name == field]
-    return classify_field(f).type_
+    entity = field_shape(f).entity
+    assert entity is not None, f"{cls.__name__}.{field} is not a nested entity"
+    return entity
 
 
 def req(api_key: int, version: int, **values: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Pins the kio internals raftlog relies on (raftlog/net/kafka/kio_private.py).
+"""Pins the kio internals raftlog relies on (raftlog/kio_private.py).
 
 kio has no public API for these; if an upgrade moves or changes them, these tests fail by
 name, before the codec misbuilds a response or misreads a request.
@@ -16,7 +16,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.request_header.v2 import RequestHeader
 from kio.serial import entity_writer
 
-from raftlog.net.kafka.kio_private import FieldShape, field_shape, primitive_field_reader
+from raftlog.kio_private import FieldShape, field_shape, primitive_field_reader
 
 
 def field(cls: type[Any], name: str) -> dataclasses.Field[Any]:

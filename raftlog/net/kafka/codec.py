@@ -31,8 +31,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
+from raftlog.kio_private import field_shape
 from raftlog.net.kafka.backend import FileRegion
-from raftlog.net.kafka.kio_private import field_shape
 from raftlog.net.kafka.tagged_fields import strip_unknown_tags
 
 _API_KEY_VERSION = struct.Struct(">hh")

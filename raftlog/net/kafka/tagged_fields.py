@@ -30,7 +30,7 @@ from kio.serial.writers import write_unsigned_varint
 from kio.static.primitive import uvarint
 from kio.static.protocol import Entity
 
-from raftlog.net.kafka.kio_private import field_shape, primitive_field_reader
+from raftlog.kio_private import field_shape, primitive_field_reader
 
 _NULL_ENTITY_MARKER = -1  # KIP-893 nullable struct: int8 -1 (null) or 1, then the struct
 

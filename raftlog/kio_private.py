@@ -1,9 +1,10 @@
-"""The only place the Kafka server reaches into kio's private modules.
+"""The only place raftlog (server, client and tests) reaches into kio's private modules.
 
 kio 0.6.5's public surface (`kio.serial.entity_reader`/`entity_writer`, `kio.index`,
-`kio.serial.readers`) encodes and decodes whole entities, but two things the codec needs are
-only in `kio.serial._introspect` and `kio.serial._parse`: the shape of a schema field (nested
-entity? array? nullable?) and the reader of one primitive field. Rather than copy kio's rules
+`kio.serial.readers`) encodes and decodes whole entities, but two things the server's codec
+and the client's request builder need are only in `kio.serial._introspect` and
+`kio.serial._parse`: the shape of a schema field (nested entity? array? nullable?) and the
+reader of one primitive field. Rather than copy kio's rules
 (its type-hint conventions, the request header's legacy `client_id`), each use sits behind one
 small function here, and tests/kafka/test_kio_private.py pins exactly what we rely on, so a
 kio upgrade that moves or changes them fails there by name instead of in a client's request.
