@@ -5,6 +5,9 @@ async with open_cluster("127.0.0.1:9092") as cluster:
     await admin.create_topics([NewTopic("events", num_partitions=3)])
     await Producer(cluster).produce("events", [Record(value=b"hi")], partition=0)
     records = await Consumer(cluster).fetch_range("events", 0, 0)
+
+A consumer-group member: `async with open_group_consumer(cluster, "group", ["events"])`
+(raftlog.client.group_consumer; the protocol itself is raftlog.client.group_member).
 """
 
 from raftlog.client.admin import (
@@ -33,6 +36,14 @@ from raftlog.client.connection import (
     open_connection,
 )
 from raftlog.client.consumer import Consumer, FetchResult
+from raftlog.client.group_consumer import (
+    ConsumedRecord,
+    GroupConsumer,
+    GroupConsumerConfig,
+    open_group_consumer,
+)
+from raftlog.client.group_member import GroupMember
+from raftlog.client.member_state import GroupMemberError, MemberConfig
 from raftlog.client.producer import (
     ACKS_ALL,
     ACKS_LEADER,
@@ -55,9 +66,15 @@ __all__ = [
     "ConfigOp",
     "ConnectionClosed",
     "ConnectionLimits",
+    "ConsumedRecord",
     "Consumer",
     "FetchResult",
+    "GroupConsumer",
+    "GroupConsumerConfig",
+    "GroupMember",
+    "GroupMemberError",
     "ListedOffset",
+    "MemberConfig",
     "NewTopic",
     "PartitionInfo",
     "ProduceResult",
@@ -71,5 +88,6 @@ __all__ = [
     "murmur2",
     "open_cluster",
     "open_connection",
+    "open_group_consumer",
     "partition_for_key",
 ]
