@@ -369,14 +369,15 @@ class _Builder:
         old = self._partition_map(rec.topic_id, "PartitionChange").get(rec.partition)
         if old is None:
             raise MetadataApplyError(f"PartitionChange for unknown partition {rec}")
-        leader_changed = rec.leader is not None and rec.leader != old.leader
+        leader = old.leader if rec.leader is None else rec.leader  # None: leader unchanged
+        leader_changed = leader != old.leader
         self._set_partition(
             rec.topic_id,
             rec.partition,
             PartitionState(
                 replicas=old.replicas if rec.replicas is None else rec.replicas,
                 isr=old.isr if rec.isr is None else rec.isr,
-                leader=rec.leader if leader_changed else old.leader,  # type: ignore[arg-type]
+                leader=leader,
                 leader_epoch=old.leader_epoch + 1 if leader_changed else old.leader_epoch,
                 partition_epoch=old.partition_epoch + 1,
             ),
@@ -443,13 +444,14 @@ class _Builder:
             topic = self.topics.get(topic_id)
             self.topics.set(topic_id, replace(topic, partitions=MappingProxyType(parts)))
         for topic_id, index in sorted(self.touched, key=lambda key: (key[0].int, key[1])):
-            parts = self.partitions.get(topic_id)
-            if parts is None:
+            touched_parts = self.partitions.get(topic_id)
+            if touched_parts is None:
                 continue  # the topic was removed later in the batch
             before = old.topics_by_id.get(topic_id)
             old_state = before.partitions.get(index) if before is not None else None
-            if old_state != parts[index]:
-                self.delta.changed_partitions[(topic_id, index)] = (old_state, parts[index])
+            new_state = touched_parts[index]
+            if old_state != new_state:
+                self.delta.changed_partitions[(topic_id, index)] = (old_state, new_state)
         for topic_id in self.delta.deleted_topics:
             for index, state in old.topics_by_id[topic_id].partitions.items():
                 self.delta.changed_partitions[(topic_id, index)] = (state, None)

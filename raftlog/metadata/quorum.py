@@ -7,12 +7,19 @@ per entry, partitionLeaderEpoch = the Raft epoch) in an ordinary PartitionLog, s
 log is verifiable with the same tools as any partition. A dedicated task fsyncs appended
 entries through the shared group-commit flusher and then tells the core `flushed(...)`; a
 follower's next Fetch, which acknowledges, waits for that.
+
+Snapshots are decoded into a MetadataImage before they are trusted: a snapshot downloaded from
+the leader is vetted by the core (through `snapshot_check`) before anything of it is made
+durable, and at start-up a snapshot file that does not decode is passed over for an older
+one or the log itself (docs/metadata.md, "Snapshots that cannot be applied"). The image that
+vetting built is handed to the MetadataService, so a snapshot is decoded once.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +28,20 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.config import MIB, NodeConfig
-from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.errors import RaftlogError
+from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.raft import (
+    NotLeader,
+    QuorumState,
+    RaftConfig,
+    RaftCore,
+    Snapshot,
+    SnapshotCheck,
+    SnapshotRejected,
+)
 from raftlog.metadata.raft_messages import Entry, MessageDecodeError, message_from_wire
 from raftlog.metadata.raft_roles import ProtocolViolation, RoleChange
+from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot
 from raftlog.net.rpc import PeerSet
 from raftlog.records import Record, build_batch, iter_batches, iter_records
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
@@ -36,6 +54,12 @@ log = logging.getLogger("raftlog.quorum")
 METADATA_LOG_NAME = "__cluster_metadata-0"
 QUORUM_STATE_FILE = "quorum-state"
 SNAPSHOT_SUFFIX = ".snapshot"
+# A snapshot file that could not be used at start-up is renamed to this (etcd's ".broken"):
+# out of the way of the next start and of retention, kept for the operator to look at.
+UNUSABLE_SNAPSHOT_SUFFIX = ".snapshot.unusable"
+# Snapshot files kept: the newest, and the one before it as the fallback should the newest
+# not load at the next start. The log is kept from the fallback's end (see compact_to).
+KEEP_SNAPSHOT_COUNT = 2
 # Small segments so that a snapshot lets whole old segments go soon after it is written.
 METADATA_SEGMENT_BYTES = 8 * MIB
 # Bytes read per step while loading the metadata log at start-up.
@@ -44,6 +68,17 @@ LOAD_READ_BYTES = 4 * MIB
 # sender id, so the table (and the connections and per-replica leader state behind it) is
 # bounded; a cluster has far fewer brokers than this.
 MAX_OBSERVER_COUNT = 1024
+
+
+class MetadataRecoveryError(RaftlogError):
+    """The local metadata replica cannot be rebuilt from this node's own disk."""
+
+
+_SNAPSHOT_NAME = re.compile(r"^\d{20}-\d{10}" + re.escape(SNAPSHOT_SUFFIX) + "$")
+
+
+def _snapshot_end_offset(path: Path) -> int:
+    return int(path.name.split("-", 1)[0])
 
 
 class MetadataLogStore:
@@ -78,25 +113,48 @@ class MetadataLogStore:
 
     # ---------------------------------------------------------------- snapshots
     def _snapshot_paths(self) -> list[Path]:
-        return sorted(self.directory.glob(f"*{SNAPSHOT_SUFFIX}"))
+        """Snapshot files, oldest first (their names sort by end offset, then epoch)."""
+        return sorted(
+            p for p in self.directory.glob(f"*{SNAPSHOT_SUFFIX}") if _SNAPSHOT_NAME.match(p.name)
+        )
 
-    def load_snapshot(self) -> Snapshot | None:
-        """The newest readable snapshot; a corrupt newest one falls back to an older one."""
+    def load_snapshot(
+        self, check: SnapshotCheck | None = None, *, passed_over: list[Path] | None = None
+    ) -> Snapshot | None:
+        """The newest usable snapshot, or None: readable (checksum), accepted by `check` (it
+        decodes), and joined to the log (the log does not start beyond its end).
+
+        An unusable newer one falls back to an older one; the files passed over are added to
+        `passed_over`, newest first, with a log line saying why each one is.
+        """
+        log_start = self.log.log_start_offset
         for path in reversed(self._snapshot_paths()):
+            reason: str | None
             try:
                 payload = read_checkpoint(path, "metadata-snapshot")
-            except CheckpointError as exc:
-                log.error("ignoring unreadable metadata snapshot %s: %s", path.name, exc)
-                continue
-            return Snapshot(payload["end_offset"], payload["epoch"], payload["data"])
+                snapshot = Snapshot(payload["end_offset"], payload["epoch"], payload["data"])
+            except (CheckpointError, KeyError, TypeError) as exc:
+                reason = f"unreadable: {exc}"
+            else:
+                if snapshot.end_offset < log_start:
+                    reason = f"the log starts at {log_start}, after its end {snapshot.end_offset}"
+                else:
+                    reason = check(snapshot) if check is not None else None
+                    if reason is None:
+                        return snapshot
+            log.error("passing over metadata snapshot %s: %s", path.name, reason)
+            if passed_over is not None:
+                passed_over.append(path)
         return None
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        """Blocking (fsync): write the snapshot, then drop older ones.
+        """Blocking (fsync): write the snapshot, then drop all but the newest two.
 
-        Only older ones: a local snapshot's write can finish after a newer snapshot from the
-        leader was installed (and the log emptied up to its end), and deleting that newer one
-        would leave a gap between the surviving snapshot and the log at the next start.
+        By name, not by which one was just written: a local snapshot's write can finish after
+        a newer snapshot from the leader was installed (and the log emptied up to its end),
+        and deleting that newer one would leave a gap between the surviving snapshot and the
+        log at the next start. The one before the newest is the fallback should the newest
+        not load at the next start.
         """
         name = f"{snapshot.end_offset:020d}-{snapshot.epoch:010d}{SNAPSHOT_SUFFIX}"
         write_checkpoint(
@@ -104,9 +162,66 @@ class MetadataLogStore:
             "metadata-snapshot",
             {"end_offset": snapshot.end_offset, "epoch": snapshot.epoch, "data": snapshot.data},
         )
-        for old in self._snapshot_paths():
-            if old.name < name:  # zero-padded end offset, then epoch: names sort by age
-                old.unlink(missing_ok=True)
+        # Zero-padded end offset, then epoch: names sort by age.
+        for old in self._snapshot_paths()[:-KEEP_SNAPSHOT_COUNT]:
+            old.unlink(missing_ok=True)
+
+    def set_aside_snapshots(self, paths: Sequence[Path]) -> None:
+        """Rename snapshot files that could not be used, so that no later start or retention
+        counts on them; kept on disk for the operator."""
+        for path in paths:
+            path.replace(
+                path.with_name(path.name.removesuffix(SNAPSHOT_SUFFIX) + UNUSABLE_SNAPSHOT_SUFFIX)
+            )
+            log.warning(
+                "renamed unusable metadata snapshot %s to *%s", path.name, UNUSABLE_SNAPSHOT_SUFFIX
+            )
+
+    def recover(
+        self, check: SnapshotCheck | None, *, node_id: int, is_voter: bool
+    ) -> tuple[Snapshot | None, list[Entry]]:
+        """Start-up: the snapshot and the log entries the Raft core starts from.
+
+        The newest snapshot that loads and decodes, else an older one, else the log from
+        offset 0. When none of these is there (the log was compacted or replaced by a
+        leader's snapshot, and every snapshot that covers its start is unusable) an observer
+        starts over from an empty log and fetches a snapshot from the leader; a voter refuses
+        to start, since forgetting entries it acknowledged could lose committed metadata.
+        """
+        passed_over: list[Path] = []
+        snapshot = self.load_snapshot(check, passed_over=passed_over)
+        if snapshot is None and self.log.log_start_offset > 0:
+            where = (
+                f"node {node_id}: no usable metadata snapshot in {self.directory} "
+                f"(passed over: {', '.join(p.name for p in passed_over) or 'none'}) and the "
+                f"metadata log starts at {self.log.log_start_offset}, not 0"
+            )
+            if is_voter:
+                log.critical("%s: refusing to start this voter", where)
+                raise MetadataRecoveryError(
+                    f"{where}: this voter cannot rebuild its metadata from its own disk, and "
+                    "emptying its log could lose committed metadata it acknowledged. Make "
+                    "sure a majority of the other voters is healthy, then remove that "
+                    "directory so this node rejoins as an empty replica (or restore the "
+                    "snapshot, e.g. by running the version that wrote it)."
+                )
+            log.error("%s: this observer starts over from an empty log", where)
+            self.log.truncate_fully_and_start_at(0)
+        if passed_over:
+            if snapshot is not None:
+                log.warning(
+                    "node %d: metadata starts from the older snapshot at offset %d",
+                    node_id,
+                    snapshot.end_offset,
+                )
+            else:
+                log.warning("node %d: metadata starts from the log at offset 0", node_id)
+            self.set_aside_snapshots(passed_over)
+        if snapshot is not None and snapshot.end_offset > self.log.log_end_offset:
+            # The snapshot outran the log (crash between snapshot install and truncation).
+            self.log.truncate_fully_and_start_at(snapshot.end_offset)
+            return snapshot, []
+        return snapshot, self.load_entries()
 
     # ---------------------------------------------------------------- entries
     def load_entries(self) -> list[Entry]:
@@ -161,8 +276,14 @@ class MetadataLogStore:
         self.log.truncate_fully_and_start_at(snapshot.end_offset)
 
     def compact_to(self, end_offset: int) -> None:
-        """After a local snapshot: let whole segments below it go."""
-        self.log.advance_log_start(min(end_offset, self.log.log_end_offset))
+        """After a local snapshot at end_offset: let whole segments go below the snapshot
+        kept before it, so that one stays a usable fallback (with the log from its end) should
+        the newest not load at the next start. With no older snapshot nothing goes."""
+        older = [
+            end for end in map(_snapshot_end_offset, self._snapshot_paths()) if end < end_offset
+        ]
+        if older:
+            self.log.advance_log_start(min(older[-1], self.log.log_end_offset))
 
     def close(self) -> None:
         self.log.close()
@@ -189,6 +310,7 @@ class QuorumDriver:
         on_snapshot: Callable[[Snapshot], None],
         on_role_change: Callable[[RoleChange], None],
         rng: random.Random | None = None,
+        snapshot_decoder: Callable[[bytes], MetadataImage] = decode_snapshot,
     ) -> None:
         self.config = config
         self.store = store
@@ -207,12 +329,12 @@ class QuorumDriver:
             fetch_max_wait_ms=min(config.raft_fetch_max_wait_ms, config.fetch_timeout_ms // 2),
             request_timeout_ms=config.fetch_timeout_ms,
         )
-        snapshot = store.load_snapshot()
-        entries = store.load_entries()
-        if snapshot is not None and snapshot.end_offset > store.log.log_end_offset:
-            # The snapshot outran the log (crash between snapshot install and truncation).
-            store.log.truncate_fully_and_start_at(snapshot.end_offset)
-            entries = []
+        self._snapshot_decoder = snapshot_decoder
+        # The image that vetting a snapshot built, until the MetadataService takes it.
+        self._decoded: tuple[Snapshot, MetadataImage] | None = None
+        snapshot, entries = store.recover(
+            self._check_snapshot, node_id=config.node_id, is_voter=config.node_id in self.voters
+        )
         self.core = RaftCore(
             config.node_id,
             frozenset(self.voters),
@@ -222,6 +344,7 @@ class QuorumDriver:
             snapshot,
             rng=rng or random.Random(),
             now_ms=self.now_ms(),
+            snapshot_check=self._check_snapshot,
         )
         self.high_watermark = self.core.high_watermark
         self._wake = trio.Event()
@@ -240,6 +363,29 @@ class QuorumDriver:
     @staticmethod
     def now_ms() -> int:
         return int(trio.current_time() * 1000)
+
+    # ---------------------------------------------------------------- snapshot vetting
+    def _check_snapshot(self, snapshot: Snapshot) -> str | None:
+        """SnapshotCheck: decode the image now, before the snapshot is made durable or the
+        log is touched; None if it can be applied, else why not."""
+        try:
+            image = self._snapshot_decoder(snapshot.data)
+        except SnapshotCorruptError as exc:
+            return exc.message
+        if image.last_applied_offset >= snapshot.end_offset:
+            return (
+                f"its image is at offset {image.last_applied_offset}, beyond the snapshot's "
+                f"end offset {snapshot.end_offset}"
+            )
+        self._decoded = (snapshot, image)
+        return None
+
+    def decoded_snapshot(self, snapshot: Snapshot) -> MetadataImage:
+        """The image of a snapshot the core accepted, decoded once when it was vetted."""
+        decoded, self._decoded = self._decoded, None
+        if decoded is not None and (decoded[0] is snapshot or decoded[0] == snapshot):
+            return decoded[1]
+        return self._snapshot_decoder(snapshot.data)
 
     # ---------------------------------------------------------------- inputs
     def receive(self, sender_id: int, body: list) -> None:
@@ -358,6 +504,8 @@ class QuorumDriver:
             # Storage time is wall-clock ms (segment.ms, record timestamps), as in Kafka.
             self.store.append(ready.entries, wall_clock_ms())
             self._flush_wanted.set()
+        if ready.snapshot_rejected is not None:
+            self._log_refused_snapshot(ready.snapshot_rejected)
         if ready.snapshot is not None:
             # Only the snapshot file goes to a worker thread. The log itself is changed here,
             # on the event loop, like every other change to it: a flusher round or the
@@ -390,6 +538,21 @@ class QuorumDriver:
                 ready.role_change.leader_id,
             )
             self._on_role_change(ready.role_change)
+
+    def _log_refused_snapshot(self, refused: SnapshotRejected) -> None:
+        log.error(
+            "node %d: refused metadata snapshot (end offset %d, epoch %d) from leader %s: %s; "
+            "kept the metadata log (start %d, end %d) and the applied state, next snapshot "
+            "download in %d ms at the earliest",
+            self.config.node_id,
+            refused.end_offset,
+            refused.epoch,
+            refused.leader_id,
+            refused.reason,
+            self.store.log.log_start_offset,
+            self.store.log.log_end_offset,
+            refused.retry_in_ms,
+        )
 
     def _fail_waiters_from(self, offset: int, *, below: int | None = None) -> None:
         for waiter_offset in list(self._commit_waiters):

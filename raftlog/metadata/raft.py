@@ -47,6 +47,8 @@ from raftlog.metadata.raft_types import (
     Ready,
     RoleChange,
     Snapshot,
+    SnapshotCheck,
+    SnapshotRejected,
 )
 
 __all__ = [
@@ -58,6 +60,8 @@ __all__ = [
     "RaftCore",
     "Ready",
     "Snapshot",
+    "SnapshotCheck",
+    "SnapshotRejected",
 ]
 
 
@@ -87,7 +91,10 @@ class RaftCore(Replication):
         *,
         rng: random.Random,
         now_ms: int = 0,
+        snapshot_check: SnapshotCheck | None = None,
     ) -> None:
+        """`snapshot_check` vets every snapshot downloaded from the leader before anything of
+        it is installed; None accepts every snapshot (the simulator's byte-level digests)."""
         if not voters:
             raise ValueError("voters must not be empty")
         self.node_id = node_id
@@ -114,6 +121,9 @@ class RaftCore(Replication):
         self._fetch_inflight_deadline_ms: int | None = None
         self._fetch_target: int | None = None
         self._snapshot_fetch: tuple[SnapshotId, bytearray] | None = None
+        self._snapshot_check = snapshot_check
+        self._snapshot_refusals = 0  # consecutive downloaded snapshots the check refused
+        self._snapshot_retry_ms = 0  # no snapshot download starts before this time
         # leader side (reset by _become)
         self._acked: dict[int, int] = {}
         self._last_fetch_ms: dict[int, int] = {}

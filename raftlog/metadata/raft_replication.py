@@ -3,7 +3,7 @@
 Leader side: serve Fetch (long-polling idle followers), detect divergence, advance the high
 watermark, answer linearizable reads, serve snapshot chunks, check-quorum. Follower side: fetch
 only once everything appended is flushed (the fetch offset is a durable acknowledgement),
-truncate on divergence, download and install snapshots. Mixed into RaftCore, which owns the
+truncate on divergence, download, vet and install snapshots. Mixed into RaftCore, which owns the
 log and the state declared below.
 """
 
@@ -29,7 +29,12 @@ from raftlog.metadata.raft_messages import (
     SnapshotId,
 )
 from raftlog.metadata.raft_roles import Follower, Leader, Resigned
-from raftlog.metadata.raft_types import ProtocolViolation, Snapshot
+from raftlog.metadata.raft_types import (
+    ProtocolViolation,
+    Snapshot,
+    SnapshotCheck,
+    SnapshotRejected,
+)
 
 __all__ = ["Replication"]
 
@@ -51,6 +56,9 @@ class Replication(Elections):
     _fetch_inflight_deadline_ms: int | None
     _fetch_target: int | None
     _snapshot_fetch: tuple[SnapshotId, bytearray] | None
+    _snapshot_check: SnapshotCheck | None
+    _snapshot_refusals: int
+    _snapshot_retry_ms: int
     # leader side
     _acked: dict[int, int]
     _last_fetch_ms: dict[int, int]
@@ -342,7 +350,16 @@ class Replication(Elections):
                 role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms, leader_heard=True
             )
         if msg.snapshot_id is not None:
-            self._snapshot_fetch = (msg.snapshot_id, bytearray())
+            if now_ms >= self._snapshot_retry_ms:
+                self._snapshot_fetch = (msg.snapshot_id, bytearray())
+            else:
+                # The last snapshot downloaded could not be applied: no new download until
+                # the backoff is over. Fetching goes on at the idle long-poll pace (not at
+                # once, which the leader would answer at once, again and again), so leader
+                # and follower keep hearing from each other: no needless election.
+                self._fetch_inflight_deadline_ms = min(
+                    self._snapshot_retry_ms, now_ms + self.config.fetch_max_wait_ms
+                )
         elif msg.diverging_epoch is not None:
             div = msg.diverging_epoch
             ours = self._end_offset_for_epoch(div.epoch)
@@ -385,8 +402,39 @@ class Replication(Elections):
         )
         buffer.extend(msg.chunk)
         if len(buffer) >= msg.size:
-            self._install_snapshot(Snapshot(snap_id.end_offset, snap_id.epoch, bytes(buffer)))
+            snapshot = Snapshot(snap_id.end_offset, snap_id.epoch, bytes(buffer))
+            check = self._snapshot_check
+            reason = check(snapshot) if check is not None else None
+            if reason is None:
+                self._snapshot_refusals = 0
+                self._install_snapshot(snapshot)
+            else:
+                self._refuse_snapshot(now_ms, snapshot, reason, from_id)
         self._maybe_fetch(now_ms)
+
+    def _refuse_snapshot(
+        self, now_ms: int, snapshot: Snapshot, reason: str, leader_id: int
+    ) -> None:
+        """A downloaded snapshot the state machine cannot apply: drop it, keep everything else.
+
+        Installing it would empty the log for a state this node cannot build, and make that
+        durable: after a restart the node would find it again (a crash loop), and as a voter
+        it would have given up entries it acknowledged. So the log, the high watermark and
+        the applied offset stay as they are; the follower keeps following (its fetches still
+        count for check-quorum) and downloads again after a backoff that doubles per
+        consecutive refusal, in case the leader moves on to a snapshot this node can apply.
+        """
+        self._snapshot_fetch = None
+        self._snapshot_refusals += 1
+        config = self.config
+        doublings = min(self._snapshot_refusals - 1, 30)  # bounded shift; capped just below
+        backoff_ms = min(
+            config.snapshot_retry_backoff_ms << doublings, config.snapshot_retry_backoff_max_ms
+        )
+        self._snapshot_retry_ms = now_ms + backoff_ms
+        self._ready.snapshot_rejected = SnapshotRejected(
+            snapshot.end_offset, snapshot.epoch, leader_id, reason, backoff_ms
+        )
 
     def _install_snapshot(self, snapshot: Snapshot) -> None:
         assert snapshot.end_offset >= self._applied, (self.node_id, snapshot, self._applied)

@@ -1,12 +1,14 @@
 """Value types and errors of the Raft core: what the driver hands in and gets back.
 
 ``RaftConfig`` (limits with units), ``QuorumState`` (what is fsynced before a vote or a
-leader claim is sent), ``Snapshot``, the ``Ready`` record of effects with its ``RoleChange``,
-and the errors the core raises. No logic lives here beyond validating the config.
+leader claim is sent), ``Snapshot`` and the ``SnapshotCheck`` that vets a downloaded one, the
+``Ready`` record of effects with its ``RoleChange`` and ``SnapshotRejected``, and the errors
+the core raises. No logic lives here beyond validating the config.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raftlog.errors import RaftlogError
@@ -21,6 +23,8 @@ __all__ = [
     "Ready",
     "RoleChange",
     "Snapshot",
+    "SnapshotCheck",
+    "SnapshotRejected",
 ]
 
 
@@ -59,6 +63,22 @@ class Snapshot:
     data: bytes
 
 
+# Vets a snapshot before this node makes it durable: None if the state machine can apply
+# it, else the reason it cannot (damaged, or written by a newer version). Must be pure.
+SnapshotCheck = Callable[[Snapshot], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRejected:
+    """A downloaded snapshot failed the SnapshotCheck: nothing of it was kept."""
+
+    end_offset: int
+    epoch: int
+    leader_id: int | None
+    reason: str
+    retry_in_ms: int  # no new snapshot download starts before this has passed
+
+
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
     """Timing and size limits of the core; every value carries its unit in its name."""
@@ -72,6 +92,11 @@ class RaftConfig:
     max_uncommitted_entries: int = 10_000  # propose() refuses beyond this backlog
     snapshot_chunk_bytes: int = 64 * 1024  # bytes per FetchSnapshotResponse
     request_timeout_ms: int = 2000  # resend a fetch whose response never came
+    # A follower that could not apply a downloaded snapshot waits this long before the next
+    # download, doubling per consecutive refusal up to the max: a snapshot the leader keeps
+    # serving unchanged would otherwise be downloaded and refused in a tight loop.
+    snapshot_retry_backoff_ms: int = 1000
+    snapshot_retry_backoff_max_ms: int = 30_000
     leader_change_payload: bytes = b"\x00raftlog-leader-change"  # the per-epoch no-op entry
 
     def __post_init__(self) -> None:
@@ -90,6 +115,10 @@ class RaftConfig:
                 raise ValueError(f"{name} must be > 0: {self}")
         if self.snapshot_chunk_bytes <= 0 or self.request_timeout_ms <= 0:
             raise ValueError(f"snapshot_chunk_bytes and request_timeout_ms must be > 0: {self}")
+        if not 0 < self.snapshot_retry_backoff_ms <= self.snapshot_retry_backoff_max_ms:
+            raise ValueError(
+                f"need 0 < snapshot_retry_backoff_ms <= snapshot_retry_backoff_max_ms: {self}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +136,15 @@ class Ready:
 
     truncate_to removes every entry at or above that offset; entries are appended after the
     truncation; a snapshot replaces the whole log (the core never puts entries after it in the
-    same Ready); committed entries are handed to the state machine in offset order, once each.
+    same Ready); snapshot_rejected only needs logging (the core kept its log and state);
+    committed entries are handed to the state machine in offset order, once each.
     """
 
     quorum_state: QuorumState | None = None
     truncate_to: int | None = None
     entries: list[Entry] = field(default_factory=list)
     snapshot: Snapshot | None = None
+    snapshot_rejected: SnapshotRejected | None = None
     messages: list[tuple[int, Message]] = field(default_factory=list)
     committed: list[Entry] = field(default_factory=list)
     high_watermark: int = 0
@@ -126,6 +157,7 @@ class Ready:
             and self.truncate_to is None
             and not self.entries
             and self.snapshot is None
+            and self.snapshot_rejected is None
             and not self.messages
             and not self.committed
             and not self.reads

@@ -18,15 +18,15 @@ import msgpack
 import trio
 
 from raftlog.config import NodeConfig
-from raftlog.errors import ErrorCode, KafkaError
+from raftlog.errors import ErrorCode, KafkaError, RaftlogError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import Controller
-from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.image import MetadataApplyError, MetadataDelta, MetadataImage
 from raftlog.metadata.quorum import QuorumDriver
 from raftlog.metadata.raft import NotLeader, Overloaded, Snapshot
 from raftlog.metadata.raft_messages import Entry
 from raftlog.metadata.raft_roles import RoleChange
-from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot, image_records
+from raftlog.metadata.snapshot import encode_snapshot, image_records
 
 log = logging.getLogger("raftlog.metadata")
 
@@ -47,10 +47,29 @@ def encode_entry(records: tuple[r.Record, ...] | list[r.Record]) -> bytes:
 
 
 def decode_entry(data: bytes) -> list[r.Record]:
-    items = msgpack.unpackb(data, use_list=True, raw=False)
+    """The records of one entry; a RecordDecodeError says which record (index) is bad."""
+    try:
+        items = msgpack.unpackb(data, use_list=True, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise r.RecordDecodeError(f"metadata entry is not valid msgpack: {exc}") from None
     if not isinstance(items, list):
         raise r.RecordDecodeError("metadata entry is not a list of records")
-    return [r.decode_record(item) for item in items]
+    records = []
+    for index, item in enumerate(items):
+        try:
+            records.append(r.decode_record(item))
+        except r.RecordDecodeError as exc:
+            raise r.RecordDecodeError(f"record {index} of {len(items)}: {exc.message}") from None
+    return records
+
+
+class CommittedMetadataError(RaftlogError):
+    """A committed metadata entry this node cannot decode or apply.
+
+    Fatal by design, as in Kafka: skipping it would leave this node's image silently different
+    from every other node's. It means a record from a newer version (upgrade every node
+    before the controller writes it) or a bug; the message names the entry's offset.
+    """
 
 
 class _EntryBatch:
@@ -138,8 +157,10 @@ class MetadataService:
             except r.RecordDecodeError as exc:
                 # A committed entry this node cannot read is a version skew or a bug; applying
                 # the rest would diverge the image, so stop applying loudly.
-                log.critical("cannot decode committed metadata entry %d: %s", entry.offset, exc)
-                raise
+                raise self._fatal(
+                    f"cannot decode committed metadata entry at offset {entry.offset} "
+                    f"(epoch {entry.epoch}): {exc.message}"
+                ) from exc
             last = entry
         self._apply_run(pending, last)
         if self.controller is not None:
@@ -150,11 +171,21 @@ class MetadataService:
     def _apply_run(self, records: list[r.Record], last: Entry | None) -> None:
         if last is None:
             return
-        self.image, delta = self.image.apply(records, last.offset, last.epoch)
+        try:
+            self.image, delta = self.image.apply(records, last.offset, last.epoch)
+        except MetadataApplyError as exc:
+            raise self._fatal(
+                f"cannot apply committed metadata entries after offset "
+                f"{self.image.last_applied_offset} up to {last.offset}: {exc}"
+            ) from exc
         self._records_since_snapshot += len(records)
         if self.controller is not None:
             self.controller.committed(last.offset + 1)
         self._notify(delta)
+
+    def _fatal(self, message: str) -> CommittedMetadataError:
+        log.critical("node %d: %s; stopping", self.config.node_id, message)
+        return CommittedMetadataError(f"node {self.config.node_id}: {message}")
 
     def _on_epoch_start(self, entry: Entry) -> None:
         assert self.quorum is not None
@@ -181,7 +212,9 @@ class MetadataService:
             self.controller = None
 
     def _load_snapshot(self, snapshot: Snapshot, *, notify: bool) -> None:
-        image = decode_snapshot(snapshot.data)
+        assert self.quorum is not None
+        # Decoded (and so known to be good) when the quorum vetted it, before installing it.
+        image = self.quorum.decoded_snapshot(snapshot)
         self.image = image
         self._records_since_snapshot = 0
         if notify:

@@ -135,6 +135,8 @@ def decode_snapshot(data: bytes) -> MetadataImage:
             raise ValueError("body must be [cluster_id, [records]]")
         records = [r.decode_record(item) for item in encoded]
         image, _ = MetadataImage.empty(cluster_id).apply(records, offset, epoch)
-    except (ValueError, TypeError, CorruptRecordError, MetadataApplyError) as exc:
+    except CorruptRecordError as exc:  # its message without the error code's name
+        raise SnapshotCorruptError(f"snapshot body is damaged: {exc.message}") from None
+    except (ValueError, TypeError, MetadataApplyError) as exc:
         raise SnapshotCorruptError(f"snapshot body is damaged: {exc}") from None
     return image

@@ -59,24 +59,36 @@ class Cluster:
         self.configs = configs
         self.nodes: dict[int, Node] = {}
         self.scopes: dict[int, trio.CancelScope] = {}
+        self.stopped: dict[int, trio.Event] = {}
 
     async def start(self, node_id):
         node = Node(self.configs[node_id - 1])
         scope = trio.CancelScope()
+        stopped = trio.Event()
 
         async def run(task_status=trio.TASK_STATUS_IGNORED):
-            with scope:
-                await node.run(task_status=task_status)
-            node.close()
+            try:
+                with scope:
+                    await node.run(task_status=task_status)
+                node.close()
+            finally:
+                stopped.set()
 
         await self.nursery.start(run)
         self.nodes[node_id] = node
         self.scopes[node_id] = scope
+        self.stopped[node_id] = stopped
         return node
 
     def kill(self, node_id):
         self.scopes.pop(node_id).cancel()
         return self.nodes.pop(node_id)
+
+    async def kill_and_wait(self, node_id):
+        """kill, then wait until the node's tasks and worker threads are done with its disk."""
+        node = self.kill(node_id)
+        await self.stopped.pop(node_id).wait()
+        return node
 
     def leaders(self):
         return [n for n in self.nodes.values() if n.metadata.controller is not None]

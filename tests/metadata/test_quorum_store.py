@@ -26,9 +26,12 @@ def test_late_local_snapshot_never_deletes_a_newer_installed_one(tmp_path):
     snapshot = reopened.load_snapshot()
     assert snapshot == Snapshot(20, 2, b"leader's")
     assert reopened.log.log_start_offset == 20
-    # A newer snapshot still replaces every older one.
+    # A newer snapshot replaces all but the one before it (the fallback at the next start).
     reopened.save_snapshot(Snapshot(30, 2, b"newer"))
-    assert [p.name.split("-")[0] for p in reopened._snapshot_paths()] == [f"{30:020d}"]
+    assert [p.name.split("-")[0] for p in reopened._snapshot_paths()] == [
+        f"{20:020d}",
+        f"{30:020d}",
+    ]
     reopened.close()
 
 

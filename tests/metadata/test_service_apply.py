@@ -52,6 +52,33 @@ def test_a_commit_batch_is_one_change_with_the_final_state() -> None:
     # Two runs (split by the epoch-2 no-op), so two notifications, not six.
     assert len(seen) == 2
     first = seen[0].partition(topic_id, 0)
+    assert first is not None
     assert first.leader == 1 and first.leader_epoch == 3  # the end state, not leader 2 or 3
     assert seen[1].topic_config("t", "retention.ms") == 5
     assert svc.applied_offset == 7
+
+
+def test_a_committed_record_this_version_cannot_read_stops_applying_and_names_it() -> None:
+    # Kafka's choice too: skipping a committed record would leave this node's image silently
+    # different from every other node's, so applying stops with the offset and the record.
+    import msgpack
+    import pytest
+
+    from raftlog.metadata.service import CommittedMetadataError
+
+    svc = MetadataService(NodeConfig(node_id=4), "cluster")
+    svc.attach(_Quorum())  # type: ignore[arg-type]
+    topic_id = uuid.uuid4()
+    newer = msgpack.packb(
+        [r.encode_record(r.Topic("t", topic_id)), msgpack.packb([99, 0, "from the future"])],
+        use_bin_type=True,
+    )
+    entries = [Entry(0, 1, NO_OP), Entry(1, 1, newer)]
+    with pytest.raises(CommittedMetadataError) as info:
+        svc.on_commit(entries, high_watermark=2)
+    assert str(info.value) == (
+        "node 4: cannot decode committed metadata entry at offset 1 (epoch 1): record 1 of 2: "
+        "unknown metadata record type 99 version 0; known types "
+        "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]"
+    )
+    assert svc.image.topic("t") is None  # nothing of that entry was applied

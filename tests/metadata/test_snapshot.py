@@ -80,6 +80,27 @@ def test_errors_say_what_is_wrong():
         decode_snapshot(bytes(body))
 
 
+def snapshot_from_a_newer_version(image: MetadataImage) -> bytes:
+    """A snapshot with a sound header and CRC32C whose body also holds a record of a type
+    this version does not know (99), as a newer version could write."""
+    import crc32c
+
+    from raftlog.metadata.snapshot import _CRC, _HEADER, MAGIC, SNAPSHOT_VERSION
+
+    encoded = [r.encode_record(rec) for rec in image_records(image)]
+    encoded.append(msgpack.packb([99, 0, "from the future"]))
+    body = msgpack.packb([image.cluster_id, encoded], use_bin_type=True)
+    header = _HEADER.pack(
+        MAGIC, SNAPSHOT_VERSION, image.last_applied_offset, image.last_applied_epoch, len(body)
+    )
+    return header + _CRC.pack(crc32c.crc32c(body, crc32c.crc32c(header))) + body
+
+
+def test_a_record_from_a_newer_version_is_named():
+    with pytest.raises(SnapshotCorruptError, match="unknown metadata record type 99"):
+        decode_snapshot(snapshot_from_a_newer_version(rich_image()))
+
+
 def test_a_checksummed_but_invalid_body_is_still_refused():
     # Build a snapshot whose CRC is right but whose records do not apply (a writer bug).
     import crc32c
