@@ -53,7 +53,6 @@ from raftlog.replication.manager import ReplicaManager
 log = logging.getLogger("raftlog.broker")
 
 INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
-MAX_PRODUCER_EPOCH = 2**15 - 1
 QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
 
 QuorumDescriber = Callable[[], Awaitable[QuorumInfo]]
@@ -420,8 +419,10 @@ class BrokerBackend:
         if transactional_id is not None:
             # Transactions are not implemented; refusing beats pretending.
             return ProducerIdResult(ErrorCode.transactional_id_authorization_failed)
-        if producer_id >= 0 and 0 <= producer_epoch < MAX_PRODUCER_EPOCH:
-            return ProducerIdResult(producer_id=producer_id, producer_epoch=producer_epoch + 1)
+        # Without a transactional id there is no state to check an offered id/epoch against
+        # (KIP-360 verifies those only for transactional producers), so like Kafka every
+        # call gets a fresh producer id at epoch 0. Bumping the offered id's epoch instead
+        # would let any client fence another producer by naming its id.
         try:
             new_id = await self._next_producer_id()
         except KafkaError as exc:

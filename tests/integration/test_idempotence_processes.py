@@ -9,6 +9,7 @@ stream, with kafka-python's defaults (idempotence on) and with confluent-kafka.
 
 import signal
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -110,3 +111,32 @@ def test_retries_through_a_stall_and_a_kill_leave_no_duplicates(tmp_path, client
         records = read_all(cluster)
         check_exactly_once(acked, records)
         assert len(records) == RECORDS
+
+
+async def test_init_producer_id_never_bumps_an_offered_id(cluster):
+    """Without a transactional id, InitProducerId hands out a fresh id at epoch 0 even when
+    the request names an existing id and epoch, as Kafka does: bumping the named id's epoch
+    would let any client fence another producer."""
+    from raftlog.client import open_cluster
+    from raftlog.client.protocol import build_request
+
+    def init(producer_id: int, producer_epoch: int) -> Any:
+        return build_request(
+            "init_producer_id",
+            4,
+            {
+                "transactional_id": None,
+                "transaction_timeout": 60_000,
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+            },
+        )
+
+    async with open_cluster(cluster.bootstrap_servers) as client:
+        broker = await client.any_broker()
+        first = await broker.request(init(-1, -1))
+        assert first.error_code == 0 and first.producer_epoch == 0
+        second = await broker.request(init(first.producer_id, first.producer_epoch))
+        assert second.error_code == 0
+        assert second.producer_id != first.producer_id
+        assert second.producer_epoch == 0
