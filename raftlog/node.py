@@ -26,7 +26,7 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError
 from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
-from raftlog.metadata.quorum import MetadataLogStore, QuorumDriver
+from raftlog.metadata.quorum import MetadataLogStore, MetadataRecoveryError, QuorumDriver
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
@@ -362,13 +362,21 @@ def run_node(config: NodeConfig, *, log_level: str = "INFO") -> int:
     exit_code = 0
     try:
         trio.run(_serve_until_signalled, config)
-    except* (ConfigError, DataDirError) as group:
-        for exc in group.exceptions:
+    except* (ConfigError, DataDirError, MetadataRecoveryError, CheckpointError) as group:
+        # Bad config or data on disk the node will not guess about: one clear line, exit 2.
+        for exc in _leaves(group):
             log.error("%s", exc)
         exit_code = 2
     except* KeyboardInterrupt:
         exit_code = 130
     return exit_code
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The individual errors inside (nested) exception groups, for one log line each."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 def data_dir_layout(config: NodeConfig) -> dict[str, Path]:

@@ -10,6 +10,7 @@ import os
 import random
 import socket
 import struct
+from pathlib import Path
 
 import pytest
 import trio
@@ -297,3 +298,22 @@ async def _log_end(connection) -> int:
     (partition,) = response.topics[0].partitions
     assert int(partition.error_code) == 0, partition
     return int(partition.offset)
+
+
+def test_a_corrupt_quorum_state_file_stops_the_node_with_one_clear_line(tmp_path):
+    """Data on disk the node will not guess about ends the process with exit code 2 and an
+    error naming the file, not a traceback, and the file is left as it was."""
+    cluster = ProcessCluster(tmp_path / "cluster", 1)
+    with cluster:
+        pass  # formatted, started, stopped: the quorum-state file exists
+    node = cluster.nodes[1]
+    state_file = Path(node.config.data_dir) / "__cluster_metadata-0" / "quorum-state"
+    corrupt = b"\x00garbage" + state_file.read_bytes()[8:]
+    state_file.write_bytes(corrupt)
+
+    cluster.start(1)
+    assert node.process is not None
+    assert node.process.wait(60) == 2
+    tail = node.log_tail()
+    assert "quorum-state" in tail and "Traceback" not in tail, tail
+    assert state_file.read_bytes() == corrupt
