@@ -15,6 +15,7 @@ __all__ = [
     "ErrorCode",
     "KafkaError",
     "RaftlogError",
+    "exception_leaves",
 ]
 
 
@@ -40,3 +41,10 @@ class CorruptRecordError(KafkaError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.corrupt_message, message)
+
+
+def exception_leaves(error: BaseException) -> list[BaseException]:
+    """The individual errors inside (nested) exception groups, as trio nurseries raise them."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in exception_leaves(inner)]
+    return [error]

@@ -23,7 +23,7 @@ import trio
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.config import NodeConfig
-from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError
+from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError, exception_leaves
 from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.quorum import MetadataLogStore, MetadataRecoveryError, QuorumDriver
@@ -364,19 +364,12 @@ def run_node(config: NodeConfig, *, log_level: str = "INFO") -> int:
         trio.run(_serve_until_signalled, config)
     except* (ConfigError, DataDirError, MetadataRecoveryError, CheckpointError) as group:
         # Bad config or data on disk the node will not guess about: one clear line, exit 2.
-        for exc in _leaves(group):
+        for exc in exception_leaves(group):
             log.error("%s", exc)
         exit_code = 2
     except* KeyboardInterrupt:
         exit_code = 130
     return exit_code
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    """The individual errors inside (nested) exception groups, for one log line each."""
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
 
 
 def data_dir_layout(config: NodeConfig) -> dict[str, Path]:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import trio
 
 from raftlog.client import Admin, Cluster, ClusterLimits, ConnectionLimits, open_cluster
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, exception_leaves
 from raftlog.spark.options import EARLIEST, LATEST, OptionError, ReadOptions
 from raftlog.spark.ranges import OffsetRange, split_ranges
 
@@ -49,17 +49,10 @@ def run_blocking(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     try:
         return trio.run(async_fn, *args)
     except BaseExceptionGroup as group:
-        leaves = _leaves(group)
+        leaves = exception_leaves(group)
         if len(leaves) == 1:
             raise leaves[0] from None
         raise
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
 
 
 def cluster_limits(options: ReadOptions) -> ClusterLimits:
