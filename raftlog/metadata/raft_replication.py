@@ -396,6 +396,13 @@ class Replication(Elections):
             return  # duplicate chunk
         if msg.position + len(msg.chunk) > msg.size or (not msg.chunk and msg.position < msg.size):
             raise ProtocolViolation(f"node {self.node_id}: bad snapshot chunk {msg!r:.200}")
+        max_bytes = self.config.max_snapshot_bytes
+        if msg.size > max_bytes:
+            too_big = Snapshot(snap_id.end_offset, snap_id.epoch, b"")
+            reason = f"{msg.size} bytes is above max_snapshot_bytes {max_bytes}"
+            self._refuse_snapshot(now_ms, too_big, reason, from_id)
+            self._maybe_fetch(now_ms)
+            return
         self._fetch_inflight_deadline_ms = None
         self._role = dataclasses.replace(
             role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms

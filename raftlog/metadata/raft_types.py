@@ -91,6 +91,9 @@ class RaftConfig:
     max_fetch_bytes: int = 1024 * 1024  # payload bytes per FetchResponse (at least one entry)
     max_uncommitted_entries: int = 10_000  # propose() refuses beyond this backlog
     snapshot_chunk_bytes: int = 64 * 1024  # bytes per FetchSnapshotResponse
+    # A follower buffers a snapshot download in memory: one claimed above this is refused
+    # (like one that does not decode) instead of growing the buffer without bound.
+    max_snapshot_bytes: int = 1024 * 1024 * 1024
     request_timeout_ms: int = 2000  # resend a fetch whose response never came
     # A follower that could not apply a downloaded snapshot waits this long before the next
     # download, doubling per consecutive refusal up to the max: a snapshot the leader keeps
@@ -110,6 +113,7 @@ class RaftConfig:
             "max_fetch_entries",
             "max_fetch_bytes",
             "max_uncommitted_entries",
+            "max_snapshot_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0: {self}")

@@ -9,6 +9,7 @@ apply.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from raftlog.metadata.raft import QuorumState, RaftConfig, RaftCore, Snapshot
@@ -176,3 +177,17 @@ def test_a_snapshot_the_check_accepts_installs_at_once() -> None:
     net.run_until(1_000)
     assert net.refusals() == []
     assert lagging.snapshot == BAD and lagging.log_start == 10
+
+
+def test_a_snapshot_above_the_size_bound_is_refused_before_it_is_buffered() -> None:
+    net, lagging_log = cluster(check=lambda snapshot: None)
+    bound = dataclasses.replace(CONFIG, max_snapshot_bytes=len(BAD.data) - 1)
+    net.cores[LAGGING].config = bound
+    lagging = net.cores[LAGGING]
+    net.run_until(1_000)
+    ((refused_ms, first), *_) = net.refusals()
+    assert first.snapshot_rejected is not None
+    assert "above max_snapshot_bytes" in first.snapshot_rejected.reason
+    # One chunk was asked for: the claimed size is checked before any more is buffered.
+    assert net.sent_by(LAGGING, FetchSnapshot, 0, refused_ms + 1) == 1
+    assert lagging.entries() == lagging_log and lagging.snapshot is None
