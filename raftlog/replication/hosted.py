@@ -34,6 +34,10 @@ class HostedPartition:
     # Parked replica fetches (leader side) that name this partition. Set on LEO or HW advance
     # and on role changes, so a long-poll wakes on the event instead of polling the log.
     waiters: set[trio.Event] = field(default_factory=set)
+    # Held by work that writes into the log's directory from a worker thread outside the
+    # flusher (compaction); removal takes it before renaming the directory away, so no such
+    # write lands in the renamed directory or in one re-created under the old name.
+    disk_lock: trio.Lock = field(default_factory=trio.Lock)
 
     @property
     def key(self) -> TopicPartition:

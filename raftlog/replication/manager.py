@@ -17,7 +17,6 @@ docs/replication.md ("The driver") explains the flows.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import uuid
@@ -31,7 +30,6 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataDelta, MetadataImage
-from raftlog.metadata.image import PartitionState as ImagePartitionState
 from raftlog.net.kafka.backend import (
     EpochEndOffset,
     FetchResult,
@@ -40,6 +38,7 @@ from raftlog.net.kafka.backend import (
     ListOffsetsResult,
     ProduceResult,
 )
+from raftlog.replication.assignment import ReplicaAssignment
 from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
 from raftlog.replication.hosted import (
     FLUSH_RETRY_BACKOFF_MS,
@@ -47,16 +46,13 @@ from raftlog.replication.hosted import (
     TopicPartition,
     flush_partitions,
 )
-from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS, ProducerStateHolder
+from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS
 from raftlog.replication.leader import LeaderEffects, LeaderState
 from raftlog.replication.partition import (
     NO_LEADER,
     AlterPartitionRequest,
-    Partition,
     PartitionState,
     ReplicationSettings,
-    ReplicationStateError,
-    Transition,
 )
 from raftlog.replication.produce import Pending
 from raftlog.replication.produce import produce as produce_as_leader
@@ -64,7 +60,6 @@ from raftlog.replication.purgatory import Completion, ProduceCompletion, Purgato
 from raftlog.replication.serving import ReadPaths
 from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager
-from raftlog.storage.config import TOPIC_CONFIG_KEYS
 
 log = logging.getLogger("raftlog.replication")
 
@@ -83,8 +78,6 @@ REPLICA_FETCH_BACKOFF_MS = 100
 REPLICA_FETCH_RPC_SLACK_MS = 5_000
 # The ISR check runs every replica_lag_time_max_ms / 2 (Kafka's rule), at most this often.
 MIN_ISR_TICK_MS = 10
-# Topics the replica manager never touches (the metadata log has its own driver).
-INTERNAL_LOG_PREFIX = "__cluster_metadata"
 
 
 class ReplicaManager:
@@ -102,6 +95,7 @@ class ReplicaManager:
         log_cleanup_interval_ms: int = LOG_CLEANUP_INTERVAL_MS,
         producer_snapshot_interval_ms: int = PRODUCER_SNAPSHOT_INTERVAL_MS,
         wall_clock_ms: Callable[[], int] = wall_clock_ms,
+        incarnation_id: uuid.UUID | None = None,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -126,8 +120,8 @@ class ReplicaManager:
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.purgatory = Purgatory(max_waiters=MAX_DELAYED_PRODUCES)
         self._data_events: dict[TopicPartition, trio.Event] = {}
-        self._checkpointed_hws: dict[TopicPartition, int] | None = None
-        self._hw_dirty = False
+        self.checkpointed_hws: dict[TopicPartition, int] | None = None
+        self.hw_dirty = False
         self._dirty_leaders: set[TopicPartition] = set()
         self._flush_wakeup = trio.Event()
         self._deadline_wakeup = trio.Event()
@@ -148,12 +142,15 @@ class ReplicaManager:
             on_truncated=self._on_follower_truncated,
         )
         self.reads = ReadPaths(self)
+        # incarnation_id: this process's broker registration (BrokerLifecycle); its unfencing
+        # tells the assignment the image is caught up, so stray logs may go.
+        self.assignment = ReplicaAssignment(self, incarnation_id)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Background tasks until cancelled: fetchers, ticks, flushes, checkpoints, cleanup."""
-        if self._checkpointed_hws is None:
-            self._checkpointed_hws = await trio.to_thread.run_sync(
+        if self.checkpointed_hws is None:
+            self.checkpointed_hws = await trio.to_thread.run_sync(
                 self.log_manager.read_high_watermarks
             )
         async with trio.open_nursery() as nursery:
@@ -174,7 +171,7 @@ class ReplicaManager:
             finally:
                 self._nursery = None
 
-    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._nursery is None:
             self._queued.append((fn, args))
         else:
@@ -187,7 +184,7 @@ class ReplicaManager:
         """
         self.fetchers.stop()
         for key in list(self.partitions):
-            self._complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
+            self.complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
         logs = [h.log for h in self.partitions.values() if not h.log.closed]
 
         def flush_all() -> None:
@@ -205,143 +202,16 @@ class ReplicaManager:
 
     # ------------------------------------------------------------------ metadata
     def apply_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
-        """Become leader/follower of assigned partitions, drop unassigned or deleted ones."""
-        self.image = image
-        if self._checkpointed_hws is None:
-            # Called before run(): a small file, read once.
-            self._checkpointed_hws = self.log_manager.read_high_watermarks()
-        changes = delta.local_changes(self.node_id)
-        for topic_id, index in sorted(changes.deleted, key=lambda k: (k[0].int, k[1])):
-            self._remove_replica(topic_id, index)
-        assigned = {**changes.leaders, **changes.followers}
-        for (topic_id, index), state in sorted(
-            assigned.items(), key=lambda i: (i[0][0].int, i[0][1])
-        ):
-            topic = image.topics_by_id[topic_id]
-            try:
-                self._apply_partition(topic.name, index, topic_id, state)
-            except ReplicationStateError:
-                # A state the core calls impossible: keep serving the other partitions and say
-                # exactly what was refused (the message carries both states).
-                log.exception("%s-%d: metadata not applied", topic.name, index)
-        for resource_type, name in delta.changed_configs:
-            if resource_type == "topic":
-                self._update_topic_config(name)
+        """Become leader/follower of assigned partitions, drop unassigned or deleted ones.
 
-    def _log_overrides(self, topic: str) -> dict[str, str]:
-        raw = self.image.configs.get(("topic", topic), {})
-        # Only log settings reach storage; min.insync.replicas and friends are read here.
-        return {k: v for k, v in raw.items() if k in TOPIC_CONFIG_KEYS}
+        Never blocks on the disk: logs are created and removed by background jobs
+        (assignment.py); wait_log_work() waits for them.
+        """
+        self.assignment.apply(image, delta)
 
-    def _update_topic_config(self, topic: str) -> None:
-        overrides = self._log_overrides(topic)
-        for hosted in self.partitions.values():
-            if hosted.topic == topic and not hosted.log.closed:
-                self.log_manager.update_config(topic, hosted.partition, overrides)
-
-    def _host(self, topic: str, index: int, topic_id: uuid.UUID) -> HostedPartition:
-        key = (topic, index)
-        hosted = self.partitions.get(key)
-        if hosted is not None and hosted.topic_id != topic_id:
-            # A topic deleted and re-created under the same name: the old data must go.
-            self._drop(hosted, delete_data=True)
-            hosted = None
-        if hosted is not None:
-            return hosted
-        existed = self.log_manager.get(topic, index) is not None
-        overrides = self._log_overrides(topic)
-        partition_log = self.log_manager.get_or_create(
-            topic, index, overrides, now_ms=self.wall_clock_ms()
-        )
-        if existed:
-            self.log_manager.update_config(topic, index, overrides)
-        settings = dataclasses.replace(
-            self.settings, flush_policy=partition_log.config.flush_policy
-        )
-        assert self._checkpointed_hws is not None
-        replica = Partition(
-            self.node_id,
-            partition_log,
-            settings,
-            high_watermark=self._checkpointed_hws.get(key, 0),
-        )
-        producers = ProducerStateHolder(partition_log)
-        hosted = HostedPartition(topic, index, topic_id, partition_log, replica, producers)
-        self.partitions[key] = hosted
-        if existed:
-            producers.invalidate()
-            self._spawn(self._reload_producers, hosted)
-        else:
-            producers.start_empty()
-        return hosted
-
-    def _apply_partition(
-        self, topic: str, index: int, topic_id: uuid.UUID, image_state: ImagePartitionState
-    ) -> None:
-        hosted = self._host(topic, index, topic_id)
-        state = PartitionState(
-            leader_id=image_state.leader,
-            leader_epoch=image_state.leader_epoch,
-            partition_epoch=image_state.partition_epoch,
-            replicas=tuple(image_state.replicas),
-            isr=frozenset(image_state.isr),
-        )
-        result = hosted.replica.apply_metadata(self.clock_ms(), state)
-        if result.transition is Transition.STALE:
-            log.info(
-                "%s-%d: refused stale metadata %s (have %s)",
-                topic,
-                index,
-                state,
-                hosted.replica.state,
-            )
-            return
-        if result.transition is Transition.UNCHANGED:
-            return
-        if result.lost_leadership:
-            self._complete(
-                self.purgatory.fail_partition(hosted.key, ErrorCode.not_leader_or_follower)
-            )
-        if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
-            follower = hosted.replica.follower
-            self.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
-            hosted.wake_waiters()
-            self._signal_data(hosted.key)
-            self._hw_dirty = True
-            log.info(
-                "%s-%d: %s at leader epoch %d (leader %d, ISR %s)",
-                topic,
-                index,
-                result.transition.value,
-                state.leader_epoch,
-                state.leader_id,
-                sorted(state.isr),
-            )
-        if result.transition is Transition.BECAME_LEADER:
-            # Our own acknowledgement is the flushed offset: make sure it is current.
-            self._request_leader_flush(hosted.key)
-        if result.effects is not None:
-            self.handle_effects(hosted, result.effects)
-
-    def _remove_replica(self, topic_id: uuid.UUID, index: int) -> None:
-        for hosted in list(self.partitions.values()):
-            if hosted.topic_id == topic_id and hosted.partition == index:
-                self._drop(hosted, delete_data=True)
-
-    def _drop(self, hosted: HostedPartition, *, delete_data: bool) -> None:
-        key = hosted.key
-        del self.partitions[key]
-        self.fetchers.assign(key, None)
-        self._complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
-        hosted.wake_waiters()
-        self._signal_data(key)
-        self._dirty_leaders.discard(key)
-        self._hw_dirty = True
-        if delete_data:
-            # The rename inside delete() makes the removal atomic; the rmtree of a deleted
-            # topic's files is the only blocking part (see docs/replication.md).
-            self.log_manager.delete(hosted.topic, hosted.partition)
-            log.info("%s-%d: replica removed and its data deleted", hosted.topic, hosted.partition)
+    async def wait_log_work(self) -> None:
+        """Return once every log creation, config write and removal asked for so far is done."""
+        await self.assignment.work.wait_idle()
 
     # ------------------------------------------------------------------ leader effects
     def handle_effects(self, hosted: HostedPartition, effects: LeaderEffects) -> None:
@@ -349,15 +219,15 @@ class ReplicaManager:
         if leader is None:
             return
         if effects.alter_partition is not None:
-            self._spawn(self._send_alter_partition, hosted, leader, effects.alter_partition)
-        self._complete(self.purgatory.on_progress(hosted.key, leader.progress(), _no_bytes))
+            self.spawn(self._send_alter_partition, hosted, leader, effects.alter_partition)
+        self.complete(self.purgatory.on_progress(hosted.key, leader.progress(), _no_bytes))
         if effects.high_watermark_advanced:
-            self._hw_dirty = True
-            self._signal_data(hosted.key)
+            self.hw_dirty = True
+            self.signal_data(hosted.key)
             # Parked follower fetches answer at once so followers learn the new HW.
             hosted.wake_waiters()
 
-    def _complete(self, completions: list[Completion]) -> None:
+    def complete(self, completions: list[Completion]) -> None:
         for completion in completions:
             if isinstance(completion, ProduceCompletion):
                 pending: Pending = completion.token
@@ -406,7 +276,7 @@ class ReplicaManager:
         if self.partitions.get(hosted.key) is hosted and hosted.replica.leader is leader:
             self.handle_effects(hosted, leader.on_alter_partition_result(request, result))
 
-    def _signal_data(self, key: TopicPartition) -> None:
+    def signal_data(self, key: TopicPartition) -> None:
         event = self._data_events.pop(key, None)
         if event is not None:
             event.set()
@@ -420,28 +290,28 @@ class ReplicaManager:
         return event
 
     def _on_follower_progress(self, hosted: HostedPartition) -> None:
-        self._hw_dirty = True
+        self.hw_dirty = True
         if hosted.producers.rolled():
-            self._spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
+            self.spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
     def _on_follower_truncated(self, hosted: HostedPartition, reset: bool | None) -> None:
         # The fetcher leaves the partition alone until the table matches the log again.
         if hosted.producers.invalidate(reset=bool(reset), truncated=reset is False):
-            self._spawn(self._reload_producers, hosted)
+            self.spawn(self.reload_producers, hosted)
 
-    async def _reload_producers(self, hosted: HostedPartition) -> None:
+    async def reload_producers(self, hosted: HostedPartition) -> None:
         await hosted.producers.reload(self.wall_clock_ms())
         if hosted.producers.loaded:
             self.fetchers.wake(hosted.key)  # it skipped the partition while loading
 
     def after_leader_append(self, hosted: HostedPartition, now_ms: int) -> None:
         """Bookkeeping after a leader append (the produce path calls it, no await)."""
-        self._request_leader_flush(hosted.key)
+        self.request_leader_flush(hosted.key)
         leader = hosted.replica.leader
         if leader is not None:
             self.handle_effects(hosted, leader.on_local_append(now_ms))
         if hosted.producers.rolled():
-            self._spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
+            self.spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
     def deadline_wakeup(self) -> None:
         self._deadline_wakeup.set()
@@ -477,9 +347,12 @@ class ReplicaManager:
         """Append as leader and answer when `acks` is met (see produce.py)."""
         return await produce_as_leader(self, topic, partition, records, acks, timeout_ms)
 
-    def _request_leader_flush(self, key: TopicPartition) -> None:
+    def request_leader_flush(self, key: TopicPartition) -> None:
         self._dirty_leaders.add(key)
         self._flush_wakeup.set()
+
+    def forget_leader_flush(self, key: TopicPartition) -> None:
+        self._dirty_leaders.discard(key)
 
     # ------------------------------------------------------------------ read paths (serving.py)
     async def fetch(
@@ -555,7 +428,7 @@ class ReplicaManager:
             with trio.move_on_after(timeout_s):
                 await self._deadline_wakeup.wait()
             self._deadline_wakeup = trio.Event()
-            self._complete(self.purgatory.on_deadline(self.clock_ms(), self._progress_of))
+            self.complete(self.purgatory.on_deadline(self.clock_ms(), self._progress_of))
 
     def _progress_of(self, key: Any) -> Any:
         hosted = self.partitions.get(key)
@@ -564,15 +437,15 @@ class ReplicaManager:
 
     async def checkpoint_high_watermarks(self) -> None:
         """Write every hosted replica's HW to the checkpoint file (worker thread)."""
-        self._hw_dirty = False
+        self.hw_dirty = False
         hws = {k: h.replica.high_watermark for k, h in self.partitions.items()}
         await trio.to_thread.run_sync(self.log_manager.write_high_watermarks, hws)
-        self._checkpointed_hws = {**(self._checkpointed_hws or {}), **hws}
+        self.checkpointed_hws = {**(self.checkpointed_hws or {}), **hws}
 
     async def _checkpoint_loop(self) -> None:
         while True:
             await trio.sleep(self.high_watermark_checkpoint_interval_ms / 1000)
-            if self._hw_dirty:
+            if self.hw_dirty:
                 await self.checkpoint_high_watermarks()
 
     async def _producer_snapshot_loop(self) -> None:

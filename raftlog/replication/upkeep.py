@@ -69,4 +69,6 @@ async def clean_partitions(partitions: list[HostedPartition], clock_ms: Callable
             deleted = partition_log.advance_log_start(target)
             log.info("%s: retention deleted %d segment(s)", partition_log.directory.name, deleted)
         if partition_log.config.compact:
-            await clean_log(partition_log, clean_below_offset=high_watermark, now_ms=now_ms)
+            async with hosted.disk_lock:
+                if not partition_log.closed:  # removed while we waited for the lock
+                    await clean_log(partition_log, clean_below_offset=high_watermark, now_ms=now_ms)

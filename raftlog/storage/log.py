@@ -10,24 +10,17 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import shutil
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
-from raftlog.storage.checkpoint import (
-    CheckpointError,
-    fsync_dir,
-    read_checkpoint,
-    write_checkpoint,
-)
+from raftlog.storage.checkpoint import fsync_dir, write_checkpoint
 from raftlog.storage.config import LogConfig
 from raftlog.storage.epoch_cache import LeaderEpochCache
-from raftlog.storage.segment import CLEANED_SUFFIX, LOG_SUFFIX, FileRegion, LogSegment
+from raftlog.storage.segment import FileRegion, LogSegment
 
 log = logging.getLogger("raftlog.storage")
 
@@ -140,110 +133,11 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, config: LogConfig, *, now_ms: int) -> PartitionLog:
         """Create or recover the log in `directory` (blocking: run in a worker thread)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self = cls(directory, config)
-        for stray in list(directory.glob("*.tmp")) + list(directory.glob("*" + CLEANED_SUFFIX)):
-            log.info("%s: removing leftover %s", directory, stray.name)
-            stray.unlink()
-        recovery_point = self._read_int_checkpoint(RECOVERY_POINT_FILE, "recovery_point", 0)
-        log_start = self._read_int_checkpoint(LOG_START_FILE, "log_start_offset", 0)
-        try:
-            self.epoch_cache = LeaderEpochCache.from_payload(
-                read_checkpoint(directory / EPOCH_FILE, "leader-epoch")
-            )
-        except FileNotFoundError:
-            pass
-        except (CheckpointError, ValueError) as exc:
-            # Without the cache we cannot trust old segments' epochs: rebuild from the log.
-            log.warning("%s: %s; recovering the whole log", directory, exc)
-            recovery_point = 0
-        bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in directory.glob("*" + LOG_SUFFIX))
-        for suffix in (".index", ".timeindex"):
-            for orphan in directory.glob("*" + suffix):
-                if int(orphan.name.split(".")[0]) not in bases:
-                    orphan.unlink()
-        if recovery_point <= (bases[0] if bases else 0):
-            self.epoch_cache.clear()  # everything is rescanned, epochs included
-        self._recover_segments(bases, recovery_point, now_ms)
-        if not self.segments:
-            self.segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
-        self._leo = self.segments[-1].next_offset
-        self._log_start = min(max(log_start, self.segments[0].base_offset), self._leo)
-        self.epoch_cache.truncate_from_end(self._leo)
-        self.epoch_cache.truncate_from_start(self._log_start)
-        # Recovered bytes may exist only in the page cache: make them durable before the
-        # recovery point claims them.
-        for segment in self.segments:
-            if segment.next_offset > recovery_point:
-                segment.fsync()
-        fsync_dir(directory)
-        self._flushed = self._leo
-        self._write_checkpoints_now()
-        return self
+        # recovery.py builds on this module (checkpoint names, the log's fields): imported
+        # here, not at the top, so the two do not import each other while loading.
+        from raftlog.storage.recovery import recover_log
 
-    def _read_int_checkpoint(self, name: str, key: str, default: int) -> int:
-        try:
-            return int(read_checkpoint(self.directory / name, name.split(".")[0])[key])
-        except FileNotFoundError:
-            return default
-        except (CheckpointError, KeyError, ValueError, TypeError) as exc:
-            log.warning("%s: ignoring unreadable %s: %s", self.directory, name, exc)
-            return default
-
-    def _recover_segments(self, bases: list[int], recovery_point: int, now_ms: int) -> None:
-        cache = self.epoch_cache
-        for i, base in enumerate(bases):
-            segment = LogSegment(self.directory, base, self.config.index_interval_bytes)
-            segment.created_ms = now_ms
-            next_base = bases[i + 1] if i + 1 < len(bases) else None
-            if base < recovery_point:
-                segment.load_trusted()
-            cut = 0
-            if base >= recovery_point or segment.next_offset > recovery_point:
-
-                def on_batch(header: BatchHeader) -> None:
-                    cache.assign(header.partition_leader_epoch, header.base_offset)
-
-                cut, reason = segment.recover(on_batch, allow_gaps=self.config.compact)
-                if cut:
-                    log.warning(
-                        "%s: truncated %d bytes of %s at offset %d: %s",
-                        self.directory,
-                        cut,
-                        segment.log_path.name,
-                        segment.next_offset,
-                        reason,
-                    )
-            prev = self.segments[-1] if self.segments else None
-            if prev is not None and segment.base_offset < prev.next_offset:
-                log.warning(
-                    "%s: %s overlaps its predecessor; deleting it and what follows",
-                    self.directory,
-                    segment.log_path.name,
-                )
-                segment.close()
-                segment.delete()
-                self._delete_segment_files(bases[i + 1 :])
-                return
-            self.segments.append(segment)
-            if next_base is not None and cut:
-                # What follows a torn segment was written later than the lost bytes and
-                # cannot be contiguous with what survived.
-                log.warning(
-                    "%s: deleting %d segment(s) after the torn segment %s",
-                    self.directory,
-                    len(bases) - i - 1,
-                    segment.log_path.name,
-                )
-                self._delete_segment_files(bases[i + 1 :])
-                return
-
-    def _delete_segment_files(self, bases: list[int]) -> None:
-        for base in bases:
-            segment = LogSegment(self.directory, base, self.config.index_interval_bytes)
-            segment.close()
-            segment.delete()
+        return recover_log(cls(Path(directory), config), now_ms=now_ms)
 
     # ------------------------------------------------------------------ append
     def _validate(self, buf: bytearray, *, as_leader: bool) -> list[tuple[int, BatchHeader]]:
@@ -612,14 +506,23 @@ class PartitionLog:
             segment.close()
         self.closed = True
 
-    def delete(self) -> None:
-        """Remove the log and its directory (deleted topics). Rename first so a crash midway
-        leaves a directory the manager recognises as deleted, never a half log."""
+    def abandon(self) -> None:
+        """Stop using the log without flushing it: its directory is about to be removed
+        (deleted topic, stray log). Cheap enough for the event loop (no fsync). A flush already
+        running in a worker thread skips its checkpoint writes (the generation moved on)."""
+        if self.closed:
+            return
+        self._generation += 1
+        for segment in self.segments:
+            segment.close()
+        self._dirty_segments = []
+        self.closed = True
+
+    def move_directory(self, target: Path) -> None:
+        """Rename the abandoned log's directory to `target` (blocking; the caller fsyncs the
+        parent). Under the checkpoint lock: a flush writing checkpoints into the old path
+        finishes first, so none lands in a directory re-created under the old name later."""
         if not self.closed:
-            for segment in self.segments:
-                segment.close()
-            self.closed = True
-        doomed = self.directory.with_name(f"{self.directory.name}.{uuid.uuid4().hex}-delete")
-        os.replace(self.directory, doomed)
-        fsync_dir(doomed.parent)
-        shutil.rmtree(doomed, ignore_errors=True)
+            raise RuntimeError(f"{self.directory.name}: abandon() the log before moving it")
+        with self._checkpoint_lock:
+            os.replace(self.directory, target)

@@ -1,42 +1,53 @@
 """LogManager: every partition log of a node under `<data_dir>/<topic>-<partition>/`.
 
-Opens (and recovers) all logs at start, creates logs for new partitions, deletes logs of
-deleted topics, and keeps the high-watermark checkpoint file for all partitions. Topic config
-overrides are stored next to each log so a restart recovers with the right settings before the
-metadata image is replayed.
+Opens (and recovers) all logs at start, creates logs for new partitions, removes logs of
+deleted topics and stray logs (log_dirs.py: rename, then delete), and keeps the high-watermark
+checkpoint file for all partitions. Topic config overrides and the topic id are stored next to
+each log so a restart recovers with the right settings, and recognises a log whose topic was
+re-created meanwhile, before the metadata image is replayed.
+
+The blocking halves (create_log, write_overrides, log_dirs' rename and delete) touch only the
+directory they are given, so they run in worker threads; the bookkeeping (adopt, detach,
+set_config) runs on the event loop. get_or_create, update_config and delete do both at once
+for tools and tests that own the whole manager.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
+import uuid
 from pathlib import Path
 
 import trio
 
 from raftlog.config import NodeConfig
-from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
+from raftlog.storage.checkpoint import (
+    CheckpointError,
+    fsync_dir,
+    read_checkpoint,
+    write_checkpoint,
+)
 from raftlog.storage.config import LogConfig
 from raftlog.storage.flusher import Flusher
 from raftlog.storage.log import PartitionLog
+from raftlog.storage.log_dirs import (
+    DELETE_SUFFIX,
+    TopicPartition,
+    is_removal_dir,
+    log_dir_name,
+    parse_log_dir_name,
+    read_topic_id,
+    remove_directory,
+    rename_for_removal,
+    write_topic_id,
+)
 
 log = logging.getLogger("raftlog.storage")
 
 HIGH_WATERMARK_FILE = "high-watermark.checkpoint"
 OVERRIDES_FILE = "topic-config.checkpoint"
-DELETED_SUFFIX = "-delete"
-TopicPartition = tuple[str, int]
 
-
-def log_dir_name(topic: str, partition: int) -> str:
-    return f"{topic}-{partition}"
-
-
-def parse_log_dir_name(name: str) -> TopicPartition | None:
-    topic, sep, partition = name.rpartition("-")
-    if not sep or not topic or not partition.isdigit():
-        return None
-    return topic, int(partition)
+__all__ = ["LogManager", "TopicPartition", "log_dir_name", "parse_log_dir_name"]
 
 
 class LogManager:
@@ -44,6 +55,8 @@ class LogManager:
         self.data_dir = Path(data_dir)
         self.node_config = node_config
         self.logs: dict[TopicPartition, PartitionLog] = {}
+        # The topic id each log was created for; None for logs older than the id file.
+        self.topic_ids: dict[TopicPartition, uuid.UUID | None] = {}
         self.flusher = Flusher()
 
     # ------------------------------------------------------------------ start-up
@@ -53,9 +66,10 @@ class LogManager:
         for child in sorted(self.data_dir.iterdir()):
             if not child.is_dir():
                 continue
-            if child.name.endswith(DELETED_SUFFIX):
-                log.info("finishing the deletion of %s", child.name)
-                shutil.rmtree(child, ignore_errors=True)
+            if is_removal_dir(child.name):
+                # Renamed before a crash or stop: the rename was the decision, finish it.
+                log.info("finishing the removal of %s", child.name)
+                remove_directory(child)
                 continue
             tp = parse_log_dir_name(child.name)
             if tp is None:
@@ -63,6 +77,7 @@ class LogManager:
             overrides = self._read_overrides(child)
             config = LogConfig.from_node_config(self.node_config, overrides)
             self.logs[tp] = PartitionLog.open(child, config, now_ms=now_ms)
+            self.topic_ids[tp] = read_topic_id(child)
             self.flusher.register(self.logs[tp])
 
     async def open_all_async(self, *, now_ms: int) -> None:
@@ -82,56 +97,95 @@ class LogManager:
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self.logs.get((topic, partition))
 
+    def topic_id(self, topic: str, partition: int) -> uuid.UUID | None:
+        return self.topic_ids.get((topic, partition))
+
+    def log_config(self, overrides: dict[str, str]) -> LogConfig:
+        return LogConfig.from_node_config(self.node_config, overrides)
+
+    def create_log(
+        self,
+        topic: str,
+        partition: int,
+        overrides: dict[str, str],
+        *,
+        topic_id: uuid.UUID | None,
+        now_ms: int,
+    ) -> PartitionLog:
+        """Blocking (worker thread): make the log's directory durable and open the log.
+
+        Touches only that directory and its parent's entry, never `self.logs`: the caller
+        hands the result to adopt() on the event loop. Every file (config, topic id, the
+        empty segment) and the directory entry itself are fsynced before it returns, so
+        nothing is served from a log whose directory a crash could still take away.
+        """
+        config = LogConfig.from_node_config(self.node_config, overrides)
+        directory = self.data_dir / log_dir_name(topic, partition)
+        directory.mkdir(parents=True, exist_ok=True)
+        fsync_dir(self.data_dir)
+        self.write_overrides(directory, overrides)
+        if topic_id is not None:
+            write_topic_id(directory, topic_id)
+        return PartitionLog.open(directory, config, now_ms=now_ms)
+
+    def adopt(
+        self, topic: str, partition: int, plog: PartitionLog, topic_id: uuid.UUID | None
+    ) -> None:
+        """Event loop: take a log made by create_log into the manager and the flusher."""
+        key = (topic, partition)
+        if key in self.logs:
+            raise RuntimeError(f"{log_dir_name(topic, partition)} already has an open log")
+        self.logs[key] = plog
+        self.topic_ids[key] = topic_id
+        self.flusher.register(plog)
+
+    def detach(self, topic: str, partition: int) -> PartitionLog | None:
+        """Event loop: forget the log (no flush, no new flush rounds) before its removal."""
+        key = (topic, partition)
+        self.topic_ids.pop(key, None)
+        plog = self.logs.pop(key, None)
+        if plog is not None:
+            self.flusher.unregister(plog)
+            plog.abandon()  # closes its files; an in-flight flush skips its checkpoints
+        return plog
+
+    def set_config(self, topic: str, partition: int, overrides: dict[str, str]) -> LogConfig:
+        """Event loop: apply new overrides in memory; write_overrides persists them."""
+        config = LogConfig.from_node_config(self.node_config, overrides)
+        self.logs[(topic, partition)].update_config(config)
+        return config
+
+    def write_overrides(self, directory: Path, overrides: dict[str, str]) -> None:
+        """Blocking: the overrides file a restart recovers the log's settings from."""
+        write_checkpoint(directory / OVERRIDES_FILE, "topic-config", {"overrides": overrides})
+
+    # -------------------------------------------------- blocking, all at once (tools, tests)
     def get_or_create(
         self,
         topic: str,
         partition: int,
         overrides: dict[str, str] | None = None,
         *,
+        topic_id: uuid.UUID | None = None,
         now_ms: int,
     ) -> PartitionLog:
         existing = self.logs.get((topic, partition))
         if existing is not None:
             return existing
-        overrides = dict(overrides or {})
-        config = LogConfig.from_node_config(self.node_config, overrides)
-        directory = self.data_dir / log_dir_name(topic, partition)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(directory / OVERRIDES_FILE, "topic-config", {"overrides": overrides})
-        partition_log = PartitionLog.open(directory, config, now_ms=now_ms)
-        self.logs[(topic, partition)] = partition_log
-        self.flusher.register(partition_log)
-        return partition_log
-
-    async def get_or_create_async(
-        self,
-        topic: str,
-        partition: int,
-        overrides: dict[str, str] | None = None,
-        *,
-        now_ms: int,
-    ) -> PartitionLog:
-        """get_or_create with the blocking open (fsyncs, recovery) in a worker thread."""
-        existing = self.logs.get((topic, partition))
-        if existing is not None:
-            return existing
-        return await trio.to_thread.run_sync(
-            lambda: self.get_or_create(topic, partition, overrides, now_ms=now_ms)
+        plog = self.create_log(
+            topic, partition, dict(overrides or {}), topic_id=topic_id, now_ms=now_ms
         )
+        self.adopt(topic, partition, plog, topic_id)
+        return plog
 
     def update_config(self, topic: str, partition: int, overrides: dict[str, str]) -> None:
-        partition_log = self.logs[(topic, partition)]
-        config = LogConfig.from_node_config(self.node_config, overrides)
-        write_checkpoint(
-            partition_log.directory / OVERRIDES_FILE, "topic-config", {"overrides": overrides}
-        )
-        partition_log.update_config(config)
+        self.set_config(topic, partition, overrides)
+        self.write_overrides(self.logs[(topic, partition)].directory, overrides)
 
     def delete(self, topic: str, partition: int) -> None:
-        partition_log = self.logs.pop((topic, partition), None)
-        if partition_log is not None:
-            self.flusher.unregister(partition_log)
-            partition_log.delete()
+        plog = self.detach(topic, partition)
+        if plog is not None:
+            remove_directory(rename_for_removal(plog, DELETE_SUFFIX))
 
     def all_logs(self) -> dict[TopicPartition, PartitionLog]:
         return dict(self.logs)

@@ -85,6 +85,7 @@ class Cluster:
         self.managers: dict[int, ReplicaManager] = {}
         self.log_managers: dict[int, LogManager] = {}
         self.broker_epochs: dict[int, int] = {}
+        self.incarnations: dict[int, uuid.UUID] = {}
         self.paused: set[int] = set()  # brokers whose fetching fails as if the network were cut
         # (follower, leader, partitions named) of every replica fetch sent
         self.fetches: list[tuple[int, int, int]] = []
@@ -133,15 +134,18 @@ class Cluster:
     # ---------------------------------------------------------------- brokers
     def register_all(self) -> None:
         for broker_id in BROKERS:
-            reply = self.handle(
-                RegisterBroker(
-                    broker_id, uuid.uuid4(), "127.0.0.1", 9000 + broker_id, "127.0.0.1", 0
-                )
-            )
-            assert reply.error_code == ErrorCode.none, reply
-            self.broker_epochs[broker_id] = reply.broker_epoch
+            self.register(broker_id)
         for broker_id in BROKERS:
             self.heartbeat(broker_id)
+
+    def register(self, broker_id: int) -> None:
+        """A new incarnation of the broker registers (fenced until its first heartbeat)."""
+        incarnation = self.incarnations[broker_id] = uuid.uuid4()
+        reply = self.handle(
+            RegisterBroker(broker_id, incarnation, "127.0.0.1", 9000 + broker_id, "127.0.0.1", 0)
+        )
+        assert reply.error_code == ErrorCode.none, reply
+        self.broker_epochs[broker_id] = reply.broker_epoch
 
     def heartbeat(self, broker_id: int, *, want_fence: bool = False) -> None:
         reply = self.handle(
@@ -151,7 +155,15 @@ class Cluster:
         )
         assert reply.error_code == ErrorCode.none, reply
 
-    async def start(self, broker_id: int) -> ReplicaManager:
+    async def settle(self) -> None:
+        """Wait until every running manager has done the log work metadata asked for."""
+        for manager in list(self.managers.values()):
+            await manager.wait_log_work()
+
+    async def start(
+        self, broker_id: int, *, changes: list[tuple[MetadataImage, MetadataDelta]] | None = None
+    ) -> ReplicaManager:
+        """Start a broker's manager and give it the current image (or `changes`, in order)."""
         log_manager = LogManager(self.root / f"broker-{broker_id}", self.config)
         # Storage time is wall-clock ms, as the node passes it (segment.ms compares it).
         await log_manager.open_all_async(now_ms=wall_clock_ms())
@@ -163,6 +175,7 @@ class Cluster:
             alter_partition=self.alter_partition,
             send_fetch=self.send_fetch_from(broker_id),
             clock_ms=clock_ms,
+            incarnation_id=self.incarnations.get(broker_id),
         )
         stopped = trio.Event()
 
@@ -180,7 +193,8 @@ class Cluster:
         self._stops[broker_id] = (scope, stopped)
         self.log_managers[broker_id] = log_manager
         self.managers[broker_id] = manager
-        manager.apply_metadata(*self.full_delta())
+        for image, delta in changes or [self.full_delta()]:
+            manager.apply_metadata(image, delta)
         return manager
 
     async def stop(self, broker_id: int) -> None:
@@ -233,6 +247,7 @@ async def start_cluster(
         CreateTopics((NewTopic(TOPIC, 1, 3, configs={"min.insync.replicas": str(min_isr)}),))
     )
     assert reply.results[0].error_code == ErrorCode.none, reply
+    await cluster.settle()
     return cluster
 
 
@@ -400,7 +415,9 @@ async def test_deleted_topic_removes_replicas_and_data(tmp_path: Path) -> None:
         for broker_id in BROKERS:
             assert cluster.managers[broker_id].partition_states() == {}
             assert cluster.log_managers[broker_id].get(TOPIC, 0) is None
+        await cluster.settle()
         assert not any(d.exists() for d in directories)
+        assert not any(list(d.parent.glob("*-delete")) for d in directories)
         result = await cluster.managers[1].produce(TOPIC, 0, batch(1), -1, 1000)
         assert result.error == ErrorCode.unknown_topic_or_partition
         await cluster.stop_all()

@@ -173,6 +173,7 @@ async def test_segment_rolls_snapshot_the_producer_state_on_every_replica(tmp_pa
             CreateTopics((NewTopic(small, 1, 3, configs={"segment.bytes": "300"}),))
         )
         assert reply.results[0].error_code == ErrorCode.none
+        await cluster.settle()
         leader_id = cluster.image.topic(small).partitions[0].leader  # type: ignore[union-attr]
         leader = cluster.managers[leader_id]
         for seq in range(0, 12, 2):

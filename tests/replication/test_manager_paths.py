@@ -29,6 +29,7 @@ async def test_one_fetcher_per_leader_batches_all_its_partitions(tmp_path: Path)
         cluster = await start_cluster(tmp_path, nursery)
         reply = cluster.handle(CreateTopics((NewTopic(WIDE, WIDE_PARTITIONS, 3),)))
         assert reply.results[0].error_code == ErrorCode.none
+        await cluster.settle()
         topic = cluster.image.topic(WIDE)
         assert topic is not None
         leaders = {index: state.leader for index, state in topic.partitions.items()}
@@ -89,6 +90,7 @@ async def test_retention_never_passes_the_high_watermark(tmp_path: Path) -> None
             )
         )
         assert reply.results[0].error_code == ErrorCode.none
+        await cluster.settle()
         state = cluster.image.topic("short").partitions[0]  # type: ignore[union-attr]
         leader = cluster.managers[state.leader]
         for _ in range(4):  # old timestamps (ts 1000 ms): every closed segment is expired

@@ -1,0 +1,431 @@
+"""Metadata to hosted replicas: which partitions this broker hosts, and their logs on disk.
+
+A part of ReplicaManager (as serving.py is), split out so the manager keeps the data paths and
+this module the assignment. `apply` runs on the event loop for every metadata change and stays
+cheap: it decides, and log_work.py does the disk work in worker threads.
+
+- A partition whose log is open (recovered at start, or hosted already) is hosted at once; its
+  config file is rewritten in the background.
+- A partition without a log gets one from a background job: directory, config and topic id
+  made durable first, then the replica is hosted and given the *current* image's state (the
+  metadata may have moved on while the directory was made). Until then it is not hosted, so
+  clients get a retriable NOT_LEADER_OR_FOLLOWER, never a log that a crash could take away.
+- A removed replica is dropped at once (fetchers, purgatory, waiters); its log is abandoned
+  and its directory renamed to `...-delete` in the background, then deleted.
+- Stray logs: once the controller has unfenced this broker incarnation (it does so only when
+  our metadata offset has reached its committed offset), every open log the image does not
+  assign to this broker is renamed to `...-stray` and deleted. Never earlier: an image still
+  catching up would call live data stray. For the same reason an open log whose stored topic
+  id differs from the image's topic of that name is left alone (and the partition unhosted)
+  until then; the check removes it and the partition gets a new log.
+
+Disk jobs for one partition run in order (log_work.py), so create, delete and re-create of one
+topic name never race.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raftlog.errors import ErrorCode
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.image import PartitionState as ImagePartitionState
+from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.idempotence import ProducerStateHolder
+from raftlog.replication.log_work import LogWork
+from raftlog.replication.partition import (
+    Partition,
+    PartitionState,
+    ReplicationStateError,
+    Transition,
+)
+from raftlog.storage import PartitionLog
+from raftlog.storage.config import TOPIC_CONFIG_KEYS
+from raftlog.storage.log_dirs import (
+    DELETE_SUFFIX,
+    STRAY_SUFFIX,
+    remove_directory,
+    rename_for_removal,
+    write_topic_id,
+)
+
+if TYPE_CHECKING:
+    from raftlog.replication.manager import ReplicaManager
+
+log = logging.getLogger("raftlog.replication")
+
+# Topics the replica manager never touches (the metadata log has its own driver).
+INTERNAL_LOG_PREFIX = "__cluster_metadata"
+
+
+def stray_reason(
+    image: MetadataImage, node_id: int, key: TopicPartition, stored_topic_id: uuid.UUID | None
+) -> str | None:
+    """Why a log on disk is stray under `image` (a caught-up one), or None if it is assigned."""
+    topic, index = key
+    info = image.topic(topic)
+    if info is None:
+        return "its topic is not in the metadata"
+    if stored_topic_id is not None and stored_topic_id != info.topic_id:
+        return f"it belongs to an earlier topic of that name (id {stored_topic_id})"
+    state = info.partitions.get(index)
+    if state is None:
+        return "its topic has no such partition"
+    if node_id not in state.replicas:
+        return f"this broker is not one of its replicas {list(state.replicas)}"
+    return None
+
+
+class ReplicaAssignment:
+    """Applies metadata to one ReplicaManager's hosted replicas and their logs."""
+
+    def __init__(self, manager: ReplicaManager, incarnation_id: uuid.UUID | None) -> None:
+        self.manager = manager
+        # This process's broker registration: its unfencing is the "caught up" signal for the
+        # stray-log check. None (tools, some tests): stray logs are never looked for.
+        self.incarnation_id = incarnation_id
+        self.work = LogWork(manager.spawn)
+        # Partitions whose log a queued job is creating, with the topic id it is created for.
+        self._creating: dict[TopicPartition, uuid.UUID] = {}
+        # Open logs whose stored topic id differs from the image's, left alone until the
+        # stray check (which runs on a caught-up image) decides which one is old.
+        self._held: set[TopicPartition] = set()
+        self.strays_checked = False
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        m = self.manager
+        m.image = image
+        if m.checkpointed_hws is None:
+            # Called before run(): a small file, read once.
+            m.checkpointed_hws = m.log_manager.read_high_watermarks()
+        changes = delta.local_changes(m.node_id)
+        for topic_id, index in sorted(changes.deleted, key=lambda k: (k[0].int, k[1])):
+            self._remove_replica(topic_id, index)
+        assigned = {**changes.leaders, **changes.followers}
+        for (topic_id, index), state in sorted(
+            assigned.items(), key=lambda i: (i[0][0].int, i[0][1])
+        ):
+            topic = image.topics_by_id[topic_id]
+            try:
+                self._assign(topic.name, index, topic_id, state)
+            except ReplicationStateError:
+                # A state the core calls impossible: keep serving the other partitions and say
+                # exactly what was refused (the message carries both states).
+                log.exception("%s-%d: metadata not applied", topic.name, index)
+        for resource_type, name in delta.changed_configs:
+            if resource_type == "topic":
+                self._update_topic_config(name)
+        self._maybe_remove_strays(image)
+
+    def _log_overrides(self, topic: str) -> dict[str, str]:
+        raw = self.manager.image.configs.get(("topic", topic), {})
+        # Only log settings reach storage; min.insync.replicas and friends are read there.
+        return {k: v for k, v in raw.items() if k in TOPIC_CONFIG_KEYS}
+
+    def _update_topic_config(self, topic: str) -> None:
+        overrides = self._log_overrides(topic)
+        for hosted in list(self.manager.partitions.values()):
+            if hosted.topic == topic and not hosted.log.closed:
+                self.manager.log_manager.set_config(topic, hosted.partition, overrides)
+                self._persist_config(hosted.key, hosted.log, overrides, None)
+
+    def _persist_config(
+        self,
+        key: TopicPartition,
+        plog: PartitionLog,
+        overrides: dict[str, str],
+        topic_id: uuid.UUID | None,
+    ) -> None:
+        """Rewrite the log's config file (and a missing topic id) in the background."""
+        log_manager = self.manager.log_manager
+
+        def write(directory: Path) -> None:
+            log_manager.write_overrides(directory, overrides)
+            if topic_id is not None:
+                write_topic_id(directory, topic_id)
+
+        async def job() -> None:
+            if not plog.closed:  # removed meanwhile: its directory is gone or going
+                await self.work.run_sync(write, plog.directory)
+
+        self.work.submit(key, "writing the topic config", job)
+
+    def _assign(
+        self, topic: str, index: int, topic_id: uuid.UUID, image_state: ImagePartitionState
+    ) -> None:
+        m = self.manager
+        key = (topic, index)
+        hosted = m.partitions.get(key)
+        if hosted is not None and hosted.topic_id != topic_id:
+            # A topic deleted and re-created under the same name: the old data must go.
+            self._drop(hosted)
+            hosted = None
+        if hosted is None and m.log_manager.get(topic, index) is not None:
+            stored = m.log_manager.topic_id(topic, index)
+            if stored is None or stored == topic_id:
+                hosted = self._host_open_log(topic, index, topic_id, stored)
+            elif not self.strays_checked:
+                # The log says it belongs to another topic of that name. Whichever of the two
+                # is the older one, an image still catching up may be what is stale (a node
+                # replaying its metadata from scratch passes through old topics): leave the
+                # log alone and the partition unhosted until the stray check decides.
+                if key not in self._held:
+                    self._held.add(key)
+                    log.warning(
+                        "%s-%d: the log on disk belongs to topic id %s, the metadata names %s; "
+                        "not hosted until this broker has caught up with the metadata",
+                        topic,
+                        index,
+                        stored,
+                        topic_id,
+                    )
+                return
+            else:
+                log.info("%s-%d: the log on disk belongs to an earlier topic", topic, index)
+                self._remove_log(key, DELETE_SUFFIX)
+        if hosted is None:
+            self._create_log_later(topic, index, topic_id)
+            return
+        self._apply_state(hosted, image_state)
+
+    def _host_open_log(
+        self, topic: str, index: int, topic_id: uuid.UUID, stored: uuid.UUID | None
+    ) -> HostedPartition:
+        log_manager = self.manager.log_manager
+        plog = log_manager.get(topic, index)
+        assert plog is not None, (topic, index)
+        overrides = self._log_overrides(topic)
+        log_manager.set_config(topic, index, overrides)
+        self._persist_config((topic, index), plog, overrides, topic_id if stored is None else None)
+        if stored is None:
+            log_manager.topic_ids[(topic, index)] = topic_id
+        return self._host(topic, index, topic_id, plog, existed=True)
+
+    def _create_log_later(self, topic: str, index: int, topic_id: uuid.UUID) -> None:
+        key = (topic, index)
+        if self._creating.get(key) == topic_id:
+            return  # the queued job applies the newest state when the log exists
+        self._creating[key] = topic_id
+        m = self.manager
+        log_manager = m.log_manager
+
+        async def create() -> None:
+            if self._creating.get(key) != topic_id:
+                return  # a newer topic of that name took over
+            if not self._wanted(key, topic_id) or key in m.partitions:
+                del self._creating[key]
+                return
+            # Only this job hosts a partition without an open log, and jobs for one name run
+            # one at a time: nothing else can have opened a log in that directory meanwhile.
+            assert log_manager.get(topic, index) is None, key
+            create_log = functools.partial(
+                log_manager.create_log,
+                topic,
+                index,
+                self._log_overrides(topic),
+                topic_id=topic_id,
+                now_ms=m.wall_clock_ms(),
+            )
+            try:
+                plog = await self.work.run_sync(create_log)
+            finally:
+                if self._creating.get(key) == topic_id:
+                    del self._creating[key]
+            if not self._wanted(key, topic_id):
+                # Deleted while the directory was made: it goes again, before anything else
+                # queued for the name.
+                target = await self.work.run_sync(rename_for_removal, plog, DELETE_SUFFIX)
+                await self.work.run_sync(remove_directory, target)
+                return
+            log_manager.adopt(topic, index, plog, topic_id)
+            hosted = self._host(topic, index, topic_id, plog, existed=False)
+            log.info("%s-%d: log created", topic, index)
+            state = m.image.topics_by_id[topic_id].partitions[index]
+            try:
+                self._apply_state(hosted, state)
+            except ReplicationStateError:
+                log.exception("%s-%d: metadata not applied", topic, index)
+
+        self.work.submit(key, "creating the log", create)
+
+    def _wanted(self, key: TopicPartition, topic_id: uuid.UUID) -> bool:
+        """The current image assigns partition `key` of topic `topic_id` to this broker."""
+        m = self.manager
+        info = m.image.topics_by_id.get(topic_id)
+        if info is None or info.name != key[0]:
+            return False
+        state = info.partitions.get(key[1])
+        return state is not None and m.node_id in state.replicas
+
+    def _host(
+        self, topic: str, index: int, topic_id: uuid.UUID, plog: PartitionLog, *, existed: bool
+    ) -> HostedPartition:
+        m = self.manager
+        key = (topic, index)
+        settings = dataclasses.replace(m.settings, flush_policy=plog.config.flush_policy)
+        assert m.checkpointed_hws is not None
+        high_watermark = m.checkpointed_hws.get(key, 0) if existed else 0
+        replica = Partition(m.node_id, plog, settings, high_watermark=high_watermark)
+        producers = ProducerStateHolder(plog)
+        hosted = HostedPartition(topic, index, topic_id, plog, replica, producers)
+        m.partitions[key] = hosted
+        if existed:
+            producers.invalidate()
+            m.spawn(m.reload_producers, hosted)
+        else:
+            producers.start_empty()
+        return hosted
+
+    def _apply_state(self, hosted: HostedPartition, image_state: ImagePartitionState) -> None:
+        m = self.manager
+        topic, index = hosted.key
+        state = PartitionState(
+            leader_id=image_state.leader,
+            leader_epoch=image_state.leader_epoch,
+            partition_epoch=image_state.partition_epoch,
+            replicas=tuple(image_state.replicas),
+            isr=frozenset(image_state.isr),
+        )
+        result = hosted.replica.apply_metadata(m.clock_ms(), state)
+        if result.transition is Transition.STALE:
+            log.info(
+                "%s-%d: refused stale metadata %s (have %s)",
+                topic,
+                index,
+                state,
+                hosted.replica.state,
+            )
+            return
+        if result.transition is Transition.UNCHANGED:
+            return
+        if result.lost_leadership:
+            m.complete(m.purgatory.fail_partition(hosted.key, ErrorCode.not_leader_or_follower))
+        if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
+            follower = hosted.replica.follower
+            m.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
+            hosted.wake_waiters()
+            m.signal_data(hosted.key)
+            m.hw_dirty = True
+            log.info(
+                "%s-%d: %s at leader epoch %d (leader %d, ISR %s)",
+                topic,
+                index,
+                result.transition.value,
+                state.leader_epoch,
+                state.leader_id,
+                sorted(state.isr),
+            )
+        if result.transition is Transition.BECAME_LEADER:
+            # Our own acknowledgement is the flushed offset: make sure it is current.
+            m.request_leader_flush(hosted.key)
+        if result.effects is not None:
+            m.handle_effects(hosted, result.effects)
+
+    # ------------------------------------------------------------------ removal
+    def _remove_replica(self, topic_id: uuid.UUID, index: int) -> None:
+        for hosted in list(self.manager.partitions.values()):
+            if hosted.topic_id == topic_id and hosted.partition == index:
+                self._drop(hosted)
+
+    def _drop(self, hosted: HostedPartition, suffix: str = DELETE_SUFFIX) -> None:
+        """Stop hosting the replica at once; its data goes in the background."""
+        m = self.manager
+        key = hosted.key
+        del m.partitions[key]
+        m.fetchers.assign(key, None)
+        m.complete(m.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
+        hosted.wake_waiters()
+        m.signal_data(key)
+        m.forget_leader_flush(key)
+        m.hw_dirty = True
+        if m.checkpointed_hws is not None:
+            # A topic re-created under this name must not start from the old one's HW.
+            m.checkpointed_hws.pop(key, None)
+        self._remove_log(key, suffix, hosted)
+        log.info("%s-%d: replica removed; deleting its data", hosted.topic, hosted.partition)
+
+    def _remove_log(
+        self, key: TopicPartition, suffix: str, hosted: HostedPartition | None = None
+    ) -> None:
+        """Abandon the open log now; rename its directory, then delete it, in the background."""
+        plog = self.manager.log_manager.detach(*key)
+        if plog is None:
+            return
+
+        async def rename() -> None:
+            async with contextlib.AsyncExitStack() as stack:
+                if hosted is not None:
+                    # A producer snapshot or compaction writing into the directory from a
+                    # worker thread finishes first; after these locks they see a closed log.
+                    await stack.enter_async_context(hosted.producers.lock)
+                    await stack.enter_async_context(hosted.disk_lock)
+                target = await self.work.run_sync(rename_for_removal, plog, suffix)
+            self.work.submit(
+                target, "deleting the directory", functools.partial(self._rmtree, target)
+            )
+
+        self.work.submit(key, f"renaming the log to *{suffix}", rename)
+
+    async def _rmtree(self, target: Path) -> None:
+        if await self.work.run_sync(remove_directory, target):
+            log.info("deleted %s", target.name)
+
+    # ------------------------------------------------------------------ stray logs
+    def _maybe_remove_strays(self, image: MetadataImage) -> None:
+        if self.strays_checked or self.incarnation_id is None:
+            return
+        registration = image.brokers.get(self.manager.node_id)
+        if (
+            registration is None
+            or registration.incarnation_id != self.incarnation_id
+            or registration.fenced
+        ):
+            return
+        # The controller unfences an incarnation only once its heartbeat reported a metadata
+        # offset at or past the committed one, and this image holds that unfencing: it is
+        # caught up with everything committed when this process started.
+        self.strays_checked = True
+        self.remove_stray_logs(image)
+
+    def remove_stray_logs(self, image: MetadataImage) -> list[TopicPartition]:
+        """Rename and delete every log that `image` (a caught-up one) does not assign here.
+
+        Hosted replicas are checked too: an image that jumped forward through a snapshot
+        carries no "deleted" entries for what it skipped, so a replica hosted from an older
+        image may be stray as well; it is dropped like a deleted one.
+        """
+        m = self.manager
+        log_manager = m.log_manager
+        removed = []
+        for key in sorted(log_manager.all_logs()):
+            if key[0].startswith(INTERNAL_LOG_PREFIX):
+                continue
+            hosted = m.partitions.get(key)
+            stored = hosted.topic_id if hosted is not None else log_manager.topic_id(*key)
+            reason = stray_reason(image, m.node_id, key, stored)
+            if reason is None:
+                continue
+            log.warning("%s-%d: stray log (%s); deleting it", key[0], key[1], reason)
+            if hosted is not None:
+                self._drop(hosted, STRAY_SUFFIX)
+            else:
+                self._remove_log(key, STRAY_SUFFIX)
+            removed.append(key)
+        self._held.clear()
+        for topic, index in removed:
+            # A held log of an earlier topic made way: the current one gets its own log.
+            info = image.topic(topic)
+            state = None if info is None else info.partitions.get(index)
+            if info is not None and state is not None and m.node_id in state.replicas:
+                try:
+                    self._assign(topic, index, info.topic_id, state)
+                except ReplicationStateError:
+                    log.exception("%s-%d: metadata not applied", topic, index)
+        return removed
