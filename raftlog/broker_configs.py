@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from raftlog.config import NodeConfig
 from raftlog.metadata.controller_configs import BROKER_CONFIGS, TOPIC_CONFIGS
 from raftlog.net.kafka.backend import ConfigEntry, ConfigSource
-from raftlog.storage.config import DEFAULT_MAX_MESSAGE_BYTES
+from raftlog.storage.config import DEFAULT_MAX_MESSAGE_BYTES, LogConfig
 
 
 def _bool(value: bool) -> str:
@@ -26,7 +26,8 @@ TOPIC_DEFAULTS: dict[str, Callable[[NodeConfig], str]] = {
     "flush.ms": lambda c: str(c.flush_interval_ms),
     "index.interval.bytes": lambda c: str(c.index_interval_bytes),
     "max.message.bytes": lambda c: str(DEFAULT_MAX_MESSAGE_BYTES),
-    "message.timestamp.type": lambda c: "CreateTime",
+    # No node-level log.message.timestamp.type yet: every topic defaults to what LogConfig does.
+    "message.timestamp.type": lambda c: LogConfig.message_timestamp_type,
     "min.insync.replicas": lambda c: str(c.min_insync_replicas),
     "retention.bytes": lambda c: str(c.retention_bytes),
     "retention.ms": lambda c: str(c.retention_ms),

@@ -35,6 +35,7 @@ LOG_OVERHEAD_BYTES = 12
 MAGIC_V2 = 2
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
+MAX_TIMESTAMP_OFFSET = 35
 PARTITION_LEADER_EPOCH_OFFSET = 12
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -47,6 +48,8 @@ MAX_BATCH_SIZE_BYTES = 2**31 - 1
 
 _OFFSET_AND_EPOCH = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMP = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _SIZE = struct.Struct(">qi")
 
@@ -245,6 +248,24 @@ def set_offset_and_epoch(
     """Rewrite baseOffset and partitionLeaderEpoch in place; both are outside the CRC."""
     _OFFSET_AND_EPOCH.pack_into(buf, pos, base_offset)
     _EPOCH.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
+
+
+def stamp_log_append_time(batches: bytes | bytearray | memoryview, append_time_ms: int) -> bytes:
+    """The batches as a LogAppendTime topic's leader stores them (KIP-32, Kafka's LogValidator).
+
+    Each batch gets the timestamp-type bit and maxTimestamp = append_time_ms, and a new CRC.
+    Only header fields change: records (compressed or not) keep their bytes and their own
+    timestamps, because readers take maxTimestamp as every record's timestamp when the bit is
+    set. Every CRC is checked first, so corrupt input is refused, never re-signed as valid.
+    Stamping twice with the same time gives the same bytes.
+    """
+    out = bytearray(batches)
+    for pos, header in iter_batches(out):
+        attributes = header.attributes | TIMESTAMP_TYPE_BIT
+        _ATTRIBUTES.pack_into(out, pos + ATTRIBUTES_OFFSET, attributes)
+        _TIMESTAMP.pack_into(out, pos + MAX_TIMESTAMP_OFFSET, append_time_ms)
+        _CRC.pack_into(out, pos + CRC_OFFSET, compute_crc(out, pos, header.size_bytes))
+    return bytes(out)
 
 
 # ------------------------------------------------------------------------- codecs

@@ -2,7 +2,8 @@
 
 Order on the event loop, with no await between the check and the table update, so two
 requests of one producer can never both pass the sequence check (KIP-98):
-  min.insync.replicas -> check_batches -> append_as_leader -> update_leader_append.
+  min.insync.replicas -> check_batches -> [stamp LogAppendTime] -> append_as_leader
+  -> update_leader_append.
 A retry of one of the producer's last five batches (Verdict.DUPLICATE) is not appended: it is
 answered with the original base offset, but only once that batch is covered the way `acks`
 asks (HW for acks=all, fsync for acks=1), so a retry never promises more than the original.
@@ -16,6 +17,7 @@ import trio
 
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
+from raftlog.records import NO_TIMESTAMP, stamp_log_append_time
 from raftlog.replication.producer_state import Verdict
 from raftlog.replication.purgatory import (
     DelayedProduce,
@@ -84,25 +86,36 @@ async def produce(
     check = table.check_batches(records)
     if check.verdict is Verdict.ERROR:
         return ProduceResult(check.error, error_message=check.message)
+    log_append_time = hosted.log.config.message_timestamp_type == "LogAppendTime"
     if check.verdict is Verdict.DUPLICATE:
         original = check.duplicate_of
         assert original is not None
         done = ProduceResult(
-            base_offset=original.first_offset, log_start_offset=hosted.log.log_start_offset
+            base_offset=original.first_offset,
+            # The original's stamped maxTimestamp, as Kafka answers a retried batch.
+            log_append_time_ms=original.timestamp_ms if log_append_time else NO_TIMESTAMP,
+            log_start_offset=hosted.log.log_start_offset,
         )
         required_offset = original.last_offset + 1
     else:
+        # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
+        append_time_ms = manager.wall_clock_ms()
         try:
-            # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
-            info = hosted.log.append_as_leader(
-                records, leader.leader_epoch, manager.wall_clock_ms()
-            )
+            if log_append_time:
+                # Stamped before the append, so the segment's time index, the producer
+                # state and the bytes followers copy unchanged all carry the append time.
+                records = stamp_log_append_time(records, append_time_ms)
+            info = hosted.log.append_as_leader(records, leader.leader_epoch, append_time_ms)
         except KafkaError as exc:
             return ProduceResult(exc.code, error_message=exc.message)
         table.update_leader_append(records, info.first_offset)
         hosted.wake_waiters()  # parked follower fetches: new data
         manager.after_leader_append(hosted, now_ms)
-        done = ProduceResult(base_offset=info.first_offset, log_start_offset=info.log_start_offset)
+        done = ProduceResult(
+            base_offset=info.first_offset,
+            log_append_time_ms=append_time_ms if log_append_time else NO_TIMESTAMP,
+            log_start_offset=info.log_start_offset,
+        )
         required_offset = info.last_offset + 1
     answer = produce_answer(acks, hosted.log.config.flush_policy)
     if answer in (ProduceAnswer.NEVER, ProduceAnswer.NOW):

@@ -22,10 +22,13 @@ TOPIC_CONFIG_KEYS: dict[str, str] = {
     "flush.policy": "flush_policy",
     "flush.ms": "flush_interval_ms",
     "max.message.bytes": "max_message_bytes",
+    "message.timestamp.type": "message_timestamp_type",
 }
 
 # Kafka's default max.message.bytes (1 MiB + record batch overhead).
 DEFAULT_MAX_MESSAGE_BYTES = 1 * MIB + 12
+# message.timestamp.type values (KIP-32): LogAppendTime makes the leader stamp each batch.
+MESSAGE_TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class LogConfig:
     flush_policy: str = "always"
     flush_interval_ms: int = 1000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    message_timestamp_type: str = "CreateTime"
 
     def __post_init__(self) -> None:
         if self.segment_bytes < 61:
@@ -64,6 +68,11 @@ class LogConfig:
             raise ConfigError(
                 f"flush.policy must be one of {list(FLUSH_POLICIES)}, got {self.flush_policy!r}"
             )
+        if self.message_timestamp_type not in MESSAGE_TIMESTAMP_TYPES:
+            raise ConfigError(
+                f"message.timestamp.type must be one of {list(MESSAGE_TIMESTAMP_TYPES)}, "
+                f"got {self.message_timestamp_type!r}"
+            )
 
     @property
     def compact(self) -> bool:
@@ -82,7 +91,7 @@ class LogConfig:
             name = TOPIC_CONFIG_KEYS[key]
             if not name:
                 continue
-            if name in ("cleanup_policy", "flush_policy"):
+            if name in ("cleanup_policy", "flush_policy", "message_timestamp_type"):
                 values[name] = text.strip()
                 continue
             try:

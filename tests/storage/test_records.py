@@ -21,6 +21,7 @@ from raftlog.records import (
     make_attributes,
     parse_header,
     set_offset_and_epoch,
+    stamp_log_append_time,
     validate_batch,
 )
 
@@ -166,3 +167,80 @@ def test_attributes_helpers() -> None:
     assert header.timestamp_type == TimestampType.LOG_APPEND_TIME
     assert header.is_transactional and header.is_control
     assert next(iter_all_records(data)).timestamp_ms == 5
+
+
+# ------------------------------------------------------------ LogAppendTime stamping (KIP-32)
+APPEND_MS = 1_700_000_000_123
+
+
+def _record_bytes(data: bytes) -> bytes:
+    return data[HEADER_SIZE_BYTES:]
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_stamping_changes_only_the_type_bit_max_timestamp_and_crc(codec: Compression) -> None:
+    records = [Record(key=b"k%d" % i, value=b"v" * 50, timestamp_ms=1_000 + i) for i in range(4)]
+    data = build_batch(
+        records,
+        17,
+        compression=codec,
+        producer_id=42,
+        producer_epoch=3,
+        base_sequence=9,
+        partition_leader_epoch=5,
+        is_transactional=True,
+    )
+    before = validate_batch(data)
+    stamped = stamp_log_append_time(data, APPEND_MS)
+    after = validate_batch(stamped)  # the new CRC is valid
+    assert after.timestamp_type == TimestampType.LOG_APPEND_TIME
+    assert after.max_timestamp_ms == APPEND_MS
+    assert after.crc == compute_crc(stamped, 0, len(stamped)) != before.crc
+    assert after.attributes == before.attributes | 0x08
+    # Everything else in the header, idempotent-producer fields included, is as it was.
+    unchanged = ("crc", "attributes", "max_timestamp_ms")
+    assert {k: v for k, v in after._asdict().items() if k not in unchanged} == {
+        k: v for k, v in before._asdict().items() if k not in unchanged
+    }
+    assert after.compression == codec and after.is_transactional
+    # Records are never re-encoded (compressed payloads included): same bytes after the header.
+    assert _record_bytes(stamped) == _record_bytes(data)
+    assert len(stamped) == len(data)
+    # Readers take the append time as every record's timestamp; the rest reads as written.
+    decoded = list(iter_records(stamped))
+    assert [r.timestamp_ms for r in decoded] == [APPEND_MS] * 4
+    assert [(r.offset, r.key, r.value) for r in decoded] == [
+        (17 + i, r.key, r.value) for i, r in enumerate(records)
+    ]
+
+
+def test_stamping_is_idempotent_and_restamps_every_batch() -> None:
+    one = build_batch([Record(value=b"a", timestamp_ms=1)], producer_id=1, producer_epoch=0)
+    two = build_batch([Record(value=b"b", timestamp_ms=2)] * 2, base_sequence=-1)
+    stamped = stamp_log_append_time(one + two, APPEND_MS)
+    assert stamp_log_append_time(stamped, APPEND_MS) == stamped
+    headers = [h for _, h in iter_batches(stamped)]
+    assert [(h.timestamp_type, h.max_timestamp_ms) for h in headers] == [
+        (TimestampType.LOG_APPEND_TIME, APPEND_MS)
+    ] * 2
+    later = stamp_log_append_time(stamped, APPEND_MS + 5)
+    assert [h.max_timestamp_ms for _, h in iter_batches(later)] == [APPEND_MS + 5] * 2
+
+
+def test_stamping_refuses_a_corrupt_batch_instead_of_re_signing_it() -> None:
+    data = bytearray(build_batch([Record(value=b"x" * 10, timestamp_ms=1)]))
+    data[-1] ^= 1
+    with pytest.raises(CorruptRecordError, match="fails CRC32C"):
+        stamp_log_append_time(data, APPEND_MS)
+
+
+def test_stock_kafka_python_reads_a_stamped_batch_as_log_append_time() -> None:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    data = build_batch(
+        [Record(value=b"x", timestamp_ms=1_000_000)] * 2, compression=Compression.GZIP
+    )
+    ours = DefaultRecordBatch(stamp_log_append_time(data, APPEND_MS))
+    assert ours.validate_crc()
+    assert ours.timestamp_type == 1
+    assert [r.timestamp for r in ours] == [APPEND_MS, APPEND_MS]
