@@ -191,6 +191,9 @@ class Node:
             send_fetch=self._send_replica_fetch,
             clock_ms=clock_ms,
             log_cleanup_interval_ms=config.log_retention_check_interval_ms,
+            # Stray logs are removed only once this incarnation's registration is unfenced,
+            # i.e. the broker has caught up with the metadata log.
+            incarnation_id=self.lifecycle.incarnation_id,
         )
         await nursery.start(self.replicas.run)
         self._rpc_methods["replica.fetch"] = self.replicas.handle_replica_fetch
