@@ -54,7 +54,6 @@ class AppendInfo:
     last_offset: int
     max_timestamp_ms: int
     offset_of_max_timestamp: int
-    log_append_time_ms: int  # -1: CreateTime topics (we never rewrite timestamps)
     log_start_offset: int
     batch_count: int
     size_bytes: int
@@ -224,7 +223,6 @@ class PartitionLog:
             last_offset=last.last_offset,
             max_timestamp_ms=max_ts,
             offset_of_max_timestamp=max_ts_offset,
-            log_append_time_ms=-1,
             log_start_offset=self._log_start,
             batch_count=len(headers),
             size_bytes=len(buf),
