@@ -502,3 +502,47 @@ _HANDLERS: dict[type[r.Record], Any] = {
     r.LeaderChange: _Builder.leader_change,
     r.FeatureLevel: _Builder.feature_level,
 }
+
+
+def diff_images(old: MetadataImage, new: MetadataImage) -> MetadataDelta:
+    """The delta that takes `old` to `new`, for a jump no record-by-record apply describes: a
+    snapshot loaded over a running image. Deletions are in it too, so a broker drops the
+    replicas of topics deleted in the part of the log the snapshot skipped."""
+    created = {tid: t for tid, t in new.topics_by_id.items() if tid not in old.topics_by_id}
+    deleted = {tid: t for tid, t in old.topics_by_id.items() if tid not in new.topics_by_id}
+    partitions: dict[
+        tuple[uuid.UUID, int], tuple[PartitionState | None, PartitionState | None]
+    ] = {}
+    for topic_id in old.topics_by_id.keys() | new.topics_by_id.keys():
+        old_topic, new_topic = old.topics_by_id.get(topic_id), new.topics_by_id.get(topic_id)
+        old_parts = old_topic.partitions if old_topic is not None else {}
+        new_parts = new_topic.partitions if new_topic is not None else {}
+        for index in old_parts.keys() | new_parts.keys():
+            before, after = old_parts.get(index), new_parts.get(index)
+            if before != after:
+                partitions[(topic_id, index)] = (before, after)
+    brokers = {
+        broker_id: (old.brokers.get(broker_id), new.brokers.get(broker_id))
+        for broker_id in old.brokers.keys() | new.brokers.keys()
+        if old.brokers.get(broker_id) != new.brokers.get(broker_id)
+    }
+    return MetadataDelta(
+        created_topics=created,
+        deleted_topics=deleted,
+        changed_partitions=partitions,
+        changed_brokers=brokers,
+        changed_configs={
+            resource
+            for resource in old.configs.keys() | new.configs.keys()
+            if dict(old.configs.get(resource, {})) != dict(new.configs.get(resource, {}))
+        },
+        changed_quotas={
+            entity
+            for entity in old.client_quotas.keys() | new.client_quotas.keys()
+            if dict(old.client_quotas.get(entity, {})) != dict(new.client_quotas.get(entity, {}))
+        },
+        producer_ids_changed=old.next_producer_id != new.next_producer_id,
+        controller_changed=(old.controller_id, old.controller_epoch)
+        != (new.controller_id, new.controller_epoch),
+        features_changed=dict(old.features) != dict(new.features),
+    )

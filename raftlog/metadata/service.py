@@ -21,7 +21,12 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, RaftlogError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import Controller
-from raftlog.metadata.image import MetadataApplyError, MetadataDelta, MetadataImage
+from raftlog.metadata.image import (
+    MetadataApplyError,
+    MetadataDelta,
+    MetadataImage,
+    diff_images,
+)
 from raftlog.metadata.quorum import QuorumDriver
 from raftlog.metadata.raft import NotLeader, Overloaded, Snapshot
 from raftlog.metadata.raft_messages import Entry
@@ -215,10 +220,11 @@ class MetadataService:
         assert self.quorum is not None
         # Decoded (and so known to be good) when the quorum vetted it, before installing it.
         image = self.quorum.decoded_snapshot(snapshot)
-        self.image = image
+        previous, self.image = self.image, image
         self._records_since_snapshot = 0
         if notify:
-            self._notify(full_delta(image))
+            # Against the image the listeners hold: what the skipped log deleted is dropped.
+            self._notify(diff_images(previous, image))
 
     def _take_snapshot(self, last: Entry) -> None:
         assert self.quorum is not None

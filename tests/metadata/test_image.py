@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftlog.metadata import records as r
-from raftlog.metadata.image import MetadataApplyError, MetadataImage, PartitionState
+from raftlog.metadata.image import MetadataApplyError, MetadataImage, PartitionState, diff_images
 
 T1 = uuid.UUID(int=101)
 T2 = uuid.UUID(int=102)
@@ -239,3 +239,62 @@ def test_one_batch_equals_record_by_record(choices):
     for offset, record in enumerate(records):
         stepwise, _ = stepwise.apply([record], 30 - len(records) + 1 + offset)
     assert batched == stepwise
+
+
+def test_diff_images_describes_a_jump_with_its_deletions():
+    """A snapshot loaded over a running image: the diff must name what the skipped log
+    deleted, created and changed, so each broker drops, creates and moves replicas."""
+    old = base_image()
+    t3 = uuid.UUID(int=103)
+    new, _ = old.apply(
+        [
+            r.RemoveTopic(T2),
+            r.Topic("c", t3),
+            r.Partition(t3, 0, (1, 2), (1, 2), 1),
+            r.PartitionChange(T1, 1, leader=3, isr=(3, 1)),
+            r.FenceBroker(2, 1),
+            r.Config("topic", "a", "retention.ms", "7"),
+            r.ClientQuota((("user", "u"),), "request_percentage", 1.0),
+        ],
+        20,
+    )
+    diff = diff_images(old, new)
+    assert set(diff.created_topics) == {t3} and set(diff.deleted_topics) == {T2}
+    assert diff.changed_partitions == {
+        (T2, 0): (old.partition(T2, 0), None),
+        (t3, 0): (None, new.partition(t3, 0)),
+        (T1, 1): (old.partition(T1, 1), new.partition(T1, 1)),
+    }
+    assert set(diff.changed_brokers) == {2}
+    assert len(diff.changed_configs) == 1 and len(diff.changed_quotas) == 1
+    assert not diff.producer_ids_changed and not diff.features_changed
+    # Broker 3 replicated b-0, which the jump deleted: it is told to drop it.
+    assert diff.local_changes(3).deleted == {(T2, 0)}
+    assert diff_images(new, new).empty
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(min_value=0, max_value=6), min_size=1, max_size=12))
+def test_diff_images_agrees_with_the_applied_delta(choices):
+    options = [
+        r.PartitionChange(T1, 0, isr=(1, 2)),
+        r.PartitionChange(T1, 1, leader=3),
+        r.Config("topic", "a", "retention.ms", "7"),
+        r.ClientQuota((("user", "u"),), "request_percentage", 1.0),
+        r.FenceBroker(2, 1),
+        r.UnfenceBroker(3, 1),
+        r.RemoveTopic(T2),
+    ]
+    old = base_image()
+    records = [options[i] for i in dict.fromkeys(choices)]  # a topic is removed only once
+    new, delta = old.apply(records, 30)
+    diff = diff_images(old, new)
+    # The applied delta may also name entries that changed and changed back; the diff names
+    # exactly those whose state differs, with the same before and after.
+    for key, change in diff.changed_partitions.items():
+        assert delta.changed_partitions[key] == change
+    for key, (before, after) in delta.changed_partitions.items():
+        assert key in diff.changed_partitions or before == after
+    assert set(diff.deleted_topics) == set(delta.deleted_topics)
+    for broker_id, change in diff.changed_brokers.items():
+        assert delta.changed_brokers[broker_id] == change
