@@ -108,6 +108,17 @@ class Cluster:
         await self.wait_for(lambda: len(self.leaders()) == 1, "one active controller")
         return self.leaders()[0]
 
+    async def start_all(self):
+        """Start nodes 1-3; return the active controller once it sees every broker unfenced."""
+        for i in (1, 2, 3):
+            await self.start(i)
+        leader = await self.controller()
+        await self.wait_for(
+            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
+            "all brokers unfenced",
+        )
+        return leader
+
 
 async def _wait_then_cancel(node, scope):
     await node.metadata.wait_for_change()
@@ -171,13 +182,7 @@ async def test_snapshot_catch_up(tmp_path):
     configs = make_configs(tmp_path, metadata_snapshot_max_records=10)
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, configs)
-        for i in (1, 2, 3):
-            await cluster.start(i)
-        leader = await cluster.controller()
-        await cluster.wait_for(
-            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
-            "all brokers unfenced",
-        )
+        leader = await cluster.start_all()
         lagging = next(i for i in (1, 2, 3) if i != leader.config.node_id)
         cluster.kill(lagging)
         for k in range(12):
@@ -238,13 +243,7 @@ async def test_controller_that_cannot_append_resigns_so_another_takes_over(tmp_p
     configs = make_configs(tmp_path)
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, configs)
-        for i in (1, 2, 3):
-            await cluster.start(i)
-        leader = await cluster.controller()
-        await cluster.wait_for(
-            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
-            "all brokers unfenced",
-        )
+        leader = await cluster.start_all()
         quorum = leader.quorum
         epoch = quorum.core.epoch
 

@@ -32,13 +32,7 @@ async def test_follower_refuses_a_snapshot_it_cannot_decode_and_catches_up_later
     configs = make_configs(tmp_path, metadata_snapshot_max_records=10)
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, configs)
-        for i in (1, 2, 3):
-            await cluster.start(i)
-        leader = await cluster.controller()
-        await cluster.wait_for(
-            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
-            "all brokers unfenced",
-        )
+        leader = await cluster.start_all()
         epoch = leader.quorum.core.epoch
         lagging = next(i for i in (1, 2, 3) if i != leader.config.node_id)
         await cluster.kill_and_wait(lagging)
@@ -98,13 +92,7 @@ async def test_node_restarted_with_an_undecodable_newest_snapshot_starts_from_th
     configs = make_configs(tmp_path, metadata_snapshot_max_records=10)
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, configs)
-        for i in (1, 2, 3):
-            await cluster.start(i)
-        leader = await cluster.controller()
-        await cluster.wait_for(
-            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
-            "all brokers unfenced",
-        )
+        leader = await cluster.start_all()
         follower = next(n for n in cluster.nodes.values() if n is not leader)
         node_id = follower.config.node_id
         directory = follower.quorum.store.directory
