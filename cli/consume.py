@@ -15,6 +15,9 @@ from __future__ import annotations
 import math
 import signal
 import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import click
 import trio
@@ -134,33 +137,23 @@ def consume_command(
             if offset is not None and len(partitions) > 1:
                 raise click.UsageError("--offset needs --partition (the topic has several)")
             starts = await _start_offsets(cluster, topic, partitions, from_beginning, offset)
-            count = 0
             send, receive = trio.open_memory_channel[tuple[int, Record]](RECORD_CHANNEL_MAX_RECORDS)
-            limit = max_messages if max_messages is not None else math.inf
+
+            async def next_record() -> tuple[str, int, Record]:
+                p, record = await receive.receive()
+                return topic, p, record
+
             async with trio.open_nursery() as nursery:
                 consumer = Consumer(cluster, max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS)
                 for p in partitions:
                     nursery.start_soon(_fetch_loop, consumer, topic, p, starts[p], send.clone())
                 send.close()
-                idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
-                while count < limit:
-                    with trio.move_on_after(idle_s):
-                        p, record = await receive.receive()
-                        count += 1
-                        out.record(
-                            topic,
-                            p,
-                            record.offset,
-                            record.timestamp_ms,
-                            record.key,
-                            record.value,
-                            record.headers,
-                            key_separator=key_separator,
-                        )
-                        continue
-                    break  # idle for --timeout-ms
+                printed = _Printed()
+                await _print_records(
+                    printed, out, next_record, max_messages, timeout_ms, key_separator
+                )
                 nursery.cancel_scope.cancel()
-            return count
+            return printed.count
 
     count = run_async(opts, go)
     out.consumed(count, topic)
@@ -178,9 +171,7 @@ async def _consume_group(
     """Print records as a member of group until -n, --timeout-ms (counted from the first
     assignment) or Ctrl-C/SIGTERM; the member commits and leaves on every one of those."""
     out = opts.out
-    count = 0
-    limit = max_messages if max_messages is not None else math.inf
-    idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
+    printed = _Printed()  # counted as they are printed: Ctrl-C may end the loop midway
     async with connect(opts) as cluster:
         await _partitions(cluster, topic, None)  # an unknown topic is an error, not a wait
         async with trio.open_nursery() as nursery:
@@ -191,25 +182,50 @@ async def _consume_group(
                 nursery.start_soon(_stop_on_signals, stop)
             with stop:
                 async with open_group_consumer(cluster, group, [topic], config) as consumer:
-                    while count < limit:
-                        with trio.move_on_after(idle_s):
-                            item = await consumer.receive()
-                            count += 1
-                            record = item.record
-                            out.record(
-                                item.topic,
-                                item.partition,
-                                record.offset,
-                                record.timestamp_ms,
-                                record.key,
-                                record.value,
-                                record.headers,
-                                key_separator=key_separator,
-                            )
-                            continue
-                        break  # idle for --timeout-ms
+
+                    async def next_record() -> tuple[str, int, Record]:
+                        item = await consumer.receive()
+                        return item.topic, item.partition, item.record
+
+                    await _print_records(
+                        printed, out, next_record, max_messages, timeout_ms, key_separator
+                    )
             nursery.cancel_scope.cancel()
-    return count
+    return printed.count
+
+
+@dataclass
+class _Printed:
+    count: int = 0
+
+
+async def _print_records(
+    printed: _Printed,
+    out: Any,
+    next_record: Callable[[], Awaitable[tuple[str, int, Record]]],
+    max_messages: int | None,
+    timeout_ms: int | None,
+    key_separator: str | None,
+) -> None:
+    """Print records until -n of them or --timeout-ms without one, counting into `printed`."""
+    limit = max_messages if max_messages is not None else math.inf
+    idle_s = math.inf if timeout_ms is None else timeout_ms / 1000
+    while printed.count < limit:
+        with trio.move_on_after(idle_s):
+            topic, partition, record = await next_record()
+            printed.count += 1
+            out.record(
+                topic,
+                partition,
+                record.offset,
+                record.timestamp_ms,
+                record.key,
+                record.value,
+                record.headers,
+                key_separator=key_separator,
+            )
+            continue
+        break  # idle for --timeout-ms
 
 
 async def _stop_on_signals(stop: trio.CancelScope) -> None:
