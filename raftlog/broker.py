@@ -18,9 +18,9 @@ import trio
 from raftlog.broker_configs import broker_config_entries, topic_config_entries
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.metadata import controller_messages as cm
-from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
-from raftlog.metadata.controller_messages import CONFIG_OPS
+from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
+from raftlog.metadata.controller.messages import CONFIG_OPS
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.records import NO_LEADER
 from raftlog.metadata.service import MetadataService

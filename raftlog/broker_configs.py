@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from raftlog.config import NodeConfig
-from raftlog.metadata.controller_configs import BROKER_CONFIGS, TOPIC_CONFIGS
+from raftlog.metadata.controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS
 from raftlog.net.kafka.backend import ConfigEntry, ConfigSource
 from raftlog.storage.config import DEFAULT_MAX_MESSAGE_BYTES, LogConfig
 

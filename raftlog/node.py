@@ -25,8 +25,8 @@ from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError, exception_leaves
 from raftlog.groups.node_service import NodeGroupService
-from raftlog.metadata.broker_lifecycle import BrokerLifecycle, ControllerClient
-from raftlog.metadata.quorum import MetadataLogStore, MetadataRecoveryError, QuorumDriver
+from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
+from raftlog.metadata.raft.driver import MetadataLogStore, MetadataRecoveryError, QuorumDriver
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState

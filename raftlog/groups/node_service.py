@@ -21,8 +21,8 @@ from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.offsets_format import Record as OffsetsRecord
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.groups.settings import GroupConfig
-from raftlog.metadata import controller_messages as cm
-from raftlog.metadata.broker_lifecycle import ControllerClient
+from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
 from raftlog.records import Record, build_batch, iter_batches, iter_records

@@ -224,7 +224,7 @@ class MetadataImage:
         if raw is None:
             return default
         # Imported here: the config schema lives with the controller's validation code.
-        from raftlog.metadata.controller_configs import parse_topic_config
+        from raftlog.metadata.controller.configs import parse_topic_config
 
         return parse_topic_config(key, raw)
 

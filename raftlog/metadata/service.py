@@ -20,17 +20,17 @@ import trio
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, RaftlogError
 from raftlog.metadata import records as r
-from raftlog.metadata.controller import Controller
+from raftlog.metadata.controller.controller import Controller
 from raftlog.metadata.image import (
     MetadataApplyError,
     MetadataDelta,
     MetadataImage,
     diff_images,
 )
-from raftlog.metadata.quorum import QuorumDriver
-from raftlog.metadata.raft import NotLeader, Overloaded, Snapshot
-from raftlog.metadata.raft_messages import Entry
-from raftlog.metadata.raft_roles import RoleChange
+from raftlog.metadata.raft.core import NotLeader, Overloaded, Snapshot
+from raftlog.metadata.raft.driver import QuorumDriver
+from raftlog.metadata.raft.messages import Entry
+from raftlog.metadata.raft.roles import RoleChange
 from raftlog.metadata.snapshot import encode_snapshot, image_records
 
 log = logging.getLogger("raftlog.metadata")

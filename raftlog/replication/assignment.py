@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING
 from raftlog.errors import ErrorCode
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
-from raftlog.replication.hosted import HostedPartition, TopicPartition
-from raftlog.replication.idempotence import ProducerStateHolder
-from raftlog.replication.log_work import LogWork
-from raftlog.replication.partition import (
+from raftlog.replication.core.partition import (
     Partition,
     PartitionState,
     ReplicationStateError,
     Transition,
 )
+from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.idempotence import ProducerStateHolder
+from raftlog.replication.log_work import LogWork
 from raftlog.storage import PartitionLog
 from raftlog.storage.config import TOPIC_CONFIG_KEYS
 from raftlog.storage.log_dirs import (

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 import trio
 
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.replication.core.follower import (
+    FetchRequest,
+    FetchResponse,
+    FollowerAction,
+    FollowerState,
+)
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
     ReplicaFetchPartition,
     ReplicaFetchRequest,
     decode_response,
     encode_request,
-)
-from raftlog.replication.follower import (
-    FetchRequest,
-    FetchResponse,
-    FollowerAction,
-    FollowerState,
 )
 from raftlog.replication.hosted import HostedPartition, TopicPartition, flush_partitions
 from raftlog.storage import Flusher

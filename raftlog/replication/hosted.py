@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import trio
 
 from raftlog.errors import KafkaError
+from raftlog.replication.core.partition import Partition
 from raftlog.replication.idempotence import ProducerStateHolder
-from raftlog.replication.partition import Partition
 from raftlog.storage import Flusher, PartitionLog
 
 log = logging.getLogger("raftlog.replication")

@@ -28,7 +28,7 @@ import trio
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
+from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.net.kafka.backend import (
     EpochEndOffset,
@@ -39,6 +39,14 @@ from raftlog.net.kafka.backend import (
     ProduceResult,
 )
 from raftlog.replication.assignment import ReplicaAssignment
+from raftlog.replication.core.leader import LeaderEffects, LeaderState
+from raftlog.replication.core.partition import (
+    NO_LEADER,
+    AlterPartitionRequest,
+    PartitionState,
+    ReplicationSettings,
+)
+from raftlog.replication.core.purgatory import Completion, ProduceCompletion, Purgatory
 from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
 from raftlog.replication.hosted import (
     FLUSH_RETRY_BACKOFF_MS,
@@ -47,16 +55,8 @@ from raftlog.replication.hosted import (
     flush_partitions,
 )
 from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS
-from raftlog.replication.leader import LeaderEffects, LeaderState
-from raftlog.replication.partition import (
-    NO_LEADER,
-    AlterPartitionRequest,
-    PartitionState,
-    ReplicationSettings,
-)
 from raftlog.replication.produce import Pending
 from raftlog.replication.produce import produce as produce_as_leader
-from raftlog.replication.purgatory import Completion, ProduceCompletion, Purgatory
 from raftlog.replication.serving import ReadPaths
 from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager

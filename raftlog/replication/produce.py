@@ -18,14 +18,14 @@ import trio
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
 from raftlog.records import NO_TIMESTAMP, stamp_log_append_time
-from raftlog.replication.producer_state import Verdict
-from raftlog.replication.purgatory import (
+from raftlog.replication.core.purgatory import (
     DelayedProduce,
     ProduceAnswer,
     ProduceWait,
     PurgatoryFullError,
     produce_answer,
 )
+from raftlog.replication.producer_state import Verdict
 
 if TYPE_CHECKING:
     from raftlog.replication.manager import ReplicaManager

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raftlog.records import BatchHeader
-from raftlog.replication.producer_table import (
+from raftlog.replication.core.producer_table import (
     CHECK_OK,
     DEFAULT_MAX_PRODUCER_IDS,
     DEFAULT_MAX_SNAPSHOTS,

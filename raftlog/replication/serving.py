@@ -24,6 +24,8 @@ from raftlog.net.kafka.backend import (
     IsolationLevel,
     ListOffsetsResult,
 )
+from raftlog.replication.core.leader import LeaderState
+from raftlog.replication.core.partition import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
     ReplicaFetchPartition,
@@ -31,8 +33,6 @@ from raftlog.replication.fetch_wire import (
     encode_response,
 )
 from raftlog.replication.hosted import HostedPartition, TopicPartition
-from raftlog.replication.leader import LeaderState
-from raftlog.replication.partition import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
 from raftlog.storage import OffsetOutOfRangeError, PartitionLog
 
 if TYPE_CHECKING:

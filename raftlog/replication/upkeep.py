@@ -6,8 +6,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from raftlog.replication.core.partition import NO_LEADER
 from raftlog.replication.hosted import HostedPartition
-from raftlog.replication.partition import NO_LEADER
 from raftlog.storage.cleaner import clean_log
 from raftlog.storage.retention import retention_target
 

@@ -5,9 +5,9 @@ import uuid
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
-from raftlog.metadata import controller_messages as m
 from raftlog.metadata import records as r
-from raftlog.metadata.controller import PRODUCER_ID_BLOCK_SIZE, Controller
+from raftlog.metadata.controller import messages as m
+from raftlog.metadata.controller.controller import PRODUCER_ID_BLOCK_SIZE, Controller
 from raftlog.metadata.image import MetadataImage
 
 SESSION_MS = 9000
@@ -272,9 +272,9 @@ def test_new_incarnation_after_a_full_restart_is_not_refused_for_a_dead_session(
 
     from raftlog.config import NodeConfig as _NodeConfig
     from raftlog.errors import ErrorCode as _ErrorCode
-    from raftlog.metadata.controller import Controller as _Controller
-    from raftlog.metadata.controller_messages import BrokerHeartbeat as _Heartbeat
-    from raftlog.metadata.controller_messages import RegisterBroker as _Register
+    from raftlog.metadata.controller.controller import Controller as _Controller
+    from raftlog.metadata.controller.messages import BrokerHeartbeat as _Heartbeat
+    from raftlog.metadata.controller.messages import RegisterBroker as _Register
     from raftlog.metadata.image import MetadataImage as _Image
 
     config = _NodeConfig()

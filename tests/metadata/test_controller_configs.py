@@ -5,8 +5,8 @@ import math
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata import controller_messages as m
 from raftlog.metadata import records as r
+from raftlog.metadata.controller import messages as m
 from tests.metadata.test_controller import cluster, create
 
 

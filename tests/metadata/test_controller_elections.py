@@ -4,8 +4,8 @@ AlterPartition."""
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata import controller_messages as m
 from raftlog.metadata import records as r
+from raftlog.metadata.controller import messages as m
 from tests.metadata.test_controller import SESSION_MS, cluster, create, heartbeat
 
 

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftlog.config import NodeConfig
-from raftlog.metadata import controller_messages as m
-from raftlog.metadata.controller import Controller
+from raftlog.metadata.controller import messages as m
+from raftlog.metadata.controller.controller import Controller
 from raftlog.metadata.image import MetadataImage
 from tests.metadata.test_controller import register_request, topic_ids
 

@@ -5,9 +5,9 @@ from collections import Counter
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata import controller_messages as m
 from raftlog.metadata import records as r
-from raftlog.metadata.controller_topics import MAX_TOPIC_NAME_CHARS, place_replicas
+from raftlog.metadata.controller import messages as m
+from raftlog.metadata.controller.topics import MAX_TOPIC_NAME_CHARS, place_replicas
 from tests.metadata.test_controller import cluster, create, heartbeat
 
 

@@ -10,8 +10,8 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.metadata import controller_messages as cm
-from raftlog.metadata.broker_lifecycle import ControllerClient
+from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
 
 
@@ -81,7 +81,7 @@ async def test_describe_quorum_with_an_unreachable_leader_is_retriable():
 
 
 async def test_registration_retries_are_paced_when_the_controller_fails_at_once(autojump_clock):
-    from raftlog.metadata.broker_lifecycle import BrokerLifecycle
+    from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle
 
     config = NodeConfig.from_dict({"node_id": 1, "broker_heartbeat_interval_ms": 100})
     calls = 0

@@ -1,8 +1,8 @@
 """MetadataLogStore and QuorumDriver details that the 3-node harness cannot pin down."""
 
-from raftlog.metadata.quorum import MetadataLogStore
-from raftlog.metadata.raft import Snapshot
-from raftlog.metadata.raft_messages import Entry
+from raftlog.metadata.raft.core import Snapshot
+from raftlog.metadata.raft.driver import MetadataLogStore
+from raftlog.metadata.raft.messages import Entry
 
 NOW_MS = 1_700_000_000_000
 
@@ -36,7 +36,7 @@ def test_late_local_snapshot_never_deletes_a_newer_installed_one(tmp_path):
 
 
 def _driver(tmp_path, **callbacks):
-    from raftlog.metadata.quorum import QuorumDriver
+    from raftlog.metadata.raft.driver import QuorumDriver
     from raftlog.net.rpc import PeerSet
     from raftlog.storage.flusher import Flusher
     from tests.metadata.test_node_quorum import make_configs
@@ -58,7 +58,7 @@ def _driver(tmp_path, **callbacks):
 async def test_snapshot_install_changes_the_log_on_the_event_loop_only(tmp_path):
     import threading
 
-    from raftlog.metadata.raft_types import Ready
+    from raftlog.metadata.raft.types import Ready
 
     installed = []
     driver = _driver(tmp_path, on_snapshot=installed.append)
@@ -83,8 +83,8 @@ async def test_snapshot_install_changes_the_log_on_the_event_loop_only(tmp_path)
 
 
 async def test_observer_table_is_bounded_and_bad_reply_addresses_are_dropped(tmp_path, monkeypatch):
-    from raftlog.metadata import quorum
-    from raftlog.metadata.raft_messages import Fetch
+    from raftlog.metadata.raft import driver as quorum
+    from raftlog.metadata.raft.messages import Fetch
 
     monkeypatch.setattr(quorum, "MAX_OBSERVER_COUNT", 3)
     driver = _driver(tmp_path)
@@ -108,7 +108,7 @@ async def test_truncating_a_divergent_tail_keeps_every_entry_below_the_cut(tmp_p
     # A follower appended entries 0..5 of epoch 1 in one go (one fetch response); the new
     # leader's log has only 0..2 of epoch 1, so the core truncates to 3 and fetches 3..4 of
     # epoch 2. Storage truncates whole batches: the store must still hold 0..2 afterwards.
-    from raftlog.metadata.raft_types import Ready
+    from raftlog.metadata.raft.types import Ready
 
     driver = _driver(tmp_path)
     driver.store.append(_entries(0, 6), NOW_MS)

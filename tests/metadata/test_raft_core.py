@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore
-from raftlog.metadata.raft_messages import (
+from raftlog.metadata.raft.core import NotLeader, QuorumState, RaftConfig, RaftCore
+from raftlog.metadata.raft.messages import (
     DivergingEpoch,
     Entry,
     Fetch,
@@ -16,7 +16,7 @@ from raftlog.metadata.raft_messages import (
     Vote,
     VoteResponse,
 )
-from raftlog.metadata.raft_roles import (
+from raftlog.metadata.raft.roles import (
     TRANSITIONS,
     Candidate,
     Follower,
@@ -234,7 +234,7 @@ def test_pre_vote_from_a_node_stuck_in_a_newer_epoch_moves_the_quorum_there() ->
 def test_fetch_response_respects_max_fetch_bytes_and_backlog_is_bounded() -> None:
     import dataclasses
 
-    from raftlog.metadata.raft import Overloaded
+    from raftlog.metadata.raft.core import Overloaded
 
     config = dataclasses.replace(CONFIG, max_fetch_bytes=10, max_uncommitted_entries=5)
     core = RaftCore(1, frozenset({1, 2, 3}), config, QuorumState(), rng=random.Random(1))
@@ -294,7 +294,7 @@ def test_config_rejects_a_long_poll_longer_than_the_fetch_timeout() -> None:
 
 
 def test_fenced_fetch_moves_the_follower_to_the_new_leader() -> None:
-    from raftlog.metadata.raft_messages import ERROR_FENCED_EPOCH
+    from raftlog.metadata.raft.messages import ERROR_FENCED_EPOCH
 
     follower = make(2, persisted=QuorumState(1, None, 1))
     follower.take_ready()

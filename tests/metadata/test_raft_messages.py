@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftlog.metadata.raft_messages import (
+from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
     DivergingEpoch,

@@ -7,8 +7,8 @@ import uuid
 
 from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
-from raftlog.metadata.raft_messages import Entry
-from raftlog.metadata.raft_types import RaftConfig
+from raftlog.metadata.raft.messages import Entry
+from raftlog.metadata.raft.types import RaftConfig
 from raftlog.metadata.service import MetadataService, encode_entry
 
 NO_OP = RaftConfig().leader_change_payload

@@ -4,7 +4,7 @@ import trio
 from trio.testing import wait_all_tasks_blocked
 
 from raftlog.config import NodeConfig
-from raftlog.metadata.raft_messages import Entry
+from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.service import MetadataService
 
 

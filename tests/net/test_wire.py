@@ -3,7 +3,7 @@ import uuid
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.controller import messages as cm
 from raftlog.net.wire import WireDecodeError, WireRegistry
 
 

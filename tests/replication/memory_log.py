@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftlog.replication.partition import UNDEFINED_EPOCH, UNKNOWN_OFFSET
+from raftlog.replication.core.partition import UNDEFINED_EPOCH, UNKNOWN_OFFSET
 
 
 @dataclass(frozen=True)

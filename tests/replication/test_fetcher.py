@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftlog.errors import ErrorCode
+from raftlog.replication.core.partition import DivergingEpoch
 from raftlog.replication.fetch_wire import (
     MAX_PARTITIONS_PER_REPLICA_FETCH,
     ReplicaFetchAnswer,
@@ -22,7 +23,6 @@ from raftlog.replication.fetch_wire import (
     encode_request,
     encode_response,
 )
-from raftlog.replication.partition import DivergingEpoch
 from tests.replication.test_manager import TOPIC, followers, produce, start_cluster, wait_until
 
 ints = st.integers(min_value=-1, max_value=2**62)

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.follower import FetchResponse, FollowerAction, FollowerState
-from raftlog.replication.partition import (
+from raftlog.replication.core.follower import FetchResponse, FollowerAction, FollowerState
+from raftlog.replication.core.partition import (
     FLUSH_INTERVAL,
     DivergingEpoch,
     PartitionState,

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.leader import LeaderState
-from raftlog.replication.partition import (
+from raftlog.replication.core.leader import LeaderState
+from raftlog.replication.core.partition import (
     FLUSH_INTERVAL,
     AlterPartitionRequest,
     DivergingEpoch,
@@ -246,7 +246,7 @@ def test_refused_expansion_backs_off_instead_of_retrying_every_fetch() -> None:
     # INELIGIBLE_REPLICA (the follower's broker is fenced) is not visible in the partition's
     # metadata, so the leader retries on time, not on every fetch (found by Jepsen: hundreds
     # of refused AlterPartitions a second).
-    from raftlog.replication.leader import ALTER_PARTITION_RETRY_BACKOFF_MS
+    from raftlog.replication.core.leader import ALTER_PARTITION_RETRY_BACKOFF_MS
 
     log = MemoryLog()
     log.append(5, ["a", "b"])

@@ -11,7 +11,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.errors import ConfigError, ErrorCode
-from raftlog.metadata.controller_messages import (
+from raftlog.metadata.controller.messages import (
     AlterConfigs,
     AlterConfigsResource,
     CreateTopics,

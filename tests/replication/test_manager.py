@@ -20,8 +20,8 @@ import trio
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller import Controller
-from raftlog.metadata.controller_messages import (
+from raftlog.metadata.controller.controller import Controller
+from raftlog.metadata.controller.messages import (
     AlterPartition,
     AlterPartitionReply,
     BrokerHeartbeat,

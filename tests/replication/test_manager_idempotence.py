@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller_messages import CreateTopics, NewTopic
+from raftlog.metadata.controller.messages import CreateTopics, NewTopic
 from raftlog.records import Record, build_batch, iter_batches
 from raftlog.replication.producer_state import list_snapshots, rebuild
 from tests.replication.test_manager import (

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller_messages import CreateTopics, DeleteTopics, NewTopic
+from raftlog.metadata.controller.messages import CreateTopics, DeleteTopics, NewTopic
 from raftlog.storage import LogManager
 from raftlog.storage.log_dirs import read_topic_id
 from tests.replication.test_manager import BROKERS, TOPIC, Cluster, start_cluster, wait_until

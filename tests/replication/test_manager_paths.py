@@ -7,7 +7,7 @@ from pathlib import Path
 import trio
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller_messages import CreateTopics, NewTopic
+from raftlog.metadata.controller.messages import CreateTopics, NewTopic
 from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP
 from tests.replication.test_manager import (
     BROKERS,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftlog.replication.partition import (
+from raftlog.replication.core.partition import (
     Partition,
     PartitionState,
     ReplicationSettings,

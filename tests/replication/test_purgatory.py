@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.leader import PartitionProgress
-from raftlog.replication.purgatory import (
+from raftlog.replication.core.leader import PartitionProgress
+from raftlog.replication.core.purgatory import (
     DelayedFetch,
     DelayedProduce,
     FetchCompletion,

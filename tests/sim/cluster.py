@@ -21,8 +21,8 @@ from typing import Any
 
 import msgpack
 
-from raftlog.metadata.raft import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
-from raftlog.metadata.raft_messages import Entry, Message, Vote, VoteResponse, message_from_wire
+from raftlog.metadata.raft.core import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.metadata.raft.messages import Entry, Message, Vote, VoteResponse, message_from_wire
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
 SIM_RAFT_CONFIG = RaftConfig(

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.partition import NO_LEADER, AlterPartitionRequest, PartitionState
+from raftlog.replication.core.partition import NO_LEADER, AlterPartitionRequest, PartitionState
 
 if TYPE_CHECKING:
     from tests.sim.partition_sim import PartitionSim

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.follower import FetchRequest, FetchResponse, FollowerAction
-from raftlog.replication.leader import LeaderEffects
-from raftlog.replication.partition import (
+from raftlog.replication.core.follower import FetchRequest, FetchResponse, FollowerAction
+from raftlog.replication.core.leader import LeaderEffects
+from raftlog.replication.core.partition import (
     NO_LEADER,
     FetchOutcome,
     Partition,
@@ -28,7 +28,7 @@ from raftlog.replication.partition import (
     ReplicationSettings,
     Transition,
 )
-from raftlog.replication.purgatory import (
+from raftlog.replication.core.purgatory import (
     DelayedFetch,
     DelayedProduce,
     FetchCompletion,

@@ -75,19 +75,19 @@ def test_same_seed_replays_identically() -> None:
 
 
 def _follower_never_waits_for_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raftlog.replication.follower import FollowerState
+    from raftlog.replication.core.follower import FollowerState
 
     monkeypatch.setattr(FollowerState, "awaiting_flush", property(lambda self: False))
 
 
 def _hw_from_committed_isr_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raftlog.replication.leader import LeaderState
+    from raftlog.replication.core.leader import LeaderState
 
     monkeypatch.setattr(LeaderState, "maximal_isr", property(lambda self: self.state.isr))
 
 
 def _no_divergence_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    from raftlog.replication.leader import LeaderState
+    from raftlog.replication.core.leader import LeaderState
 
     original = LeaderState.on_follower_fetch
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from raftlog.errors import RaftlogError
-from raftlog.metadata.raft_types import (
+from raftlog.metadata.raft.types import (
     NotLeader,
     Overloaded,
     ProtocolViolation,

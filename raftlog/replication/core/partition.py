@@ -21,8 +21,8 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, RaftlogError
 
 if TYPE_CHECKING:
-    from raftlog.replication.follower import FollowerState
-    from raftlog.replication.leader import LeaderState
+    from raftlog.replication.core.follower import FollowerState
+    from raftlog.replication.core.leader import LeaderState
 
 # Kafka's sentinels: an offset or epoch nobody knows yet.
 UNKNOWN_OFFSET = -1
@@ -195,8 +195,8 @@ class Partition:
         high_watermark: int = 0,
     ) -> None:
         # Imported here: leader.py and follower.py import this module's types.
-        from raftlog.replication.follower import FollowerState
-        from raftlog.replication.leader import LeaderState
+        from raftlog.replication.core.follower import FollowerState
+        from raftlog.replication.core.leader import LeaderState
 
         self._leader_cls = LeaderState
         self._follower_cls = FollowerState

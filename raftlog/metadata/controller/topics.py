@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller_configs import TOPIC_CONFIGS, validate_configs
-from raftlog.metadata.controller_elections import Batch, eligible_fn, initial_state
-from raftlog.metadata.controller_messages import (
+from raftlog.metadata.controller.configs import TOPIC_CONFIGS, validate_configs
+from raftlog.metadata.controller.elections import Batch, eligible_fn, initial_state
+from raftlog.metadata.controller.messages import (
     CreatePartitions,
     CreatePartitionsReply,
     CreatePartitionsResult,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from raftlog.metadata.raft_elections import Elections
-from raftlog.metadata.raft_messages import (
+from raftlog.metadata.raft.elections import Elections
+from raftlog.metadata.raft.messages import (
     ERROR_FENCED_EPOCH,
     ERROR_NONE,
     ERROR_NOT_LEADER,
@@ -28,8 +28,8 @@ from raftlog.metadata.raft_messages import (
     Message,
     SnapshotId,
 )
-from raftlog.metadata.raft_roles import Follower, Leader, Resigned
-from raftlog.metadata.raft_types import (
+from raftlog.metadata.raft.roles import Follower, Leader, Resigned
+from raftlog.metadata.raft.types import (
     ProtocolViolation,
     Snapshot,
     SnapshotCheck,

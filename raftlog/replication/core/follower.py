@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.partition import (
+from raftlog.replication.core.partition import (
     FLUSH_ALWAYS,
     UNDEFINED_EPOCH,
     DivergingEpoch,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raftlog.errors import RaftlogError
-from raftlog.metadata.raft_messages import Entry, Message
+from raftlog.metadata.raft.messages import Entry, Message
 
 __all__ = [
     "NotLeader",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.partition import (
+from raftlog.replication.core.partition import (
     FLUSH_ALWAYS,
     UNDEFINED_EPOCH,
     UNKNOWN_OFFSET,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller_messages import AlterPartition, AlterPartitionReply
+from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataImage, PartitionState
 from raftlog.metadata.records import NO_LEADER
 

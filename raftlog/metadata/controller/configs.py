@@ -13,8 +13,8 @@ from typing import Any
 
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller_elections import Batch
-from raftlog.metadata.controller_messages import (
+from raftlog.metadata.controller.elections import Batch
+from raftlog.metadata.controller.messages import (
     CONFIG_OPS,
     AlterClientQuotas,
     AlterClientQuotasReply,

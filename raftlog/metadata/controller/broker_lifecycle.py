@@ -12,7 +12,7 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.metadata import controller_messages as cm
+from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.service import MetadataService, NotControllerError
 from raftlog.net.rpc import PeerSet, RpcError
 from raftlog.net.wire import WireDecodeError, WireRegistry

@@ -10,7 +10,7 @@ import dataclasses
 import random
 from typing import Any
 
-from raftlog.metadata.raft_messages import (
+from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
     EndQuorumEpoch,
@@ -19,7 +19,7 @@ from raftlog.metadata.raft_messages import (
     Vote,
     VoteResponse,
 )
-from raftlog.metadata.raft_roles import (
+from raftlog.metadata.raft.roles import (
     Candidate,
     Follower,
     Leader,
@@ -30,7 +30,7 @@ from raftlog.metadata.raft_roles import (
     Voted,
     check_transition,
 )
-from raftlog.metadata.raft_types import QuorumState, RaftConfig, Ready, RoleChange
+from raftlog.metadata.raft.types import QuorumState, RaftConfig, Ready, RoleChange
 
 __all__ = ["Elections"]
 

@@ -29,15 +29,15 @@ from typing import Any
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller_configs import alter_client_quotas, alter_configs
-from raftlog.metadata.controller_elections import (
+from raftlog.metadata.controller.configs import alter_client_quotas, alter_configs
+from raftlog.metadata.controller.elections import (
     Batch,
     alter_partition,
     leave_changes,
     offline_changes,
     preferred_leader_changes,
 )
-from raftlog.metadata.controller_messages import (
+from raftlog.metadata.controller.messages import (
     AllocateProducerIds,
     AllocateProducerIdsReply,
     AlterClientQuotas,
@@ -53,7 +53,7 @@ from raftlog.metadata.controller_messages import (
     RegisterBroker,
     RegisterBrokerReply,
 )
-from raftlog.metadata.controller_topics import (
+from raftlog.metadata.controller.topics import (
     create_partitions,
     create_topics,
     delete_topics,

@@ -20,8 +20,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from raftlog.metadata.raft_elections import Elections
-from raftlog.metadata.raft_messages import (
+from raftlog.metadata.raft.elections import Elections
+from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
     EndQuorumEpoch,
@@ -36,9 +36,9 @@ from raftlog.metadata.raft_messages import (
     Vote,
     VoteResponse,
 )
-from raftlog.metadata.raft_replication import Replication
-from raftlog.metadata.raft_roles import Follower, Leader, Resigned, Role
-from raftlog.metadata.raft_types import (
+from raftlog.metadata.raft.replication import Replication
+from raftlog.metadata.raft.roles import Follower, Leader, Resigned, Role
+from raftlog.metadata.raft.types import (
     NotLeader,
     Overloaded,
     ProtocolViolation,

@@ -30,7 +30,7 @@ from raftlog.clock import wall_clock_ms
 from raftlog.config import MIB, NodeConfig
 from raftlog.errors import RaftlogError
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.raft import (
+from raftlog.metadata.raft.core import (
     NotLeader,
     QuorumState,
     RaftConfig,
@@ -39,8 +39,8 @@ from raftlog.metadata.raft import (
     SnapshotCheck,
     SnapshotRejected,
 )
-from raftlog.metadata.raft_messages import Entry, MessageDecodeError, message_from_wire
-from raftlog.metadata.raft_roles import ProtocolViolation, RoleChange
+from raftlog.metadata.raft.messages import Entry, MessageDecodeError, message_from_wire
+from raftlog.metadata.raft.roles import ProtocolViolation, RoleChange
 from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot
 from raftlog.net.rpc import PeerSet
 from raftlog.records import Record, build_batch, iter_batches, iter_records
