@@ -277,20 +277,7 @@ class Node:
             clock_ms(),
             int(time.time() * 1000),
         )
-        return [
-            info.leader_id,
-            info.leader_epoch,
-            info.high_watermark,
-            [
-                [
-                    v.replica_id,
-                    v.log_end_offset,
-                    v.last_fetch_timestamp_ms,
-                    v.last_caught_up_timestamp_ms,
-                ]
-                for v in info.voters
-            ],
-        ]
+        return _quorum_to_wire(info)
 
     async def _dispatch_rpc(self, sender_id: int, method: str, body: Any) -> Any:
         if method == "raft":
@@ -344,6 +331,23 @@ async def _serve_until_signalled(config: NodeConfig) -> None:
     finally:
         node.close()
     log.info("node %d stopped", config.node_id)
+
+
+def _quorum_to_wire(info: QuorumInfo) -> list:
+    return [
+        info.leader_id,
+        info.leader_epoch,
+        info.high_watermark,
+        [
+            [
+                v.replica_id,
+                v.log_end_offset,
+                v.last_fetch_timestamp_ms,
+                v.last_caught_up_timestamp_ms,
+            ]
+            for v in info.voters
+        ],
+    ]
 
 
 def _quorum_from_wire(wire: list) -> QuorumInfo:
