@@ -7,46 +7,11 @@ MetadataImage.topic_config, so what a client is shown is what the broker enforce
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from raftlog.config import NodeConfig
-from raftlog.metadata.controller.configs import BROKER_CONFIGS, TOPIC_CONFIGS
+from raftlog.config_keys import BROKER_CONFIGS, TOPIC_CONFIGS
 from raftlog.net.kafka.backend import ConfigEntry, ConfigSource
-from raftlog.storage.config import DEFAULT_MAX_MESSAGE_BYTES, LogConfig
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-TOPIC_DEFAULTS: dict[str, Callable[[NodeConfig], str]] = {
-    "cleanup.policy": lambda c: c.cleanup_policy,
-    "compression.type": lambda c: "producer",
-    "delete.retention.ms": lambda c: str(c.delete_retention_ms),
-    "flush.ms": lambda c: str(c.flush_interval_ms),
-    "index.interval.bytes": lambda c: str(c.index_interval_bytes),
-    "max.message.bytes": lambda c: str(DEFAULT_MAX_MESSAGE_BYTES),
-    # No node-level log.message.timestamp.type yet: every topic defaults to what LogConfig does.
-    "message.timestamp.type": lambda c: LogConfig.message_timestamp_type,
-    "min.insync.replicas": lambda c: str(c.min_insync_replicas),
-    "retention.bytes": lambda c: str(c.retention_bytes),
-    "retention.ms": lambda c: str(c.retention_ms),
-    "segment.bytes": lambda c: str(c.segment_bytes),
-    "segment.ms": lambda c: str(c.segment_ms),
-    "unclean.leader.election.enable": lambda c: _bool(c.unclean_leader_election),
-}
-
-BROKER_DEFAULTS: dict[str, Callable[[NodeConfig], str]] = {
-    "auto.create.topics.enable": lambda c: _bool(c.auto_create_topics_enable),
-    "log.cleanup.policy": lambda c: c.cleanup_policy,
-    "log.retention.bytes": lambda c: str(c.retention_bytes),
-    "log.retention.ms": lambda c: str(c.retention_ms),
-    "log.segment.bytes": lambda c: str(c.segment_bytes),
-    "message.max.bytes": lambda c: str(DEFAULT_MAX_MESSAGE_BYTES),
-    "min.insync.replicas": lambda c: str(c.min_insync_replicas),
-    "num.partitions": lambda c: str(c.num_partitions),
-    "unclean.leader.election.enable": lambda c: _bool(c.unclean_leader_election),
-}
 
 
 def topic_config_entries(
@@ -59,7 +24,7 @@ def topic_config_entries(
         if key in dynamic:
             entries.append(ConfigEntry(key, dynamic[key], source=ConfigSource.DYNAMIC_TOPIC_CONFIG))
         else:
-            default = TOPIC_DEFAULTS.get(key)
+            default = TOPIC_CONFIGS[key].default
             entries.append(
                 ConfigEntry(
                     key, default(config) if default else None, source=ConfigSource.DEFAULT_CONFIG
@@ -87,7 +52,7 @@ def broker_config_entries(
                 ConfigEntry(key, cluster[key], source=ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
             )
         else:
-            default = BROKER_DEFAULTS.get(key)
+            default = BROKER_CONFIGS[key].default
             entries.append(
                 ConfigEntry(
                     key,

@@ -14,7 +14,9 @@ __all__ = [
     "CorruptRecordError",
     "ErrorCode",
     "KafkaError",
+    "LocalError",
     "RaftlogError",
+    "RemoteError",
     "exception_leaves",
 ]
 
@@ -23,12 +25,22 @@ class RaftlogError(Exception):
     """Base class of every error raised by raftlog itself."""
 
 
-class ConfigError(RaftlogError):
+class LocalError(RaftlogError):
+    """This process was misused or found its own state broken: a bug, a damaged file of its
+    own, or a misconfiguration by its operator. Nothing a peer sent caused it."""
+
+
+class RemoteError(RaftlogError):
+    """A peer or client sent something invalid or asked for something that cannot be done; the
+    input is refused (with an error code where the protocol has one) and the process goes on."""
+
+
+class ConfigError(LocalError):
     """A node or cluster configuration value is missing or invalid (message says which)."""
 
 
-class KafkaError(RaftlogError):
-    """An error that maps onto a Kafka protocol error code."""
+class KafkaError(RemoteError):
+    """An error that maps onto a Kafka protocol error code, answered to the peer."""
 
     def __init__(self, code: ErrorCode, message: str = "") -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)

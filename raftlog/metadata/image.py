@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from raftlog.config_keys import parse_topic_config
 from raftlog.errors import RaftlogError
 from raftlog.metadata import records as r
 from raftlog.metadata.records import NO_LEADER
@@ -223,9 +224,6 @@ class MetadataImage:
         raw = self.configs.get(("topic", name), _EMPTY).get(key)
         if raw is None:
             return default
-        # Imported here: the config schema lives with the controller's validation code.
-        from raftlog.metadata.controller.configs import parse_topic_config
-
         return parse_topic_config(key, raw)
 
     def cluster_config(self, key: str, default: Any = None) -> str | Any:

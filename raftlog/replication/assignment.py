@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raftlog.config_keys import log_overrides
 from raftlog.errors import ErrorCode
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
@@ -46,7 +47,6 @@ from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.idempotence import ProducerStateHolder
 from raftlog.replication.log_work import LogWork
 from raftlog.storage import PartitionLog
-from raftlog.storage.config import TOPIC_CONFIG_KEYS
 from raftlog.storage.log_dirs import (
     DELETE_SUFFIX,
     STRAY_SUFFIX,
@@ -127,7 +127,7 @@ class ReplicaAssignment:
     def _log_overrides(self, topic: str) -> dict[str, str]:
         raw = self.manager.image.configs.get(("topic", topic), {})
         # Only log settings reach storage; min.insync.replicas and friends are read there.
-        return {k: v for k, v in raw.items() if k in TOPIC_CONFIG_KEYS}
+        return log_overrides(raw)
 
     def _update_topic_config(self, topic: str) -> None:
         overrides = self._log_overrides(topic)

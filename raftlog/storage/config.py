@@ -6,29 +6,16 @@ import dataclasses
 from dataclasses import dataclass
 
 from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, MIB, NodeConfig
+from raftlog.config_keys import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MESSAGE_TIMESTAMP_TYPE,
+    MESSAGE_TIMESTAMP_TYPES,
+    TOPIC_CONFIGS,
+)
 from raftlog.errors import ConfigError
 
-# Kafka's topic config names -> LogConfig fields. Topic configs are what AlterConfigs and
-# CreateTopics carry, so they keep Kafka's dotted spelling.
-TOPIC_CONFIG_KEYS: dict[str, str] = {
-    "segment.bytes": "segment_bytes",
-    "segment.ms": "segment_ms",
-    "segment.index.bytes": "",  # accepted for compatibility; our indexes grow as needed
-    "index.interval.bytes": "index_interval_bytes",
-    "retention.ms": "retention_ms",
-    "retention.bytes": "retention_bytes",
-    "cleanup.policy": "cleanup_policy",
-    "delete.retention.ms": "delete_retention_ms",
-    "flush.policy": "flush_policy",
-    "flush.ms": "flush_interval_ms",
-    "max.message.bytes": "max_message_bytes",
-    "message.timestamp.type": "message_timestamp_type",
-}
-
-# Kafka's default max.message.bytes (1 MiB + record batch overhead).
-DEFAULT_MAX_MESSAGE_BYTES = 1 * MIB + 12
-# message.timestamp.type values (KIP-32): LogAppendTime makes the leader stamp each batch.
-MESSAGE_TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+# LogConfig fields taken as text (the rest are integers); __post_init__ checks them.
+_TEXT_FIELDS = frozenset({"cleanup_policy", "flush_policy", "message_timestamp_type"})
 
 
 @dataclass(frozen=True)
@@ -43,7 +30,7 @@ class LogConfig:
     flush_policy: str = "always"
     flush_interval_ms: int = 1000
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    message_timestamp_type: str = "CreateTime"
+    message_timestamp_type: str = DEFAULT_MESSAGE_TIMESTAMP_TYPE
 
     def __post_init__(self) -> None:
         if self.segment_bytes < 61:
@@ -86,12 +73,13 @@ class LogConfig:
             f.name: getattr(node, f.name) for f in dataclasses.fields(cls) if hasattr(node, f.name)
         }
         for key, text in (overrides or {}).items():
-            if key not in TOPIC_CONFIG_KEYS:
+            spec = TOPIC_CONFIGS.get(key)
+            if spec is None or spec.log_field is None:
                 raise ConfigError(f"unknown topic config {key!r}")
-            name = TOPIC_CONFIG_KEYS[key]
+            name = spec.log_field
             if not name:
                 continue
-            if name in ("cleanup_policy", "flush_policy", "message_timestamp_type"):
+            if name in _TEXT_FIELDS:
                 values[name] = text.strip()
                 continue
             try:

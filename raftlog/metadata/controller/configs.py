@@ -1,16 +1,23 @@
 """Config schema and validation, AlterConfigs / IncrementalAlterConfigs, AlterClientQuotas.
 
-Config values are stored as strings, exactly as Kafka clients send them; the schema here says
-which keys exist for each resource type and how to parse and bound them, so a bad value is
+Config values are stored as strings, exactly as Kafka clients send them; raftlog.config_keys
+says which keys exist for each resource type and how to parse and bound them, so a bad value is
 refused with INVALID_CONFIG at the controller instead of breaking a broker later.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from raftlog.config_keys import (
+    BROKER_CONFIGS,
+    LIST_KEYS,
+    TOPIC_CONFIGS,
+    ConfigKey,
+    validate_configs,
+)
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.elections import Batch
@@ -27,113 +34,6 @@ from raftlog.metadata.controller.messages import (
 )
 from raftlog.metadata.image import MetadataImage
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-
-
-class ConfigValueError(ValueError):
-    pass
-
-
-def _int(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise ConfigValueError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise ConfigValueError(f"{value} is outside {lo}..{hi}")
-        return value
-
-    return parse
-
-
-def _double(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ConfigValueError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise ConfigValueError(f"{value} is outside {lo}..{hi}")
-        return value
-
-    return parse
-
-
-def _bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered not in ("true", "false"):
-        raise ConfigValueError(f"{text!r} is not true or false")
-    return lowered == "true"
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.strip() not in choices:
-            raise ConfigValueError(f"{text!r} is not one of {list(choices)}")
-        return text.strip()
-
-    return parse
-
-
-def _choice_list(*choices: str) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        bad = [item for item in items if item not in choices]
-        if bad or not items:
-            raise ConfigValueError(f"{text!r} must be a list of {list(choices)}")
-        return items
-
-    return parse
-
-
-_COMPRESSION = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
-_CLEANUP = _choice_list("delete", "compact")
-LIST_KEYS = frozenset({"cleanup.policy", "log.cleanup.policy"})
-
-# Topic-level configs (Kafka's names and bounds).
-TOPIC_CONFIGS: dict[str, Callable[[str], Any]] = {
-    "cleanup.policy": _CLEANUP,
-    "compression.type": _choice(*_COMPRESSION),
-    "delete.retention.ms": _int(0, INT64_MAX),
-    "file.delete.delay.ms": _int(0, INT64_MAX),
-    "flush.messages": _int(1, INT64_MAX),
-    "flush.ms": _int(0, INT64_MAX),
-    "index.interval.bytes": _int(0, INT32_MAX),
-    "max.compaction.lag.ms": _int(1, INT64_MAX),
-    "max.message.bytes": _int(0, INT32_MAX),
-    "message.timestamp.type": _choice("CreateTime", "LogAppendTime"),
-    "message.timestamp.difference.max.ms": _int(0, INT64_MAX),
-    "min.cleanable.dirty.ratio": _double(0.0, 1.0),
-    "min.compaction.lag.ms": _int(0, INT64_MAX),
-    "min.insync.replicas": _int(1, INT32_MAX),
-    "preallocate": _bool,
-    "retention.bytes": _int(-1, INT64_MAX),
-    "retention.ms": _int(-1, INT64_MAX),
-    "segment.bytes": _int(14, INT32_MAX),
-    "segment.index.bytes": _int(4, INT32_MAX),
-    "segment.jitter.ms": _int(0, INT64_MAX),
-    "segment.ms": _int(1, INT64_MAX),
-    "unclean.leader.election.enable": _bool,
-}
-
-# Dynamic broker configs, settable per broker or as cluster defaults.
-BROKER_CONFIGS: dict[str, Callable[[str], Any]] = {
-    "auto.create.topics.enable": _bool,
-    "compression.type": _choice(*_COMPRESSION),
-    "follower.replication.throttled.rate": _int(0, INT64_MAX),
-    "leader.replication.throttled.rate": _int(0, INT64_MAX),
-    "log.cleanup.policy": _CLEANUP,
-    "log.retention.bytes": _int(-1, INT64_MAX),
-    "log.retention.ms": _int(-1, INT64_MAX),
-    "log.segment.bytes": _int(14, INT32_MAX),
-    "message.max.bytes": _int(0, INT32_MAX),
-    "min.insync.replicas": _int(1, INT32_MAX),
-    "num.partitions": _int(1, 100_000),
-    "unclean.leader.election.enable": _bool,
-}
-
 QUOTA_KEYS: dict[str, bool] = {
     # key -> value must be a whole number (Kafka types the byte rates as long)
     "producer_byte_rate": True,
@@ -146,32 +46,9 @@ QUOTA_ENTITY_TYPES = frozenset({"user", "client-id"})
 MAX_CONFIG_OPS_PER_RESOURCE = 1000
 
 
-def parse_topic_config(key: str, value: str) -> Any:
-    """Parse a stored topic config value to its type; unknown keys come back as strings."""
-    parse = TOPIC_CONFIGS.get(key)
-    return value if parse is None else parse(value)
-
-
-def validate_configs(
-    schema: Mapping[str, Callable[[str], Any]], configs: Mapping[str, Any]
-) -> str | None:
-    """None when every key is known and every value parses, else the message for INVALID_CONFIG."""
-    for key, value in configs.items():
-        parse = schema.get(key)
-        if parse is None:
-            return f"unknown config key {key!r}"
-        if not isinstance(value, str):
-            return f"config {key} must be a string, got {value!r}"
-        try:
-            parse(value)
-        except ConfigValueError as exc:
-            return f"invalid value for {key}: {exc}"
-    return None
-
-
 def _resource(
     image: MetadataImage, resource_type: str, name: str
-) -> tuple[tuple[str, str] | None, dict[str, Callable[[str], Any]], ErrorCode, str]:
+) -> tuple[tuple[str, str] | None, Mapping[str, ConfigKey], ErrorCode, str]:
     """Normalise a resource; Kafka's BROKER resource with an empty name is the cluster default."""
     if resource_type == "broker" and name == "":
         resource_type = "cluster"
@@ -232,7 +109,7 @@ def alter_configs(batch: Batch, req: AlterConfigs | IncrementalAlterConfigs) -> 
 
 
 def _incremental(
-    current: dict[str, str], ops: tuple[Any, ...], schema: Mapping[str, Any]
+    current: dict[str, str], ops: tuple[Any, ...], schema: Mapping[str, ConfigKey]
 ) -> tuple[dict[str, str], ErrorCode, str]:
     """Apply Kafka's SET/DELETE/APPEND/SUBTRACT ops to a copy of the current configs."""
     target = dict(current)

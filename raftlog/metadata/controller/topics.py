@@ -7,9 +7,9 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from raftlog.config import NodeConfig
+from raftlog.config_keys import TOPIC_CONFIGS, validate_configs
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller.configs import TOPIC_CONFIGS, validate_configs
 from raftlog.metadata.controller.elections import Batch, eligible_fn, initial_state
 from raftlog.metadata.controller.messages import (
     CreatePartitions,

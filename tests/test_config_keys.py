@@ -1,0 +1,66 @@
+"""The one topic-config table: what the controller accepts, the image parses and storage reads."""
+
+import dataclasses
+
+import pytest
+
+from raftlog.config import NodeConfig
+from raftlog.config_keys import (
+    BROKER_CONFIGS,
+    LOG_CONFIG_KEYS,
+    TOPIC_CONFIGS,
+    ConfigValueError,
+    log_overrides,
+    parse_topic_config,
+)
+from raftlog.errors import ConfigError, ErrorCode, RemoteError
+from raftlog.metadata.controller import messages as m
+from raftlog.storage.config import LogConfig
+from tests.metadata.test_controller import cluster
+
+
+def test_every_log_field_is_a_log_config_field():
+    fields = {f.name for f in dataclasses.fields(LogConfig)}
+    for key in LOG_CONFIG_KEYS:
+        assert TOPIC_CONFIGS[key].log_field in fields | {""}, key
+
+
+def test_every_default_renders_from_the_node_config():
+    node = NodeConfig()
+    for key, spec in [*TOPIC_CONFIGS.items(), *BROKER_CONFIGS.items()]:
+        if spec.default is not None:
+            spec.parse(spec.default(node))  # a default the controller itself would accept
+        assert key == key.strip() and " " not in key
+
+
+def test_flush_policy_reaches_storage_through_controller_and_image():
+    c = cluster(3)
+    configs = {"flush.policy": "interval", "flush.ms": "20", "min.insync.replicas": "2"}
+    result = c.handle(m.CreateTopics((m.NewTopic("t", 1, 1, configs=configs),)), 0)
+    assert result.reply.results[0].error_code == ErrorCode.none
+    assert c.image.topic_config("t", "flush.policy") == "interval"
+    overrides = log_overrides(c.image.configs[("topic", "t")])
+    assert overrides == {"flush.policy": "interval", "flush.ms": "20"}
+    config = LogConfig.from_node_config(NodeConfig(), overrides)
+    assert (config.flush_policy, config.flush_interval_ms) == ("interval", 20)
+
+
+def test_a_bad_flush_policy_is_refused_at_the_controller():
+    c = cluster(3)
+    topic = m.NewTopic("t", 1, 1, configs={"flush.policy": "never"})
+    res = c.handle(m.CreateTopics((topic,)), 0).reply.results[0]
+    assert res.error_code == ErrorCode.invalid_config and "flush.policy" in res.error_message
+    with pytest.raises(ConfigError, match=r"flush\.policy"):
+        LogConfig.from_node_config(NodeConfig(), {"flush.policy": "never"})
+
+
+def test_a_key_storage_does_not_read_is_refused_by_storage():
+    with pytest.raises(ConfigError, match="unknown topic config"):
+        LogConfig.from_node_config(NodeConfig(), {"min.insync.replicas": "2"})
+
+
+def test_parse_errors_are_remote_value_errors():
+    with pytest.raises(ConfigValueError) as info:
+        parse_topic_config("retention.ms", "soon")
+    assert isinstance(info.value, RemoteError) and isinstance(info.value, ValueError)
+    assert parse_topic_config("x.custom", "raw") == "raw"
