@@ -19,14 +19,17 @@ from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
 from raftlog.storage.checkpoint import fsync_dir, write_checkpoint
 from raftlog.storage.config import LogConfig
-from raftlog.storage.epoch_cache import LeaderEpochCache
+from raftlog.storage.recovery import (
+    EPOCH_FILE,
+    LOG_START_FILE,
+    RECOVERY_POINT_FILE,
+    RecoveredLog,
+    recover_log,
+)
 from raftlog.storage.segment import FileRegion, LogSegment
 
 log = logging.getLogger("raftlog.storage")
 
-RECOVERY_POINT_FILE = "recovery-point.checkpoint"
-LOG_START_FILE = "log-start-offset.checkpoint"
-EPOCH_FILE = "leader-epoch.checkpoint"
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 
@@ -83,14 +86,16 @@ class FlushTicket:
 
 
 class PartitionLog:
-    def __init__(self, directory: Path, config: LogConfig) -> None:
+    def __init__(self, directory: Path, config: LogConfig, recovered: RecoveredLog) -> None:
+        """A log over what recovery found; open() is how a log is made."""
         self.directory = directory
         self.config = config
-        self.segments: list[LogSegment] = []
-        self.epoch_cache = LeaderEpochCache()
-        self._log_start = 0
-        self._leo = 0
-        self._flushed = 0
+        self.segments: list[LogSegment] = list(recovered.segments)
+        self.epoch_cache = recovered.epoch_cache
+        self._log_start = recovered.log_start_offset
+        self._leo = recovered.log_end_offset
+        # Recovery fsynced everything it returned.
+        self._flushed = recovered.log_end_offset
         self._recovery_point = 0
         # Bumped by truncation: a flush or checkpoint prepared before it must not count.
         self._generation = 0
@@ -132,11 +137,10 @@ class PartitionLog:
     @classmethod
     def open(cls, directory: Path, config: LogConfig, *, now_ms: int) -> PartitionLog:
         """Create or recover the log in `directory` (blocking: run in a worker thread)."""
-        # recovery.py builds on this module (checkpoint names, the log's fields): imported
-        # here, not at the top, so the two do not import each other while loading.
-        from raftlog.storage.recovery import recover_log
-
-        return recover_log(cls(Path(directory), config), now_ms=now_ms)
+        directory = Path(directory)
+        plog = cls(directory, config, recover_log(directory, config, now_ms=now_ms))
+        plog._write_checkpoints_now()  # the recovery point at the recovered, durable end
+        return plog
 
     # ------------------------------------------------------------------ append
     def _validate(self, buf: bytearray, *, as_leader: bool) -> list[tuple[int, BatchHeader]]:

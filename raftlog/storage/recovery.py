@@ -10,28 +10,44 @@ callers run it in a worker thread.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 from raftlog.records import BatchHeader
 from raftlog.storage.checkpoint import CheckpointError, fsync_dir, read_checkpoint
+from raftlog.storage.config import LogConfig
 from raftlog.storage.epoch_cache import LeaderEpochCache
-from raftlog.storage.log import EPOCH_FILE, LOG_START_FILE, RECOVERY_POINT_FILE, PartitionLog
 from raftlog.storage.segment import CLEANED_SUFFIX, LOG_SUFFIX, LogSegment
 
 log = logging.getLogger("raftlog.storage")
 
+RECOVERY_POINT_FILE = "recovery-point.checkpoint"
+LOG_START_FILE = "log-start-offset.checkpoint"
+EPOCH_FILE = "leader-epoch.checkpoint"
 
-def recover_log(plog: PartitionLog, *, now_ms: int) -> PartitionLog:
-    """Create or recover the fresh (never opened) `plog` from its directory."""
-    directory = plog.directory
-    config = plog.config
+
+@dataclass(frozen=True)
+class RecoveredLog:
+    """What recovery found in a log directory: the open segments (at least one) and the
+    offsets and epochs they hold, all durable; a PartitionLog is built from it."""
+
+    segments: list[LogSegment]
+    epoch_cache: LeaderEpochCache
+    log_start_offset: int
+    log_end_offset: int
+
+
+def recover_log(directory: Path, config: LogConfig, *, now_ms: int) -> RecoveredLog:
+    """Create or recover the log in `directory`; everything returned is fsynced."""
     directory.mkdir(parents=True, exist_ok=True)
     for stray in list(directory.glob("*.tmp")) + list(directory.glob("*" + CLEANED_SUFFIX)):
         log.info("%s: removing leftover %s", directory, stray.name)
         stray.unlink()
-    recovery_point = _read_int_checkpoint(plog, RECOVERY_POINT_FILE, "recovery_point", 0)
-    log_start = _read_int_checkpoint(plog, LOG_START_FILE, "log_start_offset", 0)
+    recovery_point = _read_int_checkpoint(directory, RECOVERY_POINT_FILE, "recovery_point", 0)
+    log_start = _read_int_checkpoint(directory, LOG_START_FILE, "log_start_offset", 0)
+    epoch_cache = LeaderEpochCache()
     try:
-        plog.epoch_cache = LeaderEpochCache.from_payload(
+        epoch_cache = LeaderEpochCache.from_payload(
             read_checkpoint(directory / EPOCH_FILE, "leader-epoch")
         )
     except FileNotFoundError:
@@ -46,42 +62,44 @@ def recover_log(plog: PartitionLog, *, now_ms: int) -> PartitionLog:
             if int(orphan.name.split(".")[0]) not in bases:
                 orphan.unlink()
     if recovery_point <= (bases[0] if bases else 0):
-        plog.epoch_cache.clear()  # everything is rescanned, epochs included
-    _recover_segments(plog, bases, recovery_point, now_ms)
-    if not plog.segments:
-        plog.segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
-    plog._leo = plog.segments[-1].next_offset
-    plog._log_start = min(max(log_start, plog.segments[0].base_offset), plog._leo)
-    plog.epoch_cache.truncate_from_end(plog._leo)
-    plog.epoch_cache.truncate_from_start(plog._log_start)
-    # Recovered bytes may exist only in the page cache: make them durable before the
+        epoch_cache.clear()  # everything is rescanned, epochs included
+    segments = _recover_segments(directory, config, epoch_cache, bases, recovery_point, now_ms)
+    if not segments:
+        segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
+    log_end = segments[-1].next_offset
+    log_start = min(max(log_start, segments[0].base_offset), log_end)
+    epoch_cache.truncate_from_end(log_end)
+    epoch_cache.truncate_from_start(log_start)
+    # Recovered bytes may exist only in the page cache: make them durable before a
     # recovery point claims them.
-    for segment in plog.segments:
+    for segment in segments:
         if segment.next_offset > recovery_point:
             segment.fsync()
     fsync_dir(directory)
-    plog._flushed = plog._leo
-    plog._write_checkpoints_now()
-    return plog
+    return RecoveredLog(segments, epoch_cache, log_start, log_end)
 
 
-def _read_int_checkpoint(plog: PartitionLog, name: str, key: str, default: int) -> int:
+def _read_int_checkpoint(directory: Path, name: str, key: str, default: int) -> int:
     try:
-        return int(read_checkpoint(plog.directory / name, name.split(".")[0])[key])
+        return int(read_checkpoint(directory / name, name.split(".")[0])[key])
     except FileNotFoundError:
         return default
     except (CheckpointError, KeyError, ValueError, TypeError) as exc:
-        log.warning("%s: ignoring unreadable %s: %s", plog.directory, name, exc)
+        log.warning("%s: ignoring unreadable %s: %s", directory, name, exc)
         return default
 
 
 def _recover_segments(
-    plog: PartitionLog, bases: list[int], recovery_point: int, now_ms: int
-) -> None:
-    cache = plog.epoch_cache
-    directory = plog.directory
+    directory: Path,
+    config: LogConfig,
+    cache: LeaderEpochCache,
+    bases: list[int],
+    recovery_point: int,
+    now_ms: int,
+) -> list[LogSegment]:
+    segments: list[LogSegment] = []
     for i, base in enumerate(bases):
-        segment = LogSegment(directory, base, plog.config.index_interval_bytes)
+        segment = LogSegment(directory, base, config.index_interval_bytes)
         segment.created_ms = now_ms
         next_base = bases[i + 1] if i + 1 < len(bases) else None
         if base < recovery_point:
@@ -92,7 +110,7 @@ def _recover_segments(
             def on_batch(header: BatchHeader) -> None:
                 cache.assign(header.partition_leader_epoch, header.base_offset)
 
-            cut, reason = segment.recover(on_batch, allow_gaps=plog.config.compact)
+            cut, reason = segment.recover(on_batch, allow_gaps=config.compact)
             if cut:
                 log.warning(
                     "%s: truncated %d bytes of %s at offset %d: %s",
@@ -102,7 +120,7 @@ def _recover_segments(
                     segment.next_offset,
                     reason,
                 )
-        prev = plog.segments[-1] if plog.segments else None
+        prev = segments[-1] if segments else None
         if prev is not None and segment.base_offset < prev.next_offset:
             log.warning(
                 "%s: %s overlaps its predecessor; deleting it and what follows",
@@ -111,9 +129,9 @@ def _recover_segments(
             )
             segment.close()
             segment.delete()
-            _delete_segment_files(plog, bases[i + 1 :])
-            return
-        plog.segments.append(segment)
+            _delete_segment_files(directory, config, bases[i + 1 :])
+            return segments
+        segments.append(segment)
         if next_base is not None and cut:
             # What follows a torn segment was written later than the lost bytes and
             # cannot be contiguous with what survived.
@@ -123,12 +141,13 @@ def _recover_segments(
                 len(bases) - i - 1,
                 segment.log_path.name,
             )
-            _delete_segment_files(plog, bases[i + 1 :])
-            return
+            _delete_segment_files(directory, config, bases[i + 1 :])
+            return segments
+    return segments
 
 
-def _delete_segment_files(plog: PartitionLog, bases: list[int]) -> None:
+def _delete_segment_files(directory: Path, config: LogConfig, bases: list[int]) -> None:
     for base in bases:
-        segment = LogSegment(plog.directory, base, plog.config.index_interval_bytes)
+        segment = LogSegment(directory, base, config.index_interval_bytes)
         segment.close()
         segment.delete()

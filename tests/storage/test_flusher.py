@@ -86,7 +86,7 @@ async def test_crash_after_rolls_recovers_from_flusher_checkpoint(tmp_path: Path
             await flusher.flush(lg, info.last_offset + 1)
         nursery.cancel_scope.cancel()
     from raftlog.storage.checkpoint import read_checkpoint
-    from raftlog.storage.log import RECOVERY_POINT_FILE
+    from raftlog.storage.recovery import RECOVERY_POINT_FILE
 
     recovery_point = read_checkpoint(tmp_path / "t-0" / RECOVERY_POINT_FILE, "recovery-point")
     assert 0 < recovery_point["recovery_point"] <= 60

@@ -9,7 +9,6 @@ import trio
 from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError
 from raftlog.storage import LogConfig, LogManager, read_checkpoint
-from raftlog.storage.log import RECOVERY_POINT_FILE
 from raftlog.storage.log_dirs import (
     DELETE_SUFFIX,
     PARTITION_METADATA_FILE,
@@ -18,6 +17,7 @@ from raftlog.storage.log_dirs import (
     remove_directory,
     rename_for_removal,
 )
+from raftlog.storage.recovery import RECOVERY_POINT_FILE
 from tests.storage.helpers import batch
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from raftlog.records import iter_all_records, iter_batches
 from raftlog.storage import LogConfig, PartitionLog
-from raftlog.storage.log import RECOVERY_POINT_FILE
+from raftlog.storage.recovery import RECOVERY_POINT_FILE
 from tests.storage.helpers import batch
 
 CONFIG = LogConfig(segment_bytes=3000, index_interval_bytes=150)
