@@ -26,7 +26,8 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError, exception_leaves
 from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
-from raftlog.metadata.raft.driver import MetadataLogStore, MetadataRecoveryError, QuorumDriver
+from raftlog.metadata.raft.driver import QuorumDriver
+from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState

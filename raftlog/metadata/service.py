@@ -27,10 +27,9 @@ from raftlog.metadata.image import (
     MetadataImage,
     diff_images,
 )
-from raftlog.metadata.raft.core import NotLeader, Overloaded, Snapshot
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.messages import Entry
-from raftlog.metadata.raft.roles import RoleChange
+from raftlog.metadata.raft.types import NotLeader, Overloaded, RoleChange, Snapshot
 from raftlog.metadata.snapshot import encode_snapshot, image_records
 
 log = logging.getLogger("raftlog.metadata")

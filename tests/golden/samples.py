@@ -342,8 +342,8 @@ def metadata_image_at(end_offset: int) -> Any:
 
 def write_metadata_dir(data_dir: Path) -> None:
     """A node's metadata directory as the code of today writes it: log, then a snapshot."""
-    from raftlog.metadata.raft.core import Snapshot
-    from raftlog.metadata.raft.driver import MetadataLogStore
+    from raftlog.metadata.raft.log_store import MetadataLogStore
+    from raftlog.metadata.raft.types import Snapshot
     from raftlog.metadata.service import encode_entry
     from raftlog.metadata.snapshot import encode_snapshot
 

@@ -213,7 +213,7 @@ def _as_dict(config):
 
 
 async def test_linearizable_read_index(tmp_path):
-    from raftlog.metadata.raft.core import NotLeader
+    from raftlog.metadata.raft.types import NotLeader
 
     configs = make_configs(tmp_path)
     async with trio.open_nursery() as nursery:
@@ -237,7 +237,7 @@ async def test_linearizable_read_index(tmp_path):
 
 
 async def test_controller_that_cannot_append_resigns_so_another_takes_over(tmp_path):
-    from raftlog.metadata.raft.core import Overloaded
+    from raftlog.metadata.raft.types import Overloaded
     from raftlog.metadata.service import NotControllerError
 
     configs = make_configs(tmp_path)

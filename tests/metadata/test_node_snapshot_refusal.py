@@ -13,7 +13,7 @@ import trio
 
 from raftlog.errors import ErrorCode
 from raftlog.metadata import service as metadata_service
-from raftlog.metadata.raft.driver import UNUSABLE_SNAPSHOT_SUFFIX
+from raftlog.metadata.raft.log_store import UNUSABLE_SNAPSHOT_SUFFIX
 from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot, encode_snapshot
 from raftlog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tests.metadata.test_node_quorum import Cluster, create_topic, make_configs

@@ -1,8 +1,8 @@
 """MetadataLogStore and QuorumDriver details that the 3-node harness cannot pin down."""
 
-from raftlog.metadata.raft.core import Snapshot
-from raftlog.metadata.raft.driver import MetadataLogStore
+from raftlog.metadata.raft.log_store import MetadataLogStore
 from raftlog.metadata.raft.messages import Entry
+from raftlog.metadata.raft.types import Snapshot
 
 NOW_MS = 1_700_000_000_000
 

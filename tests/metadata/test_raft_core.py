@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from raftlog.metadata.raft.core import NotLeader, QuorumState, RaftConfig, RaftCore
+from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import (
     DivergingEpoch,
     Entry,
@@ -23,12 +23,12 @@ from raftlog.metadata.raft.roles import (
     IllegalTransition,
     Leader,
     Prospective,
-    Ready,
     Resigned,
     Unattached,
     Voted,
     check_transition,
 )
+from raftlog.metadata.raft.types import NotLeader, QuorumState, RaftConfig, Ready
 
 CONFIG = RaftConfig(
     election_timeout_ms=100,
@@ -234,7 +234,7 @@ def test_pre_vote_from_a_node_stuck_in_a_newer_epoch_moves_the_quorum_there() ->
 def test_fetch_response_respects_max_fetch_bytes_and_backlog_is_bounded() -> None:
     import dataclasses
 
-    from raftlog.metadata.raft.core import Overloaded
+    from raftlog.metadata.raft.types import Overloaded
 
     config = dataclasses.replace(CONFIG, max_fetch_bytes=10, max_uncommitted_entries=5)
     core = RaftCore(1, frozenset({1, 2, 3}), config, QuorumState(), rng=random.Random(1))

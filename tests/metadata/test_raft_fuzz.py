@@ -7,15 +7,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftlog.metadata.raft.core import (
-    ProtocolViolation,
-    QuorumState,
-    RaftConfig,
-    RaftCore,
-    Snapshot,
-)
+from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import Entry, Message, VoteResponse
 from raftlog.metadata.raft.roles import Leader
+from raftlog.metadata.raft.types import ProtocolViolation, QuorumState, RaftConfig, Snapshot
 from tests.metadata.test_raft_messages import message_strategy
 
 CONFIG = RaftConfig(

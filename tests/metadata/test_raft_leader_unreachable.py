@@ -8,9 +8,10 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftlog.metadata.raft.core import QuorumState, RaftConfig, RaftCore
+from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import FetchResponse, Vote, VoteResponse
 from raftlog.metadata.raft.roles import Follower, Prospective
+from raftlog.metadata.raft.types import QuorumState, RaftConfig
 
 CONFIG = RaftConfig(
     election_timeout_ms=100,

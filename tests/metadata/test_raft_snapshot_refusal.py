@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from raftlog.metadata.raft.core import QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import Entry, Fetch, FetchSnapshot, Message
 from raftlog.metadata.raft.roles import Follower, Leader
-from raftlog.metadata.raft.types import Ready
+from raftlog.metadata.raft.types import QuorumState, RaftConfig, Ready, Snapshot
 
 CONFIG = RaftConfig(
     election_timeout_ms=100,

@@ -11,7 +11,7 @@ import trio
 from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
 from raftlog.metadata import service as service_module
-from raftlog.metadata.raft.core import NotLeader
+from raftlog.metadata.raft.types import NotLeader
 from raftlog.metadata.service import MetadataService, NotControllerError, decode_entry
 
 

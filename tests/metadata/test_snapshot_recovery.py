@@ -17,14 +17,14 @@ import pytest
 from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.raft.core import Snapshot
-from raftlog.metadata.raft.driver import (
+from raftlog.metadata.raft.driver import QuorumDriver
+from raftlog.metadata.raft.log_store import (
     UNUSABLE_SNAPSHOT_SUFFIX,
     MetadataLogStore,
     MetadataRecoveryError,
-    QuorumDriver,
 )
 from raftlog.metadata.raft.messages import Entry
+from raftlog.metadata.raft.types import Snapshot
 from raftlog.metadata.service import MetadataService
 from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot
 from raftlog.net.rpc import PeerSet

@@ -21,8 +21,9 @@ from typing import Any
 
 import msgpack
 
-from raftlog.metadata.raft.core import NotLeader, QuorumState, RaftConfig, RaftCore, Snapshot
+from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import Entry, Message, Vote, VoteResponse, message_from_wire
+from raftlog.metadata.raft.types import NotLeader, QuorumState, RaftConfig, Snapshot
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
 SIM_RAFT_CONFIG = RaftConfig(

@@ -2,11 +2,11 @@
 
 The core never touches a socket, a disk or a clock: the driver feeds it ``tick(now_ms)``,
 ``receive(now_ms, from_id, message)``, ``propose``, ``flushed``, ``snapshot_written``,
-``resign`` and ``read_index``, then drains ``take_ready()`` and executes it in field order
+``resign`` and ``read_index``, then drains ``take_ready()``, which ``executor.execute_ready`` carries out in order
 (persist quorum state -> truncate -> append -> install snapshot -> send -> apply -> reads).
 docs/raft.md describes the roles, messages and persistence rules. This module holds the driver
-API and the in-memory log; ``RaftCore`` mixes in ``raft_replication.Replication`` (fetch, HW,
-snapshots, reads) on top of ``raft_elections.Elections`` (epochs, votes, leadership).
+API and the in-memory log; ``RaftCore`` mixes in ``replication.Replication`` (fetch, HW,
+snapshots, reads) on top of ``elections.Elections`` (epochs, votes, leadership).
 
 Offsets are 0-based; every "offset" that bounds a range (high watermark, flushed, log end,
 snapshot end) is exclusive.
@@ -48,21 +48,9 @@ from raftlog.metadata.raft.types import (
     RoleChange,
     Snapshot,
     SnapshotCheck,
-    SnapshotRejected,
 )
 
-__all__ = [
-    "NotLeader",
-    "Overloaded",
-    "ProtocolViolation",
-    "QuorumState",
-    "RaftConfig",
-    "RaftCore",
-    "Ready",
-    "Snapshot",
-    "SnapshotCheck",
-    "SnapshotRejected",
-]
+__all__ = ["RaftCore"]
 
 
 def _epoch_of(entry: Entry) -> int:

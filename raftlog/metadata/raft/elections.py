@@ -1,7 +1,7 @@
 """The election half of the Raft core: who leads which epoch (mixed into RaftCore).
 
 Pre-vote (KIP-996), votes, epochs, Begin/EndQuorumEpoch, and the moves between the role
-objects of ``raft_roles``. Replication (fetch, HW, snapshots) is ``raft_replication``.
+objects of ``roles``. Replication (fetch, HW, snapshots) is ``replication``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Elections:
     """The role machine of RaftCore: elections, epochs, votes (mixed into RaftCore).
 
     Everything here decides *who leads which epoch*; replication (fetch, HW, snapshots) is
-    raft_replication.Replication. The attributes and hooks below are provided by RaftCore.
+    replication.Replication. The attributes and hooks below are provided by RaftCore.
     """
 
     node_id: int

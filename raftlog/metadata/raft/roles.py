@@ -4,10 +4,8 @@ Each role is a small immutable object (after Kafka's ``QuorumState``): the core 
 another through ``check_transition``, which raises ``IllegalTransition`` with both full states
 in the message when the move is not in ``TRANSITIONS``. Mutable leader bookkeeping (replica
 progress, parked fetches) lives in the core, never in a role object. The election logic that
-drives these transitions is ``raft_elections.Elections``.
-
-The core's value types and errors live in ``raft_types``; they are re-exported here because
-drivers and tests import them from this module.
+drives these transitions is ``elections.Elections``; the value types and errors are in
+``types``.
 """
 
 from __future__ import annotations
@@ -16,16 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from raftlog.errors import RaftlogError
-from raftlog.metadata.raft.types import (
-    NotLeader,
-    Overloaded,
-    ProtocolViolation,
-    QuorumState,
-    RaftConfig,
-    Ready,
-    RoleChange,
-    Snapshot,
-)
+from raftlog.metadata.raft.types import QuorumState
 
 __all__ = [
     "TRANSITIONS",
@@ -33,17 +22,9 @@ __all__ = [
     "Follower",
     "IllegalTransition",
     "Leader",
-    "NotLeader",
-    "Overloaded",
     "Prospective",
-    "ProtocolViolation",
-    "QuorumState",
-    "RaftConfig",
-    "Ready",
     "Resigned",
     "Role",
-    "RoleChange",
-    "Snapshot",
     "Unattached",
     "Voted",
     "check_transition",
