@@ -23,7 +23,8 @@ from raftlog.replication.fetch_wire import (
     encode_request,
     encode_response,
 )
-from tests.replication.test_manager import TOPIC, followers, produce, start_cluster, wait_until
+from tests.replication.test_manager import TOPIC, followers, produce, start_cluster
+from tests.waiting import wait_until
 
 ints = st.integers(min_value=-1, max_value=2**62)
 names = st.text(min_size=1, max_size=20)
@@ -92,7 +93,7 @@ def test_an_error_code_this_build_does_not_know_becomes_unknown_server_error() -
 async def test_follower_survives_garbage_answers_and_catches_up(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, min_isr=1)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         victim = followers(cluster)[0]
         pool = cluster.managers[victim].fetchers
         honest = pool.send_fetch
@@ -108,18 +109,18 @@ async def test_follower_survives_garbage_answers_and_catches_up(tmp_path: Path) 
         # A fetch sent before the swap may be parked at the leader: its answer is lost.
         cluster.paused.add(victim)
         assert (await produce(cluster, acks=1)).error == ErrorCode.none
-        await wait_until(lambda: garbage_answers >= 3, "a few failed rounds")
+        await wait_until("a few failed rounds", lambda: garbage_answers >= 3)
         assert cluster.status(victim).log_end_offset == 0
         cluster.paused.discard(victim)
         pool.send_fetch = honest
-        await wait_until(cluster.in_sync, "the follower to catch up")
+        await wait_until("the follower to catch up", cluster.in_sync)
         await cluster.stop_all()
 
 
 async def test_leader_refuses_fetches_from_a_broker_that_is_not_a_replica(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
         epoch = cluster.partition().leader_epoch
         request = ReplicaFetchRequest(

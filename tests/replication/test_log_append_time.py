@@ -33,8 +33,8 @@ from tests.replication.test_manager import (
     Cluster,
     cluster_config,
     start_cluster,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 STAMPED = "stamped"
 OLD_CREATE_TIME_MS = 1_000_000
@@ -54,7 +54,7 @@ async def create_stamped_topic(cluster: Cluster) -> None:
     reply = cluster.handle(CreateTopics((NewTopic(STAMPED, 1, 3, configs=configs),)))
     assert reply.results[0].error_code == ErrorCode.none, reply
     await cluster.settle()
-    await wait_until(lambda: cluster.partition(STAMPED).leader in cluster.managers, "a leader")
+    await wait_until("a leader", lambda: cluster.partition(STAMPED).leader in cluster.managers)
 
 
 def leader_of(cluster: Cluster, topic: str) -> int:
@@ -103,7 +103,7 @@ async def test_leader_stamps_append_time_and_followers_keep_its_bytes(tmp_path: 
             second_ms,
         )
 
-        await wait_until(lambda: all_in_sync(cluster, STAMPED), "replicas in sync")
+        await wait_until("replicas in sync", lambda: all_in_sync(cluster, STAMPED))
         stored = cluster.log_bytes(leader_of(cluster, STAMPED), STAMPED)
         for broker_id in BROKERS:
             assert cluster.log_bytes(broker_id, STAMPED) == stored, broker_id
@@ -135,7 +135,7 @@ async def test_leader_stamps_append_time_and_followers_keep_its_bytes(tmp_path: 
         # The topic next door keeps CreateTime: no stamp, no log_append_time in the answer.
         plain = await send(cluster, TOPIC, old_batch())
         assert (plain.error, plain.log_append_time_ms) == (ErrorCode.none, NO_TIMESTAMP)
-        await wait_until(lambda: all_in_sync(cluster, TOPIC), "replicas of the plain topic")
+        await wait_until("replicas of the plain topic", lambda: all_in_sync(cluster, TOPIC))
         [plain_header] = headers(cluster, leader_of(cluster, TOPIC), TOPIC)
         assert plain_header.timestamp_type == TimestampType.CREATE_TIME
         assert plain_header.max_timestamp_ms == OLD_CREATE_TIME_MS + 2
@@ -188,13 +188,13 @@ async def test_altered_timestamp_type_reaches_every_replica_and_a_new_leader(
             assert plog is not None and plog.config.message_timestamp_type == "LogAppendTime"
         after = await send(cluster, TOPIC, old_batch())
         assert after.error == ErrorCode.none and after.log_append_time_ms >= 0
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
 
         # The follower that takes over stamps too: it had the topic config all along.
         old_leader = cluster.leader_id
         cluster.heartbeat(old_leader, want_fence=True)
         assert cluster.leader_id != old_leader
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a new leader")
+        await wait_until("a new leader", lambda: cluster.leader_id in cluster.managers)
         taken_over = await send(cluster, TOPIC, old_batch())
         assert taken_over.error == ErrorCode.none, taken_over
         assert taken_over.log_append_time_ms >= after.log_append_time_ms

@@ -36,10 +36,10 @@ from raftlog.records import iter_batches
 from raftlog.replication.manager import ReplicaManager
 from raftlog.storage import LogManager
 from tests.storage.helpers import batch
+from tests.waiting import wait_until
 
 TOPIC = "orders"
 BROKERS = (1, 2, 3)
-DEADLINE_S = 15.0
 
 
 def cluster_config(**overrides: Any) -> NodeConfig:
@@ -54,16 +54,6 @@ def cluster_config(**overrides: Any) -> NodeConfig:
 
 def clock_ms() -> int:
     return int(trio.current_time() * 1000)
-
-
-async def wait_until(
-    condition: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S
-) -> None:
-    with trio.move_on_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - a deadline-bounded condition wait
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _wire(value: Any) -> Any:
@@ -278,7 +268,7 @@ def trio_read(region: Any) -> bytes:
 async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
         event = leader.data_event(TOPIC, 0)
         for i in range(5):
@@ -304,7 +294,7 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
         assert (latest.offset, earliest.offset) == (15, 0)
 
         cluster.paused.clear()
-        await wait_until(cluster.in_sync, "every replica at the leader's LEO and HW")
+        await wait_until("every replica at the leader's LEO and HW", cluster.in_sync)
         expected = cluster.log_bytes(cluster.leader_id)
         assert last_offsets(expected) == [2, 5, 8, 11, 14, 17]
         for broker_id in BROKERS:
@@ -328,7 +318,7 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
 async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         assert (await produce(cluster)).error == ErrorCode.none
         leader_id = cluster.leader_id
         first, second = followers(cluster)
@@ -350,9 +340,9 @@ async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) 
         assert (await produce(cluster, acks=1)).error == ErrorCode.none
 
         cluster.paused.clear()
-        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand to three")
+        await wait_until("the ISR to expand to three", lambda: len(cluster.partition().isr) == 3)
         assert (await produce(cluster)).error == ErrorCode.none
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         expected = cluster.log_bytes(leader_id)
         assert all(cluster.log_bytes(b) == expected for b in BROKERS)
         await cluster.stop_all()
@@ -361,10 +351,10 @@ async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) 
 async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         for _ in range(3):
             assert (await produce(cluster)).error == ErrorCode.none
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         acknowledged = cluster.log_bytes(cluster.leader_id)
         old_leader = cluster.leader_id
         old_epoch = cluster.partition().leader_epoch
@@ -388,13 +378,13 @@ async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_pat
 
         # The old leader rejoins: its tail diverges and is cut back to the acknowledged data.
         await wait_until(
-            lambda: cluster.status(old_leader).log_end_offset == 9, "the old leader to truncate"
+            "the old leader to truncate", lambda: cluster.status(old_leader).log_end_offset == 9
         )
         cluster.heartbeat(old_leader)  # unfenced again, so it may re-enter the ISR
-        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
+        await wait_until("the ISR to expand", lambda: len(cluster.partition().isr) == 3)
         result = await produce(cluster)
         assert result.error == ErrorCode.none and result.base_offset == 9
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         final = cluster.log_bytes(new_leader)
         assert last_offsets(final) == [2, 5, 8, 11]
         # Acknowledged batches keep their bytes (offsets and epoch included) everywhere.
@@ -406,7 +396,7 @@ async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_pat
 async def test_deleted_topic_removes_replicas_and_data(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         assert (await produce(cluster)).error == ErrorCode.none
         directories = [tmp_path / f"broker-{b}" / f"{TOPIC}-0" for b in BROKERS]
         assert all(d.is_dir() for d in directories)
@@ -428,10 +418,10 @@ async def test_restarted_broker_starts_from_its_hw_checkpoint_and_catches_up(
 ) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         for _ in range(2):
             assert (await produce(cluster)).error == ErrorCode.none
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         leader_id = cluster.leader_id
         restarted = followers(cluster)[0]
         await cluster.stop(restarted)
@@ -447,8 +437,8 @@ async def test_restarted_broker_starts_from_its_hw_checkpoint_and_catches_up(
         assert recovered.role == "follower"
         assert (recovered.log_end_offset, recovered.high_watermark) == (6, 6)
         cluster.paused.clear()
-        await wait_until(cluster.in_sync, "the restarted broker to catch up")
-        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
+        await wait_until("the restarted broker to catch up", cluster.in_sync)
+        await wait_until("the ISR to expand", lambda: len(cluster.partition().isr) == 3)
         expected = cluster.log_bytes(leader_id)
         assert cluster.log_bytes(restarted) == expected
         await cluster.stop_all()
@@ -458,7 +448,7 @@ async def test_restarted_broker_starts_from_its_hw_checkpoint_and_catches_up(
 async def test_acks_zero_and_one_answer_after_the_local_append(tmp_path: Path, acks: int) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader_id = cluster.leader_id
         cluster.paused.update(followers(cluster))
         result = await produce(cluster, acks=acks)
@@ -470,5 +460,5 @@ async def test_acks_zero_and_one_answer_after_the_local_append(tmp_path: Path, a
         bad = await cluster.managers[leader_id].produce(TOPIC, 0, b"\x00" * 70, acks, 1000)
         assert bad.error == ErrorCode.corrupt_message
         cluster.paused.clear()
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         await cluster.stop_all()

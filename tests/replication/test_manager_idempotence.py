@@ -19,8 +19,8 @@ from tests.replication.test_manager import (
     cluster_config,
     followers,
     start_cluster,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 PID = 4242
 # Followers stay in the ISR through a few seconds of a starved CPU: these tests are about
@@ -61,7 +61,7 @@ def table_matches_log(cluster: Cluster, broker_id: int) -> bool:
 async def test_retries_are_answered_with_the_original_offsets(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         first = await send(cluster, idempotent(0))
         second = await send(cluster, idempotent(2))
         assert (first.error, first.base_offset) == (ErrorCode.none, 0)
@@ -81,7 +81,7 @@ async def test_retries_are_answered_with_the_original_offsets(tmp_path: Path) ->
         # An unknown producer id is accepted at any sequence (KIP-360).
         stranger = await send(cluster, idempotent(50, pid=7))
         assert (stranger.error, stranger.base_offset) == (ErrorCode.none, 6)
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         expected = [(PID, 0, 0), (PID, 2, 2), (PID, 0, 4), (7, 50, 6)]
         for broker_id in BROKERS:
             assert values(cluster, broker_id) == expected, broker_id
@@ -92,10 +92,10 @@ async def test_retries_are_answered_with_the_original_offsets(tmp_path: Path) ->
 async def test_new_leader_answers_retries_of_batches_it_replicated(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         assert (await send(cluster, idempotent(0))).base_offset == 0
         assert (await send(cluster, idempotent(2))).base_offset == 2
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         old_leader = cluster.leader_id
         cluster.heartbeat(old_leader, want_fence=True)
         new_leader = cluster.leader_id
@@ -105,8 +105,8 @@ async def test_new_leader_answers_retries_of_batches_it_replicated(tmp_path: Pat
         follow_on = await send(cluster, idempotent(4))
         assert (follow_on.error, follow_on.base_offset) == (ErrorCode.none, 4)
         cluster.heartbeat(old_leader)
-        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("the ISR to expand", lambda: len(cluster.partition().isr) == 3)
+        await wait_until("replicas in sync", cluster.in_sync)
         for broker_id in BROKERS:
             assert [v[1] for v in values(cluster, broker_id)] == [0, 2, 4]
         await cluster.stop_all()
@@ -115,9 +115,9 @@ async def test_new_leader_answers_retries_of_batches_it_replicated(tmp_path: Pat
 async def test_truncated_tail_leaves_no_producer_state_behind(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         assert (await send(cluster, idempotent(0))).error == ErrorCode.none
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         old_leader = cluster.leader_id
         # Seq 2 reaches only the old leader (acks=1), which is then fenced.
         cluster.paused.update(followers(cluster))
@@ -129,13 +129,13 @@ async def test_truncated_tail_leaves_no_producer_state_behind(tmp_path: Path) ->
         assert (retry.error, retry.base_offset) == (ErrorCode.none, 2), retry
         assert (await send(cluster, idempotent(4, count=3))).base_offset == 4
         cluster.heartbeat(old_leader)
-        await wait_until(lambda: len(cluster.partition().isr) == 3, "the ISR to expand")
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("the ISR to expand", lambda: len(cluster.partition().isr) == 3)
+        await wait_until("replicas in sync", cluster.in_sync)
         expected = values(cluster, cluster.leader_id)
         for broker_id in BROKERS:
             assert values(cluster, broker_id) == expected
             await wait_until(
-                lambda b=broker_id: table_matches_log(cluster, b), f"broker {broker_id}'s table"
+                f"broker {broker_id}'s table", lambda b=broker_id: table_matches_log(cluster, b)
             )
         entry = cluster.managers[old_leader].partitions[(TOPIC, 0)].producers.table.get(PID)
         assert entry is not None and entry.last_seq == 6
@@ -145,10 +145,10 @@ async def test_truncated_tail_leaves_no_producer_state_behind(tmp_path: Path) ->
 async def test_restart_recovers_producer_state_from_its_snapshot(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         for seq in (0, 2, 4):
             assert (await send(cluster, idempotent(seq))).error == ErrorCode.none
-        await wait_until(cluster.in_sync, "replicas in sync")
+        await wait_until("replicas in sync", cluster.in_sync)
         leader_id = cluster.leader_id
         directory = tmp_path / f"broker-{leader_id}" / f"{TOPIC}-0"
         await cluster.stop(leader_id)
@@ -156,7 +156,7 @@ async def test_restart_recovers_producer_state_from_its_snapshot(tmp_path: Path)
         # Nothing fenced it (the in-test controller has no session timeout): it leads again.
         await cluster.start(leader_id)
         hosted = cluster.managers[leader_id].partitions[(TOPIC, 0)]
-        await wait_until(lambda: hosted.producers.loaded, "the producer state to load")
+        await wait_until("the producer state to load", lambda: hosted.producers.loaded)
         assert hosted.producers.table.get(PID) is not None
         assert cluster.leader_id == leader_id
         retry = await send(cluster, idempotent(4), acks=1)
@@ -186,5 +186,5 @@ async def test_segment_rolls_snapshot_the_producer_state_on_every_replica(tmp_pa
             return bool(offsets) and all(0 < o <= hosted.log.log_end_offset for o in offsets)
 
         for broker_id in BROKERS:
-            await wait_until(lambda b=broker_id: snapshotted(b), "a producer snapshot")
+            await wait_until("a producer snapshot", lambda b=broker_id: snapshotted(b))
         await cluster.stop_all()

@@ -15,8 +15,9 @@ from raftlog.errors import ErrorCode
 from raftlog.metadata.controller.messages import CreateTopics, DeleteTopics, NewTopic
 from raftlog.storage import LogManager
 from raftlog.storage.log_dirs import read_topic_id
-from tests.replication.test_manager import BROKERS, TOPIC, Cluster, start_cluster, wait_until
+from tests.replication.test_manager import BROKERS, TOPIC, Cluster, start_cluster
 from tests.storage.helpers import batch
+from tests.waiting import wait_until
 
 WIDE = "wide"
 WIDE_PARTITIONS = 100
@@ -114,7 +115,7 @@ async def test_delete_and_recreate_of_one_name_run_in_order(tmp_path: Path) -> N
             assert read_topic_id(directory) == new_id
             assert cluster.managers[broker_id].partitions[(TOPIC, 0)].topic_id == new_id
         assert leftovers(tmp_path) == []
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         result = await cluster.managers[cluster.leader_id].produce(TOPIC, 0, batch(2), -1, 10_000)
         assert result.error == ErrorCode.none and result.base_offset == 0, result
         await cluster.stop_all()
@@ -135,10 +136,10 @@ async def test_stray_logs_go_only_once_the_restarted_broker_is_caught_up(
             NewTopic("elsewhere", assignments={0: (1, 2), 1: (1, 2)}),
         )
         await cluster.settle()
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
         assert (await leader.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
-        await wait_until(lambda: cluster.in_sync(), "replicas in sync")
+        await wait_until("replicas in sync", lambda: cluster.in_sync())
         old_orders_id = cluster.image.topic(TOPIC).topic_id  # type: ignore[union-attr]
 
         # The broker goes away; while it is down "gone" is deleted, "orders" deleted and
@@ -207,10 +208,10 @@ async def test_a_log_of_another_topic_id_is_held_until_the_broker_is_caught_up(
     root = tmp_path / f"broker-{restarted}"
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
         assert (await leader.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
-        await wait_until(lambda: cluster.in_sync(), "replicas in sync")
+        await wait_until("replicas in sync", lambda: cluster.in_sync())
         old_id = cluster.image.topic(TOPIC).topic_id  # type: ignore[union-attr]
         await cluster.stop(restarted)
         cluster.heartbeat(restarted, want_fence=True)

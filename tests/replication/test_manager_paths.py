@@ -16,9 +16,9 @@ from tests.replication.test_manager import (
     followers,
     produce,
     start_cluster,
-    wait_until,
 )
 from tests.storage.helpers import batch
+from tests.waiting import wait_until
 
 WIDE = "wide"
 WIDE_PARTITIONS = 6
@@ -61,16 +61,16 @@ async def test_parked_replica_fetches_wake_on_new_data_not_on_a_timer(tmp_path: 
     config = cluster_config(replica_fetch_wait_max_ms=60_000)
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery, config=config)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
         hosted = leader.partitions[(TOPIC, 0)]
-        await wait_until(lambda: len(hosted.waiters) == 2, "both followers parked")
+        await wait_until("both followers parked", lambda: len(hosted.waiters) == 2)
         with trio.fail_after(10):
             for i in range(3):
                 result = await produce(cluster)
                 assert result.error == ErrorCode.none and result.base_offset == 3 * i
             # Followers learn the new HW from a wake-up too, not after the minute.
-            await wait_until(cluster.in_sync, "followers to learn the HW", timeout_s=10)
+            await wait_until("followers to learn the HW", cluster.in_sync, timeout_s=10)
         await cluster.stop_all()
 
 
@@ -116,7 +116,7 @@ async def test_retention_never_passes_the_high_watermark(tmp_path: Path) -> None
 async def test_stale_and_repeated_metadata_changes_nothing(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
-        await wait_until(lambda: cluster.leader_id in cluster.managers, "a leader")
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         assert (await produce(cluster)).error == ErrorCode.none
         before = {b: cluster.managers[b].partition_states() for b in BROKERS}
         stale_image, stale_delta = cluster.full_delta()
