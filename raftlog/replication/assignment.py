@@ -37,12 +37,8 @@ from raftlog.config_keys import log_overrides
 from raftlog.errors import ErrorCode
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
-from raftlog.replication.core.partition import (
-    Partition,
-    PartitionState,
-    ReplicationStateError,
-    Transition,
-)
+from raftlog.replication.core.partition import Partition, Transition
+from raftlog.replication.core.types import LeaderAndIsr, ReplicationStateError
 from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.idempotence import ProducerStateHolder
 from raftlog.replication.log_work import LogWork
@@ -272,7 +268,9 @@ class ReplicaAssignment:
         settings = dataclasses.replace(m.settings, flush_policy=plog.config.flush_policy)
         assert m.checkpointed_hws is not None
         high_watermark = m.checkpointed_hws.get(key, 0) if existed else 0
-        replica = Partition(m.node_id, plog, settings, high_watermark=high_watermark)
+        replica = Partition(
+            replica_id=m.node_id, log=plog, settings=settings, high_watermark=high_watermark
+        )
         producers = ProducerStateHolder(plog)
         hosted = HostedPartition(topic, index, topic_id, plog, replica, producers)
         m.partitions[key] = hosted
@@ -286,14 +284,14 @@ class ReplicaAssignment:
     def _apply_state(self, hosted: HostedPartition, image_state: ImagePartitionState) -> None:
         m = self.manager
         topic, index = hosted.key
-        state = PartitionState(
+        state = LeaderAndIsr(
             leader_id=image_state.leader,
             leader_epoch=image_state.leader_epoch,
             partition_epoch=image_state.partition_epoch,
             replicas=tuple(image_state.replicas),
             isr=frozenset(image_state.isr),
         )
-        result = hosted.replica.apply_metadata(m.clock_ms(), state)
+        result = hosted.replica.apply_metadata(now_ms=m.clock_ms(), state=state)
         if result.transition is Transition.STALE:
             log.info(
                 "%s-%d: refused stale metadata %s (have %s)",

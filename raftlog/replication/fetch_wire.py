@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.partition import DivergingEpoch
+from raftlog.replication.core.types import DivergingEpoch
 
 REPLICA_FETCH_METHOD = "replica.fetch"
 # A follower hosts at most this many partitions of one leader in a single fetch; more is a

@@ -1,11 +1,12 @@
 """Follower fetchers: one trio task per leader broker, batching every partition it leads for us.
 
 A round is: ask each partition's FollowerState for its next fetch, send them as ONE
-replica.fetch call, apply the answers (append as follower, truncate on a diverging epoch,
-restart at the leader's log start when out of range, learn the leader's HW), then fsync what was
-appended before the next round. The next round's fetch offsets are the acknowledgement the
-leader counts towards its HW, so the fsync must come first (persist before you promise); the
-flushes of one round share a group commit in the Flusher.
+replica.fetch call, apply the answers (append as follower, learn the leader's HW; hand a
+truncation on a diverging epoch, or a restart at the leader's log start when out of range, to
+the `truncate` callback, which cuts the log off the event loop and reports back to the
+follower), then fsync what was appended before the next round. The next round's fetch
+offsets are the acknowledgement the leader counts towards its HW, so the fsync must come first
+(persist before you promise); the flushes of one round share a group commit in the Flusher.
 
 Failures (the leader unreachable, a timeout, an error answer) back off for
 replica_fetch_backoff_ms and try again; metadata moves partitions between fetchers.
@@ -25,6 +26,7 @@ from raftlog.replication.core.follower import (
     FetchResponse,
     FollowerAction,
     FollowerState,
+    FollowerStep,
 )
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
@@ -39,6 +41,8 @@ from raftlog.storage import Flusher
 log = logging.getLogger("raftlog.replication")
 
 SendFetch = Callable[[int, dict], Awaitable[dict]]
+# Cut the follower's log as a TRUNCATE/RESET step asks, then call its on_truncated.
+Truncate = Callable[[HostedPartition, FollowerState, FollowerStep], None]
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class ReplicaFetcher:
                 # The producer state is being rebuilt from this log in a worker thread: the
                 # log must hold still; the next round (after the backoff) asks again.
                 continue
-            request = follower.fetch_request(now_ms)
+            request = follower.fetch_request(now_ms=now_ms)
             if request is not None:
                 due.append((hosted, follower, request))
         return due
@@ -132,7 +136,8 @@ class ReplicaFetcher:
             now_ms = self.pool.clock_ms()
             for _, follower, fetch in due:
                 follower.on_fetch_response(
-                    now_ms, FetchResponse(fetch.request_id, ErrorCode.network_exception, -1, -1)
+                    now_ms=now_ms,
+                    response=FetchResponse(fetch.request_id, ErrorCode.network_exception, -1, -1),
                 )
             await trio.sleep(settings.backoff_ms / 1000)
             return
@@ -143,7 +148,7 @@ class ReplicaFetcher:
         for hosted in appended:
             current = hosted.replica.follower
             if current is not None:
-                current.on_flushed(now_ms)
+                current.on_flushed(now_ms=now_ms)
         for hosted, _, _ in due:
             self.pool.on_progress(hosted)
         self.rounds += 1
@@ -180,7 +185,7 @@ class ReplicaFetcher:
                     bool(answer.records),
                 )
                 records = answer.records
-            step = follower.on_fetch_response(now_ms, response)
+            step = follower.on_fetch_response(now_ms=now_ms, response=response)
             partition_log = hosted.log
             try:
                 if step.action is FollowerAction.APPEND:
@@ -198,17 +203,16 @@ class ReplicaFetcher:
                         fetch.fetch_offset,
                         step.reset_to_offset,
                     )
-                    partition_log.truncate_fully_and_start_at(step.reset_to_offset)
-                    self.pool.on_truncated(hosted, True)
-                elif step.action is FollowerAction.TRUNCATED:
+                    self.pool.truncate(hosted, follower, step)
+                elif step.action is FollowerAction.TRUNCATE:
                     log.info(
-                        "%s-%d: diverged from leader %d; truncated to %s",
+                        "%s-%d: diverged from leader %d; truncating to %s",
                         hosted.topic,
                         hosted.partition,
                         self.leader_id,
-                        step.truncated_to_offset,
+                        step.truncate_to_offset,
                     )
-                    self.pool.on_truncated(hosted, False)
+                    self.pool.truncate(hosted, follower, step)
                 elif step.action is FollowerAction.BACKOFF:
                     failed = True
             except KafkaError as exc:
@@ -229,7 +233,7 @@ class ReplicaFetcher:
             # The table and the log disagree (it cannot happen unless a bug did): rebuild the
             # table from the log rather than stop replicating.
             log.error("%s-%d: producer state: %s", hosted.topic, hosted.partition, exc)
-            self.pool.on_truncated(hosted, None)
+            self.pool.rebuild_producers(hosted)
 
     @staticmethod
     def _follow_log_start(
@@ -266,7 +270,8 @@ class FetcherPool:
         flusher: Flusher,
         clock_ms: Callable[[], int],
         on_progress: Callable[[HostedPartition], None],
-        on_truncated: Callable[[HostedPartition, bool | None], None],
+        truncate: Truncate,
+        rebuild_producers: Callable[[HostedPartition], None],
     ) -> None:
         self.settings = settings
         self.hosted = hosted
@@ -274,9 +279,9 @@ class FetcherPool:
         self.flusher = flusher
         self.clock_ms = clock_ms
         self.on_progress = on_progress
-        # (hosted, reset): the follower truncated its log (reset: emptied it; None: the
-        # producer state must be rebuilt from the whole log).
-        self.on_truncated = on_truncated
+        self.truncate = truncate
+        # The producer state disagrees with the log: rebuild it from the whole log.
+        self.rebuild_producers = rebuild_producers
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._leader_of: dict[TopicPartition, int] = {}
         self._nursery: trio.Nursery | None = None

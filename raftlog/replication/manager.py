@@ -17,6 +17,7 @@ docs/replication.md ("The driver") explains the flows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import uuid
@@ -27,7 +28,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.net.kafka.backend import (
@@ -39,14 +40,16 @@ from raftlog.net.kafka.backend import (
     ProduceResult,
 )
 from raftlog.replication.assignment import ReplicaAssignment
-from raftlog.replication.core.leader import LeaderEffects, LeaderState
-from raftlog.replication.core.partition import (
+from raftlog.replication.core.follower import FollowerAction, FollowerState, FollowerStep
+from raftlog.replication.core.leader import LeaderState
+from raftlog.replication.core.purgatory import Completion, ProduceCompletion, Purgatory
+from raftlog.replication.core.types import (
     NO_LEADER,
     AlterPartitionRequest,
-    PartitionState,
+    LeaderAndIsr,
+    LeaderEffects,
     ReplicationSettings,
 )
-from raftlog.replication.core.purgatory import Completion, ProduceCompletion, Purgatory
 from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
 from raftlog.replication.hosted import (
     FLUSH_RETRY_BACKOFF_MS,
@@ -139,7 +142,8 @@ class ReplicaManager:
             flusher=flusher,
             clock_ms=clock_ms,
             on_progress=self._on_follower_progress,
-            on_truncated=self._on_follower_truncated,
+            truncate=self._truncate_follower,
+            rebuild_producers=self._rebuild_producers,
         )
         self.reads = ReadPaths(self)
         # incarnation_id: this process's broker registration (BrokerLifecycle); its unfencing
@@ -247,7 +251,7 @@ class ReplicaManager:
             partition_epoch=request.partition_epoch,
             new_isr=tuple(sorted(request.new_isr)),
         )
-        result: PartitionState | ErrorCode
+        result: LeaderAndIsr | ErrorCode
         try:
             reply = await self._alter_partition(message)
         except Exception as exc:  # an unreachable controller: retry on a later tick
@@ -265,7 +269,7 @@ class ReplicaManager:
                 )
                 result = reply.error_code
             else:
-                result = PartitionState(
+                result = LeaderAndIsr(
                     leader_id=reply.leader,
                     leader_epoch=reply.leader_epoch,
                     partition_epoch=reply.partition_epoch,
@@ -274,7 +278,9 @@ class ReplicaManager:
                 )
         # Only the leader state that asked may take the answer (a newer epoch ignores it).
         if self.partitions.get(hosted.key) is hosted and hosted.replica.leader is leader:
-            self.handle_effects(hosted, leader.on_alter_partition_result(request, result))
+            self.handle_effects(
+                hosted, leader.on_alter_partition_result(request=request, result=result)
+            )
 
     def signal_data(self, key: TopicPartition) -> None:
         event = self._data_events.pop(key, None)
@@ -294,10 +300,47 @@ class ReplicaManager:
         if hosted.producers.rolled():
             self.spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
-    def _on_follower_truncated(self, hosted: HostedPartition, reset: bool | None) -> None:
+    def _rebuild_producers(self, hosted: HostedPartition) -> None:
         # The fetcher leaves the partition alone until the table matches the log again.
-        if hosted.producers.invalidate(reset=bool(reset), truncated=reset is False):
+        if hosted.producers.invalidate():
             self.spawn(self.reload_producers, hosted)
+
+    def _truncate_follower(
+        self, hosted: HostedPartition, follower: FollowerState, step: FollowerStep
+    ) -> None:
+        """Cut the follower's log as `step` asks, in a worker thread, then rebuild its table.
+
+        Invalidating the producer table first is what holds the log still: leader produces
+        wait for it, the fetchers skip the partition and cleanup skips it, whatever role the
+        replica takes meanwhile. The fetch that asked for the cut was sent while the table was
+        loaded and only this path invalidates a followed replica's table, so no reload is
+        running: the one spawned after the cut reads the cut log.
+        """
+        reset = step.action is FollowerAction.RESET
+        plog = hosted.log
+        if reset:
+            assert step.reset_to_offset is not None
+            cut = functools.partial(plog.truncate_fully_and_start_at, step.reset_to_offset)
+        else:
+            assert step.truncate_to_offset is not None
+            cut = functools.partial(plog.truncate_to, step.truncate_to_offset)
+        must_reload = hosted.producers.invalidate(reset=reset, truncated=not reset)
+        work = self.assignment.work
+
+        async def truncate() -> None:
+            # A snapshot write or a compaction in the directory finishes first.
+            async with hosted.producers.lock, hosted.disk_lock:
+                if not plog.closed:  # removed meanwhile: its directory is going
+                    try:
+                        await work.run_sync(cut)
+                    except (OSError, KafkaError) as exc:
+                        log.error("%s-%d: truncation failed: %r", *hosted.key, exc)
+            if hosted.replica.follower is follower:
+                follower.on_truncated(now_ms=self.clock_ms())
+            if must_reload:
+                self.spawn(self.reload_producers, hosted)
+
+        work.submit(hosted.key, "truncating the log", truncate)
 
     async def reload_producers(self, hosted: HostedPartition) -> None:
         await hosted.producers.reload(self.wall_clock_ms())
@@ -309,7 +352,7 @@ class ReplicaManager:
         self.request_leader_flush(hosted.key)
         leader = hosted.replica.leader
         if leader is not None:
-            self.handle_effects(hosted, leader.on_local_append(now_ms))
+            self.handle_effects(hosted, leader.on_local_append(now_ms=now_ms))
         if hosted.producers.rolled():
             self.spawn(hosted.producers.write_snapshot, self.wall_clock_ms())
 
@@ -409,7 +452,7 @@ class ReplicaManager:
             for hosted in batch:
                 leader = hosted.replica.leader
                 if leader is not None and self.partitions.get(hosted.key) is hosted:
-                    self.handle_effects(hosted, leader.on_flushed(now_ms))
+                    self.handle_effects(hosted, leader.on_flushed(now_ms=now_ms))
 
     async def _isr_tick_loop(self) -> None:
         interval_ms = max(MIN_ISR_TICK_MS, self.config.replica_lag_time_max_ms // 2)
@@ -419,7 +462,7 @@ class ReplicaManager:
             for hosted in list(self.partitions.values()):
                 leader = hosted.replica.leader
                 if leader is not None:
-                    self.handle_effects(hosted, leader.on_tick(now_ms))
+                    self.handle_effects(hosted, leader.on_tick(now_ms=now_ms))
 
     async def _deadline_loop(self) -> None:
         while True:

@@ -75,7 +75,7 @@ async def produce(
             current_leader=manager.leader_hint(topic, partition),
         )
     min_isr = manager.min_insync_replicas(topic)
-    error = leader.check_produce(acks, min_isr)
+    error = leader.check_produce(acks=acks, min_insync_replicas=min_isr)
     if error != ErrorCode.none:
         return ProduceResult(
             error,

@@ -25,7 +25,7 @@ from raftlog.net.kafka.backend import (
     ListOffsetsResult,
 )
 from raftlog.replication.core.leader import LeaderState
-from raftlog.replication.core.partition import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
+from raftlog.replication.core.types import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
     ReplicaFetchPartition,
@@ -195,11 +195,11 @@ class ReadPaths:
                 answers[key] = _refusal(item, self.manager.not_leader_error(*key))
                 continue
             decision = leader.on_follower_fetch(
-                now_ms,
-                request.replica_id,
-                item.fetch_offset,
-                item.last_fetched_epoch,
-                item.leader_epoch,
+                now_ms=now_ms,
+                replica_id=request.replica_id,
+                fetch_offset=item.fetch_offset,
+                last_fetched_epoch=item.last_fetched_epoch,
+                current_leader_epoch=item.leader_epoch,
             )
             self.manager.handle_effects(hosted, decision.effects)
             if decision.outcome is FetchOutcome.READ:

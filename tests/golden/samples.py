@@ -23,7 +23,7 @@ from raftlog.metadata.controller.broker_lifecycle import controller_wire
 from raftlog.metadata.raft import messages as rm
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.replication import fetch_wire as fw
-from raftlog.replication.core.partition import DivergingEpoch as PartitionDivergingEpoch
+from raftlog.replication.core.types import DivergingEpoch as PartitionDivergingEpoch
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "testdata" / "golden"
 

@@ -1,4 +1,4 @@
-"""An in-memory ReplicaLog: one record per batch, (offset, epoch, payload), with a flushed mark.
+"""An in-memory partition log: one record per batch, (offset, epoch, payload), with a flushed mark.
 
 Used by the replication unit tests and the partition simulator. `crash()` keeps only the
 flushed prefix, as a power loss would. A running prefix digest lets the simulator compare
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftlog.replication.core.partition import UNDEFINED_EPOCH, UNKNOWN_OFFSET
+from raftlog.replication.core.types import UNDEFINED_EPOCH, UNKNOWN_OFFSET
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class MemoryLog:
         # Bumped on every truncation so a flush started before it cannot mark new data.
         self.generation = 0
 
-    # ------------------------------------------------------------------ ReplicaLog
+    # ------------------------------------------------------------------ ReplicaLogView
     @property
     def log_start_offset(self) -> int:
         return self._log_start_offset
@@ -112,3 +112,35 @@ class MemoryLog:
         if count <= 0:
             return 0
         return self._digests[count - 1]
+
+
+class ReadOnlyView:
+    """A MemoryLog seen through ReplicaLogView only, as the replication core must see a log.
+
+    Any other attribute (truncate_to, append, flush_to, ...) fails the test: a core that
+    writes to its log, instead of asking its driver to, is caught here.
+    """
+
+    def __init__(self, log: MemoryLog) -> None:
+        self._log = log
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log.log_end_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._log.flushed_offset
+
+    def latest_epoch(self) -> int:
+        return self._log.latest_epoch()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return self._log.end_offset_for_epoch(epoch)
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the replication core reached for log.{name}: not a read")

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.partition import DivergingEpoch
+from raftlog.replication.core.types import DivergingEpoch
 from raftlog.replication.fetch_wire import (
     MAX_PARTITIONS_PER_REPLICA_FETCH,
     ReplicaFetchAnswer,

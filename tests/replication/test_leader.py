@@ -5,21 +5,21 @@ from hypothesis import strategies as st
 
 from raftlog.errors import ErrorCode
 from raftlog.replication.core.leader import LeaderState
-from raftlog.replication.core.partition import (
+from raftlog.replication.core.types import (
     FLUSH_INTERVAL,
     AlterPartitionRequest,
     DivergingEpoch,
     FetchOutcome,
-    PartitionState,
+    LeaderAndIsr,
     ReplicationSettings,
 )
-from tests.replication.memory_log import MemoryLog
+from tests.replication.memory_log import MemoryLog, ReadOnlyView
 
 LAG_MS = 1000
 
 
-def state(isr: set[int], leader_epoch: int = 5, partition_epoch: int = 10) -> PartitionState:
-    return PartitionState(1, leader_epoch, partition_epoch, (1, 2, 3), frozenset(isr))
+def state(isr: set[int], leader_epoch: int = 5, partition_epoch: int = 10) -> LeaderAndIsr:
+    return LeaderAndIsr(1, leader_epoch, partition_epoch, (1, 2, 3), frozenset(isr))
 
 
 def make_leader(
@@ -29,12 +29,29 @@ def make_leader(
     log.append(epoch, [f"v{i}" for i in range(entries)])
     log.flush_to(log.log_end_offset)
     settings = ReplicationSettings(replica_lag_time_max_ms=LAG_MS, flush_policy=policy)
-    leader = LeaderState(1, log, state(isr or {1, 2, 3}, epoch), settings, 0, 0)
+    leader = new_leader(log, state(isr or {1, 2, 3}, epoch), settings)
     return leader, log
 
 
+def new_leader(log: MemoryLog, leader_state: LeaderAndIsr, settings: ReplicationSettings):
+    return LeaderState(
+        replica_id=1,
+        log=ReadOnlyView(log),
+        state=leader_state,
+        settings=settings,
+        now_ms=0,
+        high_watermark=0,
+    )
+
+
 def fetch(leader: LeaderState, replica: int, offset: int, epoch: int = 5, now_ms: int = 0):
-    return leader.on_follower_fetch(now_ms, replica, offset, epoch, leader.leader_epoch)
+    return leader.on_follower_fetch(
+        now_ms=now_ms,
+        replica_id=replica,
+        fetch_offset=offset,
+        last_fetched_epoch=epoch,
+        current_leader_epoch=leader.leader_epoch,
+    )
 
 
 def test_hw_is_min_of_isr_acknowledgements_and_waits_for_unknown_followers() -> None:
@@ -52,13 +69,13 @@ def test_hw_uses_flushed_offset_under_always_and_leo_under_interval() -> None:
     for policy, expected in (("always", 10), (FLUSH_INTERVAL, 12)):
         leader, log = make_leader(entries=10, isr={1}, policy=policy)
         log.append(5, ["a", "b"])
-        effects = leader.on_local_append(0)
+        effects = leader.on_local_append(now_ms=0)
         assert effects.high_watermark == expected, policy
     leader, log = make_leader(entries=10, isr={1})
     log.append(5, ["a", "b"])
-    leader.on_local_append(0)
+    leader.on_local_append(now_ms=0)
     log.flush_to(12)
-    assert leader.on_flushed(0).high_watermark == 12
+    assert leader.on_flushed(now_ms=0).high_watermark == 12
 
 
 def test_hw_never_moves_back() -> None:
@@ -72,9 +89,13 @@ def test_hw_never_moves_back() -> None:
 
 def test_epoch_fencing_and_unknown_replicas_are_refused() -> None:
     leader, _ = make_leader(entries=3)
-    stale = leader.on_follower_fetch(0, 2, 3, 5, 4)
+    stale = leader.on_follower_fetch(
+        now_ms=0, replica_id=2, fetch_offset=3, last_fetched_epoch=5, current_leader_epoch=4
+    )
     assert stale.error == ErrorCode.fenced_leader_epoch
-    ahead = leader.on_follower_fetch(0, 2, 3, 5, 6)
+    ahead = leader.on_follower_fetch(
+        now_ms=0, replica_id=2, fetch_offset=3, last_fetched_epoch=5, current_leader_epoch=6
+    )
     assert ahead.error == ErrorCode.unknown_leader_epoch
     stranger = fetch(leader, 9, 3)
     assert stranger.error == ErrorCode.not_leader_or_follower
@@ -87,9 +108,11 @@ def test_diverging_epoch_when_follower_log_does_not_match() -> None:
     log.append(1, ["a", "b", "c"])
     log.append(3, ["d", "e"])
     log.flush_to(5)
-    leader = LeaderState(1, log, state({1, 2, 3}, 3), ReplicationSettings(), 0, 0)
+    leader = new_leader(log, state({1, 2, 3}, 3), ReplicationSettings())
     # Follower has epoch 2 data at offsets 3..6 which the leader never had.
-    decision = leader.on_follower_fetch(0, 2, 7, 2, 3)
+    decision = leader.on_follower_fetch(
+        now_ms=0, replica_id=2, fetch_offset=7, last_fetched_epoch=2, current_leader_epoch=3
+    )
     assert decision.outcome is FetchOutcome.DIVERGING
     assert decision.diverging_epoch == DivergingEpoch(1, 3)
     assert leader.followers[2].fetch_offset == -1  # not acknowledged
@@ -106,7 +129,7 @@ def test_offset_out_of_range_below_log_start() -> None:
     log = MemoryLog()
     log.truncate_fully_and_start_at(100)
     log.append(5, ["a"])
-    leader = LeaderState(1, log, state({1, 2, 3}), ReplicationSettings(), 0, 0)
+    leader = new_leader(log, state({1, 2, 3}), ReplicationSettings())
     decision = fetch(leader, 2, 50, epoch=-1)
     assert decision.outcome is FetchOutcome.OUT_OF_RANGE
     assert decision.error == ErrorCode.offset_out_of_range
@@ -118,15 +141,15 @@ def test_isr_shrinks_after_lag_time_and_hw_uses_committed_set_until_then() -> No
     fetch(leader, 2, 10, now_ms=10)
     fetch(leader, 3, 5, now_ms=10)
     assert leader.high_watermark == 5
-    assert leader.on_tick(LAG_MS).alter_partition is None  # 3 is within the lag time
-    effects = leader.on_tick(LAG_MS + 1)
+    assert leader.on_tick(now_ms=LAG_MS).alter_partition is None  # 3 is within the lag time
+    effects = leader.on_tick(now_ms=LAG_MS + 1)
     request = effects.alter_partition
     assert request == AlterPartitionRequest(1, 5, 10, frozenset({1, 2}))
-    assert leader.on_tick(LAG_MS + 2).alter_partition is None  # one in flight at a time
+    assert leader.on_tick(now_ms=LAG_MS + 2).alter_partition is None  # one in flight at a time
     fetch(leader, 2, 10, now_ms=LAG_MS + 2)
     assert leader.high_watermark == 5  # the shrink is not committed yet
     result = state({1, 2}, partition_epoch=11)
-    effects = leader.on_alter_partition_result(request, result)
+    effects = leader.on_alter_partition_result(request=request, result=result)
     assert leader.isr == {1, 2}
     assert effects.high_watermark_advanced and leader.high_watermark == 10
 
@@ -135,10 +158,10 @@ def test_isr_expands_when_follower_reaches_hw_in_current_epoch() -> None:
     log = MemoryLog()
     log.append(4, ["a", "b", "c"])
     log.flush_to(3)
-    leader = LeaderState(1, log, state({1, 2}), ReplicationSettings(), 0, 0)
+    leader = new_leader(log, state({1, 2}), ReplicationSettings())
     log.append(5, ["d", "e"])
     log.flush_to(5)
-    leader.on_flushed(0)
+    leader.on_flushed(now_ms=0)
     fetch(leader, 2, 5)
     assert leader.high_watermark == 5
     assert fetch(leader, 3, 3, epoch=4).effects.alter_partition is None  # below HW
@@ -148,10 +171,10 @@ def test_isr_expands_when_follower_reaches_hw_in_current_epoch() -> None:
     # While the expansion is pending the HW already waits for replica 3.
     log.append(5, ["f"])
     log.flush_to(6)
-    leader.on_flushed(0)
+    leader.on_flushed(now_ms=0)
     fetch(leader, 2, 6)
     assert leader.high_watermark == 5
-    leader.on_alter_partition_result(request, ErrorCode.invalid_update_version)
+    leader.on_alter_partition_result(request=request, result=ErrorCode.invalid_update_version)
     assert leader.pending is None and leader.maximal_isr == {1, 2}
     # It waits for newer metadata instead of retrying the same epochs.
     assert fetch(leader, 3, 6).effects.alter_partition is None
@@ -162,10 +185,10 @@ def test_isr_expands_when_follower_reaches_hw_in_current_epoch() -> None:
 def test_follower_below_epoch_start_does_not_join_isr() -> None:
     leader, log = make_leader(entries=5, isr={1})
     assert leader.leader_epoch_start_offset == 5
-    leader.on_flushed(0)
+    leader.on_flushed(now_ms=0)
     assert leader.high_watermark == 5
     # Offset 4 is below the HW anyway; the epoch-start rule matters when HW lags behind.
-    leader2 = LeaderState(1, log, state({1}), ReplicationSettings(), 0, 0)
+    leader2 = new_leader(log, state({1}), ReplicationSettings())
     assert leader2.high_watermark == 0
     assert fetch(leader2, 2, 3).effects.alter_partition is None
 
@@ -173,15 +196,15 @@ def test_follower_below_epoch_start_does_not_join_isr() -> None:
 def test_stale_alter_partition_answers_are_ignored() -> None:
     leader, _ = make_leader(entries=1)
     other = AlterPartitionRequest(1, 4, 9, frozenset({1}))
-    leader.on_alter_partition_result(other, state({1}, partition_epoch=11))
+    leader.on_alter_partition_result(request=other, result=state({1}, partition_epoch=11))
     assert leader.isr == {1, 2, 3}
 
 
 def test_check_produce_uses_committed_isr() -> None:
     leader, _ = make_leader(isr={1})
-    assert leader.check_produce(-1, 2) == ErrorCode.not_enough_replicas
-    assert leader.check_produce(1, 2) == ErrorCode.none
-    assert leader.check_produce(-1, 1) == ErrorCode.none
+    assert leader.check_produce(acks=-1, min_insync_replicas=2) == ErrorCode.not_enough_replicas
+    assert leader.check_produce(acks=1, min_insync_replicas=2) == ErrorCode.none
+    assert leader.check_produce(acks=-1, min_insync_replicas=1) == ErrorCode.none
 
 
 @settings(max_examples=200, deadline=None)
@@ -198,7 +221,7 @@ def test_hw_is_monotonic_and_never_above_an_isr_acknowledgement(steps) -> None:
         if append:
             log.append(5, ["x"])
             log.flush_to(log.log_end_offset)
-            leader.on_flushed(0)
+            leader.on_flushed(now_ms=0)
         before = leader.high_watermark
         offset = min(offset, log.log_end_offset)
         if fetch(leader, replica, offset).outcome is FetchOutcome.READ:
@@ -222,8 +245,10 @@ def test_follower_epoch_newer_than_leader_log_truncates_to_leader_leo_only() -> 
     log = KafkaEpochAnswers()
     log.append(3, ["a", "b"])
     log.flush_to(2)
-    leader = LeaderState(1, log, state({1, 2, 3}, 5), ReplicationSettings(), 0, 0)
-    decision = leader.on_follower_fetch(0, 2, 4, 4, 5)
+    leader = new_leader(log, state({1, 2, 3}, 5), ReplicationSettings())
+    decision = leader.on_follower_fetch(
+        now_ms=0, replica_id=2, fetch_offset=4, last_fetched_epoch=4, current_leader_epoch=5
+    )
     assert decision.diverging_epoch == DivergingEpoch(3, 2)
 
 
@@ -251,11 +276,11 @@ def test_refused_expansion_backs_off_instead_of_retrying_every_fetch() -> None:
     log = MemoryLog()
     log.append(5, ["a", "b"])
     log.flush_to(2)
-    leader = LeaderState(1, log, state({1, 2}), ReplicationSettings(), 0, 0)
+    leader = new_leader(log, state({1, 2}), ReplicationSettings())
     fetch(leader, 2, 2)
     request = fetch(leader, 3, 2, now_ms=100).effects.alter_partition
     assert request is not None
-    leader.on_alter_partition_result(request, ErrorCode.ineligible_replica)
+    leader.on_alter_partition_result(request=request, result=ErrorCode.ineligible_replica)
     assert fetch(leader, 3, 2, now_ms=110).effects.alter_partition is None
     backoff_end = 110 + ALTER_PARTITION_RETRY_BACKOFF_MS
     assert fetch(leader, 3, 2, now_ms=backoff_end - 1).effects.alter_partition is None

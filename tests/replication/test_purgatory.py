@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.leader import PartitionProgress
 from raftlog.replication.core.purgatory import (
     DelayedFetch,
     DelayedProduce,
@@ -16,6 +15,7 @@ from raftlog.replication.core.purgatory import (
     PurgatoryFullError,
     produce_answer,
 )
+from raftlog.replication.core.types import PartitionProgress
 
 KEY = ("topic", 0)
 BYTES_PER_OFFSET = 100

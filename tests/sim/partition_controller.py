@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.partition import NO_LEADER, AlterPartitionRequest, PartitionState
+from raftlog.replication.core.types import NO_LEADER, AlterPartitionRequest, LeaderAndIsr
 
 if TYPE_CHECKING:
     from tests.sim.partition_sim import PartitionSim
@@ -19,15 +19,15 @@ class SimController:
 
     def __init__(self, sim: PartitionSim) -> None:
         self.sim = sim
-        self.state = PartitionState(1, 1, 1, BROKER_IDS, frozenset(BROKER_IDS))
+        self.state = LeaderAndIsr(1, 1, 1, BROKER_IDS, frozenset(BROKER_IDS))
         self.live = set(BROKER_IDS)
 
-    def commit(self, state: PartitionState) -> None:
+    def commit(self, state: LeaderAndIsr) -> None:
         self.state = state
         for broker_id in BROKER_IDS:
             self.sim.publish_metadata(broker_id, state)
 
-    def alter_partition(self, request: AlterPartitionRequest) -> PartitionState | ErrorCode:
+    def alter_partition(self, request: AlterPartitionRequest) -> LeaderAndIsr | ErrorCode:
         state = self.state
         if request.leader_epoch != state.leader_epoch or request.leader_id != state.leader_id:
             return ErrorCode.fenced_leader_epoch
@@ -41,7 +41,7 @@ class SimController:
         self.commit(new)
         return new
 
-    def _elect(self, isr: frozenset[int], exclude: int | None = None) -> PartitionState:
+    def _elect(self, isr: frozenset[int], exclude: int | None = None) -> LeaderAndIsr:
         state = self.state
         candidates = [r for r in state.replicas if r in isr and r in self.live and r != exclude]
         if candidates:

@@ -19,15 +19,7 @@ from typing import Any
 
 from raftlog.errors import ErrorCode
 from raftlog.replication.core.follower import FetchRequest, FetchResponse, FollowerAction
-from raftlog.replication.core.leader import LeaderEffects
-from raftlog.replication.core.partition import (
-    NO_LEADER,
-    FetchOutcome,
-    Partition,
-    PartitionState,
-    ReplicationSettings,
-    Transition,
-)
+from raftlog.replication.core.partition import Partition, Transition
 from raftlog.replication.core.purgatory import (
     DelayedFetch,
     DelayedProduce,
@@ -36,6 +28,13 @@ from raftlog.replication.core.purgatory import (
     ProduceCompletion,
     ProduceWait,
     Purgatory,
+)
+from raftlog.replication.core.types import (
+    NO_LEADER,
+    FetchOutcome,
+    LeaderAndIsr,
+    LeaderEffects,
+    ReplicationSettings,
 )
 from tests.replication.memory_log import Entry, MemoryLog
 from tests.sim.partition_checker import Checker, InvariantViolation
@@ -85,7 +84,7 @@ class SimBroker:
         self._fresh_state()
 
     def _fresh_state(self) -> None:
-        self.partition = Partition(self.broker_id, self.log, self.settings)
+        self.partition = Partition(replica_id=self.broker_id, log=self.log, settings=self.settings)
         self.purgatory = Purgatory(max_waiters=1000)
 
     def crash(self) -> None:
@@ -188,7 +187,7 @@ class PartitionSim:
         if broker.alive and broker.incarnation == incarnation:
             handler(broker, *args)
 
-    def publish_metadata(self, broker_id: int, state: PartitionState) -> None:
+    def publish_metadata(self, broker_id: int, state: LeaderAndIsr) -> None:
         # The metadata log reaches each broker in order, with a delay.
         due = max(
             self.now_ms + self.rng.randint(*self.config.network_delay_ms),
@@ -246,7 +245,7 @@ class PartitionSim:
         if broker.alive:
             leader = broker.partition.leader
             if leader is not None:
-                self._leader_effects(broker, leader.on_tick(self.now_ms))
+                self._leader_effects(broker, leader.on_tick(now_ms=self.now_ms))
             completions = broker.purgatory.on_deadline(
                 self.now_ms, lambda key: self._progress(broker)
             )
@@ -258,8 +257,8 @@ class PartitionSim:
         leader = broker.partition.leader
         return None if leader is None else leader.progress()
 
-    def _apply_metadata(self, broker: SimBroker, state: PartitionState) -> None:
-        result = broker.partition.apply_metadata(self.now_ms, state)
+    def _apply_metadata(self, broker: SimBroker, state: LeaderAndIsr) -> None:
+        result = broker.partition.apply_metadata(now_ms=self.now_ms, state=state)
         if result.lost_leadership:
             failed = broker.purgatory.fail_partition(PARTITION, ErrorCode.not_leader_or_follower)
             self._dispatch(broker, failed)
@@ -300,7 +299,9 @@ class PartitionSim:
     def _alter_result(self, broker: SimBroker, request, result) -> None:
         leader = broker.partition.leader
         if leader is not None:
-            self._leader_effects(broker, leader.on_alter_partition_result(request, result))
+            self._leader_effects(
+                broker, leader.on_alter_partition_result(request=request, result=result)
+            )
 
     def _request_flush(self, broker: SimBroker) -> None:
         if broker.flush_in_progress:
@@ -327,9 +328,9 @@ class PartitionSim:
             self._request_flush(broker)
         leader = broker.partition.leader
         if leader is not None:
-            self._leader_effects(broker, leader.on_flushed(self.now_ms))
+            self._leader_effects(broker, leader.on_flushed(now_ms=self.now_ms))
         follower = broker.partition.follower
-        if follower is not None and follower.on_flushed(self.now_ms):
+        if follower is not None and follower.on_flushed(now_ms=self.now_ms):
             self._drive_follower(broker)
 
     # ------------------------------------------------------------------ replication
@@ -337,7 +338,7 @@ class PartitionSim:
         follower = broker.partition.follower
         if follower is None:
             return
-        request = follower.fetch_request(self.now_ms)
+        request = follower.fetch_request(now_ms=self.now_ms)
         if request is not None:
             self.send(broker.broker_id, request.leader_id, self._leader_fetch, request)
 
@@ -347,11 +348,11 @@ class PartitionSim:
             self._answer_fetch(broker, request, ErrorCode.not_leader_or_follower)
             return
         decision = leader.on_follower_fetch(
-            self.now_ms,
-            request.replica_id,
-            request.fetch_offset,
-            request.last_fetched_epoch,
-            request.current_leader_epoch,
+            now_ms=self.now_ms,
+            replica_id=request.replica_id,
+            fetch_offset=request.fetch_offset,
+            last_fetched_epoch=request.last_fetched_epoch,
+            current_leader_epoch=request.current_leader_epoch,
         )
         if decision.outcome is FetchOutcome.READ:
             waiter = DelayedFetch(
@@ -393,13 +394,18 @@ class PartitionSim:
         follower = broker.partition.follower
         if follower is None:
             return
-        step = follower.on_fetch_response(self.now_ms, response)
+        step = follower.on_fetch_response(now_ms=self.now_ms, response=response)
         if step.action is FollowerAction.APPEND:
             broker.log.append_entries(entries)
             self._request_flush(broker)
         elif step.action is FollowerAction.RESET:
             assert step.reset_to_offset is not None
             broker.log.truncate_fully_and_start_at(step.reset_to_offset)
+            follower.on_truncated(now_ms=self.now_ms)
+        elif step.action is FollowerAction.TRUNCATE:
+            assert step.truncate_to_offset is not None
+            broker.log.truncate_to(step.truncate_to_offset)
+            follower.on_truncated(now_ms=self.now_ms)
         self._drive_follower(broker)
 
     # ------------------------------------------------------------------ produce
@@ -430,7 +436,9 @@ class PartitionSim:
         leader = broker.partition.leader
         if leader is None:
             return self._answer_produce(producer, seq, payload, ErrorCode.not_leader_or_follower)
-        error = leader.check_produce(config.acks, config.min_insync_replicas)
+        error = leader.check_produce(
+            acks=config.acks, min_insync_replicas=config.min_insync_replicas
+        )
         if error != ErrorCode.none:
             return self._answer_produce(producer, seq, payload, error)
         first, last = broker.log.append(leader.leader_epoch, [payload])
@@ -447,7 +455,7 @@ class PartitionSim:
         done = broker.purgatory.add_produce(waiter, leader.progress())
         if done is not None:
             self._dispatch(broker, [done])
-        self._leader_effects(broker, leader.on_local_append(self.now_ms))
+        self._leader_effects(broker, leader.on_local_append(now_ms=self.now_ms))
 
     def _answer_produce(self, producer, seq, payload, error, offset: int = -1) -> None:
         self.at(

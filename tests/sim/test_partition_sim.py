@@ -91,9 +91,15 @@ def _no_divergence_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
     original = LeaderState.on_follower_fetch
 
-    def blind(self, now_ms, replica_id, fetch_offset, last_fetched_epoch, epoch):
-        offset = min(fetch_offset, self.log.log_end_offset)
-        return original(self, now_ms, replica_id, offset, -1, epoch)
+    def blind(self, *, now_ms, replica_id, fetch_offset, last_fetched_epoch, current_leader_epoch):
+        return original(
+            self,
+            now_ms=now_ms,
+            replica_id=replica_id,
+            fetch_offset=min(fetch_offset, self.log.log_end_offset),
+            last_fetched_epoch=-1,
+            current_leader_epoch=current_leader_epoch,
+        )
 
     monkeypatch.setattr(LeaderState, "on_follower_fetch", blind)
 

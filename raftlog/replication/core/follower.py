@@ -4,7 +4,9 @@ The follower's fetch offset is its LEO and its last fetched epoch the epoch of i
 batch, both read from the log. Under flush_policy=always it sends the next fetch only once
 everything it appended is fsynced, because that fetch offset is what the leader counts as
 durable (persist before you promise). Divergence after a leader change is repaired with the
-leader's (epoch, end offset) as in KIP-320/KIP-279.
+leader's (epoch, end offset) as in KIP-320/KIP-279: the follower reads its log, and returns
+the cut as a step (TRUNCATE or RESET) for the driver to perform; no fetch goes out until the
+driver reports it done with `on_truncated`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.partition import (
+from raftlog.replication.core.types import (
     FLUSH_ALWAYS,
     UNDEFINED_EPOCH,
     DivergingEpoch,
-    PartitionState,
-    ReplicaLog,
+    LeaderAndIsr,
+    ReplicaLogView,
     ReplicationSettings,
 )
 
@@ -51,8 +53,11 @@ class FetchResponse:
 
 class FollowerAction(enum.Enum):
     APPEND = "append"  # append the response's records, then flush and call on_flushed
-    TRUNCATED = "truncated"  # the follower truncated its log (diverging epoch); fetch again
-    RESET = "reset"  # call truncate_fully_and_start_at(reset_to_offset) on the log
+    # Diverging epoch: drop every offset >= truncate_to_offset, then call on_truncated.
+    TRUNCATE = "truncate"
+    # Out of the leader's range: empty the log so the next offset is reset_to_offset, then
+    # call on_truncated.
+    RESET = "reset"
     NOTHING = "nothing"  # an empty answer: fetch again
     BACKOFF = "backoff"  # an error: wait (fetch after the backoff or new metadata)
     IGNORED = "ignored"  # an answer to a request we no longer wait for
@@ -63,7 +68,7 @@ class FollowerStep:
     action: FollowerAction
     error: ErrorCode = ErrorCode.none
     reset_to_offset: int | None = None
-    truncated_to_offset: int | None = None
+    truncate_to_offset: int | None = None
 
 
 class FollowerState:
@@ -71,12 +76,12 @@ class FollowerState:
 
     def __init__(
         self,
+        *,
         replica_id: int,
-        log: ReplicaLog,
-        state: PartitionState,
+        log: ReplicaLogView,
+        state: LeaderAndIsr,
         settings: ReplicationSettings,
         high_watermark: int,
-        *,
         request_ids: Iterator[int] | None = None,
     ) -> None:
         self.replica_id = replica_id
@@ -88,6 +93,8 @@ class FollowerState:
         self.in_flight: FetchRequest | None = None
         self._in_flight_since_ms = 0
         self._backoff_until_ms = 0
+        # The log end a TRUNCATE/RESET step asked for, until the driver reports it done.
+        self._truncation_target: int | None = None
 
     @property
     def leader_id(self) -> int:
@@ -117,13 +124,19 @@ class FollowerState:
             and self.log.flushed_offset < self.log.log_end_offset
         )
 
-    def fetch_request(self, now_ms: int) -> FetchRequest | None:
-        """The next fetch to send, or None (one in flight, unflushed data, backing off)."""
+    @property
+    def awaiting_truncation(self) -> bool:
+        """A TRUNCATE/RESET step is out: our offsets are not the ones to fetch from yet."""
+        return self._truncation_target is not None
+
+    def fetch_request(self, *, now_ms: int) -> FetchRequest | None:
+        """The next fetch to send, or None (one in flight, unflushed data, a truncation not
+        yet done, backing off)."""
         if self.in_flight is not None:
             if now_ms - self._in_flight_since_ms < self.settings.replica_fetch_timeout_ms:
                 return None
             self.in_flight = None  # lost on the way: ask again
-        if now_ms < self._backoff_until_ms or self.awaiting_flush:
+        if now_ms < self._backoff_until_ms or self.awaiting_flush or self.awaiting_truncation:
             return None
         request = FetchRequest(
             request_id=next(self._request_ids),
@@ -137,11 +150,22 @@ class FollowerState:
         self._in_flight_since_ms = now_ms
         return request
 
-    def on_flushed(self, now_ms: int) -> bool:
+    def on_flushed(self, *, now_ms: int) -> bool:
         """The driver fsynced; True when the next fetch may go out (nothing left unflushed)."""
         return not self.awaiting_flush
 
-    def on_fetch_response(self, now_ms: int, response: FetchResponse) -> FollowerStep:
+    def on_truncated(self, *, now_ms: int) -> None:
+        """The driver performed (or gave up on) the last TRUNCATE/RESET step: fetch again.
+
+        A log still longer than the step asked means the cut failed; the next fetch then
+        waits the backoff and meets the same divergence, which asks for the cut again.
+        """
+        target = self._truncation_target
+        self._truncation_target = None
+        if target is not None and self.log.log_end_offset > target:
+            self._backoff_until_ms = now_ms + self.settings.replica_fetch_backoff_ms
+
+    def on_fetch_response(self, *, now_ms: int, response: FetchResponse) -> FollowerStep:
         request = self.in_flight
         if request is None or response.request_id != request.request_id:
             return FollowerStep(FollowerAction.IGNORED)
@@ -149,6 +173,7 @@ class FollowerState:
         if response.error == ErrorCode.offset_out_of_range:
             # Our offset is not in the leader's log (below its start, or past its end with no
             # epoch to compare): drop everything and restart at the leader's log start.
+            self._truncation_target = response.log_start_offset
             return FollowerStep(
                 FollowerAction.RESET,
                 error=response.error,
@@ -160,8 +185,8 @@ class FollowerState:
             return FollowerStep(FollowerAction.BACKOFF, error=response.error)
         if response.diverging_epoch is not None:
             offset = self.truncation_offset(response.diverging_epoch)
-            self.log.truncate_to(offset)
-            return FollowerStep(FollowerAction.TRUNCATED, truncated_to_offset=offset)
+            self._truncation_target = offset
+            return FollowerStep(FollowerAction.TRUNCATE, truncate_to_offset=offset)
         # A valid answer: our log matches the leader's up to request.fetch_offset.
         self._leader_high_watermark = response.high_watermark
         if response.has_records:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.partition import (
+from raftlog.replication.core.types import (
     FLUSH_ALWAYS,
     UNDEFINED_EPOCH,
     UNKNOWN_OFFSET,
@@ -25,9 +25,10 @@ from raftlog.replication.core.partition import (
     DivergingEpoch,
     FetchDecision,
     FetchOutcome,
+    LeaderAndIsr,
     LeaderEffects,
-    PartitionState,
-    ReplicaLog,
+    PartitionProgress,
+    ReplicaLogView,
     ReplicationSettings,
     ReplicationStateError,
 )
@@ -64,24 +65,15 @@ class ReplicaProgress:
     last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
 
 
-@dataclass(frozen=True)
-class PartitionProgress:
-    """Snapshot handed to the purgatory to complete delayed requests."""
-
-    high_watermark: int
-    log_end_offset: int
-    flushed_offset: int
-    isr_size: int
-
-
 class LeaderState:
     """The leader's half of a partition for one leader epoch."""
 
     def __init__(
         self,
+        *,
         replica_id: int,
-        log: ReplicaLog,
-        state: PartitionState,
+        log: ReplicaLogView,
+        state: LeaderAndIsr,
         settings: ReplicationSettings,
         now_ms: int,
         high_watermark: int,
@@ -147,23 +139,24 @@ class LeaderState:
         return self.log.log_end_offset
 
     # ------------------------------------------------------------------ produce
-    def check_produce(self, acks: int, min_insync_replicas: int) -> ErrorCode:
+    def check_produce(self, *, acks: int, min_insync_replicas: int) -> ErrorCode:
         """Refuse acks=all before the append when the committed ISR is too small."""
         if acks == ACKS_ALL and len(self.state.isr) < min_insync_replicas:
             return ErrorCode.not_enough_replicas
         return ErrorCode.none
 
-    def on_local_append(self, now_ms: int) -> LeaderEffects:
+    def on_local_append(self, *, now_ms: int) -> LeaderEffects:
         """The driver appended to the log (the LEO moved)."""
         return self._effects(self._maybe_advance_high_watermark())
 
-    def on_flushed(self, now_ms: int) -> LeaderEffects:
+    def on_flushed(self, *, now_ms: int) -> LeaderEffects:
         """The driver fsynced the log up to log.flushed_offset."""
         return self._effects(self._maybe_advance_high_watermark())
 
     # ------------------------------------------------------------------ replica fetch
     def on_follower_fetch(
         self,
+        *,
         now_ms: int,
         replica_id: int,
         fetch_offset: int,
@@ -295,7 +288,7 @@ class LeaderState:
             return self._propose(self.state.isr | {follower.replica_id})
         return None
 
-    def out_of_sync_replicas(self, now_ms: int) -> frozenset[int]:
+    def out_of_sync_replicas(self, *, now_ms: int) -> frozenset[int]:
         leader_end = self.log.log_end_offset
         lag_max_ms = self.settings.replica_lag_time_max_ms
         return frozenset(
@@ -306,17 +299,17 @@ class LeaderState:
             and now_ms - self.followers[r].last_caught_up_time_ms > lag_max_ms
         )
 
-    def on_tick(self, now_ms: int) -> LeaderEffects:
+    def on_tick(self, *, now_ms: int) -> LeaderEffects:
         """Periodic check: shrink the ISR of followers that lag more than the lag time."""
         if not self._can_send_alter_partition():
             return self._effects(False)
-        lagging = self.out_of_sync_replicas(now_ms)
+        lagging = self.out_of_sync_replicas(now_ms=now_ms)
         if not lagging:
             return self._effects(False)
         return self._effects(False, self._propose(self.state.isr - lagging))
 
     def on_alter_partition_result(
-        self, request: AlterPartitionRequest, result: PartitionState | ErrorCode
+        self, *, request: AlterPartitionRequest, result: LeaderAndIsr | ErrorCode
     ) -> LeaderEffects:
         """Apply the controller's answer to our in-flight AlterPartition."""
         if request != self.pending:
@@ -340,7 +333,7 @@ class LeaderState:
         self._set_state(result)
         return self._effects(self._maybe_advance_high_watermark())
 
-    def update_state(self, state: PartitionState) -> LeaderEffects:
+    def update_state(self, state: LeaderAndIsr) -> LeaderEffects:
         """Newer metadata for our leader epoch (the controller changed the ISR)."""
         if state.leader_epoch != self.leader_epoch or state.leader_id != self.replica_id:
             raise ReplicationStateError(f"leader {self.replica_id}: {self.state} -> {state}")
@@ -352,7 +345,7 @@ class LeaderState:
         self._set_state(state)
         return self._effects(self._maybe_advance_high_watermark())
 
-    def _set_state(self, state: PartitionState) -> None:
+    def _set_state(self, state: LeaderAndIsr) -> None:
         if self.replica_id not in state.isr:
             raise ReplicationStateError(f"leader {self.replica_id} left its own ISR: {state}")
         for replica_id in state.replicas:

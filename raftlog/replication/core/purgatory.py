@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.leader import PartitionProgress
+from raftlog.replication.core.types import PartitionProgress
 
 # Bytes between two offsets of a partition's log: (key, start_offset, end_offset) -> bytes.
 BytesBetween = Callable[[Hashable, int, int], int]
