@@ -1,13 +1,14 @@
 """Deterministic, seeded, event-driven simulator of a metadata quorum of RaftCore nodes.
 
 One process, one priority queue of events keyed by simulated milliseconds (no fixed 1 ms
-ticks: a node is ticked exactly at its next_deadline_ms). The simulated driver executes every
-Ready in the contract's order. Everything random comes from one random.Random(seed), so a
+ticks: a node is ticked exactly at its next_deadline_ms). Every Ready goes through the same
+executor as in the trio driver (raftlog.metadata.raft.executor), with an in-memory
+`SimulatedIO` as its target. Everything random comes from one random.Random(seed), so a
 seed replays exactly. The network drops, delays, duplicates, reorders (random delays) and
 partitions; disks have a flushed and an unflushed part and a crash loses the latter.
 
-Invariants are checked while events are processed (see docs/raft.md, "The simulator"):
-a violation raises SimulationError whose message starts with the seed.
+The invariants of tests/sim/invariants.py are checked after every step (see docs/raft.md,
+"The simulator"): a violation raises SimulationError whose message starts with the seed.
 """
 
 from __future__ import annotations
@@ -22,8 +23,17 @@ from typing import Any
 import msgpack
 
 from raftlog.metadata.raft.core import RaftCore
+from raftlog.metadata.raft.executor import execute_ready_sync
 from raftlog.metadata.raft.messages import Entry, Message, Vote, VoteResponse, message_from_wire
-from raftlog.metadata.raft.types import NotLeader, QuorumState, RaftConfig, Snapshot
+from raftlog.metadata.raft.types import (
+    NotLeader,
+    QuorumState,
+    RaftConfig,
+    RoleChange,
+    Snapshot,
+    SnapshotRejected,
+)
+from tests.sim.invariants import Invariant, StepEffects, all_invariants
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
 SIM_RAFT_CONFIG = RaftConfig(
@@ -70,7 +80,6 @@ class Node:
     core: RaftCore | None = None
     incarnation: int = 0
     tick_at: int | None = None
-    last_hw: int = 0
     sm_end: int = 0  # state machine: applied below this offset
     sm_hash: int = 0
     stats: dict[str, int] = field(
@@ -114,17 +123,19 @@ class Simulation:
         self.committed: list[Entry] = []
         self.committed_hash: list[int] = [0]  # committed_hash[o] = digest of offsets < o
         self.payload_offset: dict[bytes, int] = {}
-        self.leader_of_epoch: dict[int, int] = {}
         self.pending_writes: dict[tuple[int, int, int], bytes] = {}  # (node, inc, off) -> data
         self.acked: dict[bytes, int] = {}
         self.proposed = 0
         self.pending_reads: dict[object, int] = {}  # token -> offset the answer must reach
+        self.invariants: list[Invariant] = all_invariants()
+        self.step = StepEffects()
         self.reads_answered = 0
         self._read_tokens = 0
         self.messages_delivered = 0
         self.events = 0
         for node in self.nodes.values():
             self._start(node)
+        self._end_step()
 
     # ------------------------------------------------------------------ failures
 
@@ -134,6 +145,12 @@ class Simulation:
         )
 
     # ------------------------------------------------------------------ events
+
+    def _end_step(self) -> None:
+        """Check every invariant against what the step did, then start the next step."""
+        step, self.step = self.step, StepEffects()
+        for invariant in self.invariants:
+            invariant.check(self, step)
 
     def schedule(self, at_ms: int, kind: str, payload: Any = None) -> None:
         self._seq += 1
@@ -147,6 +164,7 @@ class Simulation:
             self.now_ms = at_ms
             self.events += 1
             self._HANDLERS[kind](self, payload)
+            self._end_step()
             if stop is not None and stop():
                 return True
         self.now_ms = max(self.now_ms, until_ms)
@@ -159,8 +177,7 @@ class Simulation:
         node.tick_at = None
         node.core.tick(self.now_ms)
         self._drive(node)
-        if node.core.next_deadline_ms() <= self.now_ms:
-            self.fail(f"node {node.node_id} deadline did not advance after tick: {node.core.role}")
+        self.step.ticked.append(node)
 
     def _on_deliver(self, payload: tuple[int, int, bytes]) -> None:
         src, dst, data = payload
@@ -199,95 +216,14 @@ class Simulation:
     # ------------------------------------------------------------------ the driver
 
     def _drive(self, node: Node) -> None:
-        """Execute the node's Ready in the contract's order, checking invariants on the way."""
+        """Execute the node's Ready (the driver's executor), then schedule its next tick."""
         core = node.core
         assert core is not None
-        disk = node.disk
-        ready = core.take_ready()
-        if ready.quorum_state is not None:
-            disk.quorum_state = ready.quorum_state  # fsynced before anything is sent
-        if ready.truncate_to is not None:
-            self._disk_truncate(node, ready.truncate_to)
-        if ready.entries:
-            if ready.entries[0].offset != disk.log_end:
-                self.fail(f"node {node.node_id} appends {ready.entries[0]} at {disk.log_end}")
-            disk.log.extend(ready.entries)
-            self._maybe_schedule_flush(node)
-        if ready.snapshot is not None:
-            self._install_snapshot(node, ready.snapshot)
-        for to_id, message in ready.messages:
-            self._send(node.node_id, to_id, message)
-        for entry in ready.committed:
-            self._apply(node, entry)
-        if ready.high_watermark < node.last_hw:
-            self.fail(f"node {node.node_id} HW went back {node.last_hw} -> {ready.high_watermark}")
-        node.last_hw = ready.high_watermark
-        if node.sm_end < ready.high_watermark:
-            self.fail(f"node {node.node_id} applied {node.sm_end} < HW {ready.high_watermark}")
-        for token, offset in ready.reads:
-            self._check_read(node, token, offset)
-        change = ready.role_change
-        if change is not None and change.role == "leader":
-            first = self.leader_of_epoch.setdefault(change.epoch, node.node_id)
-            if first != node.node_id:
-                self.fail(f"two leaders in epoch {change.epoch}: {first} and {node.node_id}")
+        execute_ready_sync(core.take_ready(), SimulatedIO(self, node))
         deadline = max(core.next_deadline_ms(), self.now_ms)
         if node.tick_at is None or deadline < node.tick_at:
             node.tick_at = deadline
             self.schedule(deadline, "tick", (node.node_id, node.incarnation))
-
-    def _disk_truncate(self, node: Node, offset: int) -> None:
-        disk = node.disk
-        node.stats["truncations"] += 1
-        cut = max(offset - disk.log_start, 0)
-        for entry in disk.log[cut:]:
-            o = entry.offset
-            if o < len(self.committed) and self.committed[o] == entry:
-                self.fail(f"node {node.node_id} truncates committed entry {entry}")
-        del disk.log[cut:]
-        disk.durable_end = min(disk.durable_end, disk.log_end)
-        disk.generation += 1
-        disk.flush_pending = False
-
-    def _install_snapshot(self, node: Node, snapshot: Snapshot) -> None:
-        end, digest = msgpack.unpackb(snapshot.data)
-        if end != snapshot.end_offset or end > len(self.committed):
-            self.fail(f"node {node.node_id} installs a snapshot of uncommitted data {snapshot}")
-        if digest != self.committed_hash[end]:
-            self.fail(f"node {node.node_id} installs a snapshot that differs from the log")
-        if end < node.sm_end:
-            self.fail(f"node {node.node_id} snapshot {end} behind applied {node.sm_end}")
-        disk = node.disk
-        disk.snapshot = snapshot
-        disk.log = []
-        disk.log_start = end
-        disk.durable_end = end
-        disk.generation += 1
-        disk.flush_pending = False
-        node.sm_end, node.sm_hash = end, digest
-        node.stats["snapshots_installed"] += 1
-
-    def _apply(self, node: Node, entry: Entry) -> None:
-        o = entry.offset
-        if o != node.sm_end:
-            self.fail(f"node {node.node_id} applies offset {o}, expected {node.sm_end}")
-        if o < len(self.committed):
-            if self.committed[o] != entry:
-                self.fail(f"node {node.node_id} commits {entry} but {self.committed[o]} was")
-        else:
-            if (
-                entry.data in self.payload_offset
-                and entry.data != self.config.leader_change_payload
-            ):
-                self.fail(f"payload {entry.data!r} committed twice")
-            self.committed.append(entry)
-            self.committed_hash.append(chain_hash(self.committed_hash[-1], entry))
-            self.payload_offset[entry.data] = o
-        node.sm_end = o + 1
-        node.sm_hash = chain_hash(node.sm_hash, entry)
-        written = self.pending_writes.pop((node.node_id, node.incarnation, o), None)
-        if written is not None and written == entry.data:
-            self.acked[written] = o
 
     def _send(self, src: int, dst: int, message: Message) -> None:
         net = self.network
@@ -325,7 +261,6 @@ class Simulation:
             node.sm_end, node.sm_hash = msgpack.unpackb(disk.snapshot.data)
         else:
             node.sm_end, node.sm_hash = 0, 0
-        node.last_hw = node.sm_end
         self._drive(node)
 
     def crash(self, node_id: int) -> None:
@@ -338,12 +273,14 @@ class Simulation:
         disk.flush_pending = False
         node.core = None
         node.tick_at = None
+        self._end_step()
 
     def restart(self, node_id: int) -> None:
         node = self.nodes[node_id]
         if node.core is None:
             node.stats["restarts"] += 1
             self._start(node)
+            self._end_step()
 
     def partition(self, groups: list[set[int]]) -> None:
         self.blocked = {(a, b) for g in groups for h in groups if g is not h for a in g for b in h}
@@ -370,6 +307,7 @@ class Simulation:
         for offset, data in zip(offsets, payloads, strict=True):
             self.pending_writes[(node_id, node.incarnation, offset)] = data
         self._drive(node)
+        self._end_step()
         return offsets
 
     def take_snapshot(self, node_id: int, end_offset: int | None = None) -> bool:
@@ -393,6 +331,7 @@ class Simulation:
             disk.log_start = end_offset
         disk.durable_end = max(disk.durable_end, end_offset)
         self._drive(node)
+        self._end_step()
         return True
 
     def resign(self, node_id: int) -> None:
@@ -400,6 +339,7 @@ class Simulation:
         if node.core is not None:
             node.core.resign(self.now_ms)
             self._drive(node)
+            self._end_step()
 
     def read(self, node_id: int) -> bool:
         """A linearizable read at node_id; its answer must cover every write acked before."""
@@ -414,19 +354,8 @@ class Simulation:
             return False
         self.pending_reads[token] = max(self.acked.values(), default=-1) + 1
         self._drive(self.nodes[node_id])
+        self._end_step()
         return True
-
-    def _check_read(self, node: Node, token: object, offset: int | None) -> None:
-        must_cover = self.pending_reads.pop(token)  # type: ignore[call-overload]
-        if offset is None:
-            return  # leadership lost: the client retries elsewhere
-        self.reads_answered += 1
-        if offset < must_cover:
-            self.fail(
-                f"node {node.node_id} read at {offset} misses writes acked below {must_cover}"
-            )
-        if offset > len(self.committed):
-            self.fail(f"node {node.node_id} read at {offset} beyond anything committed")
 
     # ------------------------------------------------------------------ observation
 
@@ -447,3 +376,76 @@ class Simulation:
         "deliver": _on_deliver,
         "flush": _on_flush,
     }
+
+
+class SimulatedIO:
+    """The ReadyTarget of one simulated node: its in-memory disk, the simulated network and
+    its state machine (a running digest of the committed prefix). What it does is recorded
+    in the simulation's StepEffects for the invariants; the global truth (the committed log
+    and its digests, acknowledged writes) is kept up to date here."""
+
+    def __init__(self, sim: Simulation, node: Node) -> None:
+        self.sim = sim
+        self.node = node
+
+    async def persist_quorum_state(self, state: QuorumState) -> None:
+        self.node.disk.quorum_state = state  # durable at once: nothing is sent before it
+
+    def truncate(self, offset: int) -> None:
+        node, disk = self.node, self.node.disk
+        node.stats["truncations"] += 1
+        cut = max(offset - disk.log_start, 0)
+        self.sim.step.truncated.append((node, disk.log[cut:]))
+        del disk.log[cut:]
+        disk.durable_end = min(disk.durable_end, disk.log_end)
+        disk.generation += 1
+        disk.flush_pending = False
+
+    def append(self, entries: list[Entry]) -> None:
+        disk = self.node.disk
+        self.sim.step.appended.append((self.node, disk.log_end, entries))
+        disk.log.extend(entries)
+        self.sim._maybe_schedule_flush(self.node)
+
+    def snapshot_refused(self, refused: SnapshotRejected) -> None:
+        pass  # the simulator's snapshots are always accepted (no SnapshotCheck)
+
+    async def install_snapshot(self, snapshot: Snapshot) -> None:
+        node, disk = self.node, self.node.disk
+        self.sim.step.installed.append((node, node.sm_end, snapshot))
+        end, digest = msgpack.unpackb(snapshot.data)
+        disk.snapshot = snapshot
+        disk.log = []
+        disk.log_start = end
+        disk.durable_end = end
+        disk.generation += 1
+        disk.flush_pending = False
+        node.sm_end, node.sm_hash = end, digest
+        node.stats["snapshots_installed"] += 1
+
+    def send(self, to_id: int, message: Message) -> None:
+        self.sim._send(self.node.node_id, to_id, message)
+
+    def apply(self, committed: list[Entry], high_watermark: int) -> None:
+        sim, node = self.sim, self.node
+        for entry in committed:
+            sim.step.applied.append((node, node.sm_end, entry))
+            o = entry.offset
+            if o >= len(sim.committed):  # the first node to apply an offset defines it
+                sim.committed.append(entry)
+                sim.committed_hash.append(chain_hash(sim.committed_hash[-1], entry))
+                sim.payload_offset[entry.data] = o
+            node.sm_end = o + 1
+            node.sm_hash = chain_hash(node.sm_hash, entry)
+            written = sim.pending_writes.pop((node.node_id, node.incarnation, o), None)
+            if written is not None and written == entry.data:
+                sim.acked[written] = o
+
+    def answer_read(self, token: object, offset: int | None) -> None:
+        must_cover = self.sim.pending_reads.pop(token)  # type: ignore[call-overload]
+        if offset is not None:
+            self.sim.reads_answered += 1
+        self.sim.step.reads.append((self.node, must_cover, offset))
+
+    def role_changed(self, change: RoleChange) -> None:
+        pass  # SingleLeaderPerEpoch looks at the roles after every step
