@@ -6,6 +6,7 @@ takes over every partition from the committed offsets — no record lost, none p
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from raftlog.testing.cluster import ProcessCluster
 from tests.cli.test_cluster_e2e import node_serves_kafka
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.cluster,
@@ -120,18 +122,18 @@ def describe(admin: AdminClient) -> dict[str, Any]:
     }
 
 
-async def wait_for(what: str, probe: Callable[[], Any], members: list[Member]) -> Any:
-    """Re-run probe (in a thread: it may block) until it returns something truthy."""
-    last: Any = None
-    with trio.move_on_after(CONDITION_DEADLINE_S):
-        while True:
-            last = await trio.to_thread.run_sync(probe)
-            if last:
-                return last
-            for m in members:
-                assert m.process.returncode is None, f"member exited: {m.stderr.decode()}"
-            await trio.sleep(POLL_S)
-    raise AssertionError(f"timed out after {CONDITION_DEADLINE_S} s waiting for {what}: {last}")
+def while_alive(probe: Callable[[], Any], members: list[Member]) -> Callable[[], Any]:
+    """The probe run in a thread (it may block), failing at once if a member has exited."""
+
+    async def check() -> Any:
+        for m in members:
+            assert m.process.returncode is None, f"member exited: {m.stderr.decode()}"
+        return await trio.to_thread.run_sync(probe)
+
+    return check
+
+
+poll_pause = functools.partial(trio.sleep, POLL_S)
 
 
 def produce(bootstrap: str, round_: int) -> set[str]:
@@ -168,35 +170,46 @@ async def test_two_cli_members_split_then_one_takes_over(tmp_path: Path) -> None
         async with trio.open_nursery() as nursery:
             a = await start_member(nursery, bootstrap)
             members.append(a)
-            alone = await wait_for(
+            alone = await wait_until(
                 "the first member to own every partition",
-                lambda: (
-                    (d := describe(admin))["state"] == "STABLE"
-                    and [p for _, p in d["members"].values()] == [[0, 1, 2, 3]]
-                    and d
+                while_alive(
+                    lambda: (
+                        (d := describe(admin))["state"] == "STABLE"
+                        and [p for _, p in d["members"].values()] == [[0, 1, 2, 3]]
+                        and d
+                    ),
+                    members,
                 ),
-                members,
+                CONDITION_DEADLINE_S,
+                wake=poll_pause,
             )
             assert alone["assignor"] == "range"
             assert [client for client, _ in alone["members"].values()] == ["raftlog-cli"]
 
             b = await start_member(nursery, bootstrap)
             members.append(b)
-            split = await wait_for(
+            split = await wait_until(
                 "a 2/2 split",
-                lambda: (
-                    (d := describe(admin))["state"] == "STABLE"
-                    and sorted(len(p) for _, p in d["members"].values()) == [2, 2]
-                    and d
+                while_alive(
+                    lambda: (
+                        (d := describe(admin))["state"] == "STABLE"
+                        and sorted(len(p) for _, p in d["members"].values()) == [2, 2]
+                        and d
+                    ),
+                    members,
                 ),
-                members,
+                CONDITION_DEADLINE_S,
+                wake=poll_pause,
             )
             owned = [set(p) for _, p in split["members"].values()]
             assert not owned[0] & owned[1] and owned[0] | owned[1] == set(range(PARTITIONS))
 
             first = await trio.to_thread.run_sync(produce, bootstrap, 1)
-            await wait_for(
-                "round 1 printed", lambda: len(a.records) + len(b.records) >= len(first), members
+            await wait_until(
+                "round 1 printed",
+                while_alive(lambda: len(a.records) + len(b.records) >= len(first), members),
+                CONDITION_DEADLINE_S,
+                wake=poll_pause,
             )
             assert sorted(a.values() + b.values()) == sorted(first)
             assert a.partitions() in map(set, owned) and b.partitions() in map(set, owned)
@@ -206,20 +219,27 @@ async def test_two_cli_members_split_then_one_takes_over(tmp_path: Path) -> None
             assert b.process.returncode == 0, b.stderr.decode()
             # Exit 0 and a clean stderr: Ctrl-C ended the read loop, not the process.
             assert b.stderr == b""
-            await wait_for(
+            await wait_until(
                 "the remaining member to own every partition",
-                lambda: (
-                    (d := describe(admin))["state"] == "STABLE"
-                    and [p for _, p in d["members"].values()] == [[0, 1, 2, 3]]
+                while_alive(
+                    lambda: (
+                        (d := describe(admin))["state"] == "STABLE"
+                        and [p for _, p in d["members"].values()] == [[0, 1, 2, 3]]
+                    ),
+                    members[:1],
                 ),
-                members[:1],
+                CONDITION_DEADLINE_S,
+                wake=poll_pause,
             )
 
             second = await trio.to_thread.run_sync(produce, bootstrap, 2)
-            await wait_for(
+            await wait_until(
                 "round 2 printed",
-                lambda: len(a.records) + len(b.records) >= len(first | second),
-                members[:1],
+                while_alive(
+                    lambda: len(a.records) + len(b.records) >= len(first | second), members[:1]
+                ),
+                CONDITION_DEADLINE_S,
+                wake=poll_pause,
             )
             assert sorted(a.values() + b.values()) == sorted(first | second), (
                 "the takeover starts at the committed offsets: nothing lost, nothing twice"

@@ -6,7 +6,7 @@ hands its partitions to the first at the committed offsets, and closing commits 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from raftlog.client.groups import GroupAdmin
 from raftlog.errors import ErrorCode
 from raftlog.records import Record
 from tests.kafka.test_groups_wire import GroupBroker, start_group_broker
+from tests.waiting import wait_until
 
 TOPIC = "events"
 PARTITIONS = 4
@@ -46,15 +47,6 @@ async def cluster(gb: GroupBroker) -> AsyncIterator[Cluster]:
     async with open_cluster(gb.bootstrap) as opened:
         await Admin(opened).create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS)])
         yield opened
-
-
-async def wait_until(what: str, condition: Callable[[], bool]) -> None:
-    """Poll a condition the members' tasks change, failing after the deadline."""
-    with trio.move_on_after(CONDITION_DEADLINE_S):
-        while not condition():  # noqa: ASYNC110 - a deadline-bounded condition wait
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out after {CONDITION_DEADLINE_S} s waiting for {what}")
 
 
 @dataclass
@@ -120,13 +112,16 @@ async def test_two_members_split_and_one_takes_over_at_the_committed_offsets(
     await wait_until(
         "a 2/2 split",
         lambda: len(a.consumer.assignment) == 2 and len(b.consumer.assignment) == 2,
+        CONDITION_DEADLINE_S,
     )
     assert a.consumer.assignment | b.consumer.assignment == ALL
     assert a.consumer.member.generation is not None and b.consumer.member.generation is not None
     assert a.consumer.member.generation.generation_id == b.consumer.member.generation.generation_id
 
     first = await produce_round(cluster, 1)
-    await wait_until("round 1 read", lambda: len(a.seen) + len(b.seen) == len(first))
+    await wait_until(
+        "round 1 read", lambda: len(a.seen) + len(b.seen) == len(first), CONDITION_DEADLINE_S
+    )
     assert partitions_of(a) == {p for _, p in a.consumer.assignment}
     assert partitions_of(b) == {p for _, p in b.consumer.assignment}
     assert {v for *_, v in a.seen + b.seen} == first
@@ -140,12 +135,18 @@ async def test_two_members_split_and_one_takes_over_at_the_committed_offsets(
 
     b_partitions = {p for _, p in b.consumer.assignment}
     await b.close()  # commits what it read and leaves: a gets everything at once
-    await wait_until("a owns every partition", lambda: a.consumer.assignment == ALL)
+    await wait_until(
+        "a owns every partition", lambda: a.consumer.assignment == ALL, CONDITION_DEADLINE_S
+    )
     committed = await GroupAdmin(cluster).committed_positions("g", sorted(ALL))
     assert {p: committed[(TOPIC, p)] for p in b_partitions} == dict.fromkeys(b_partitions, 5)
 
     second = await produce_round(cluster, 2)
-    await wait_until("round 2 read", lambda: len(a.seen) + len(b.seen) == len(first | second))
+    await wait_until(
+        "round 2 read",
+        lambda: len(a.seen) + len(b.seen) == len(first | second),
+        CONDITION_DEADLINE_S,
+    )
     values = [v for *_, v in a.seen + b.seen]
     assert sorted(values) == sorted(first | second), "no record lost, none read twice"
 
@@ -161,11 +162,13 @@ async def test_a_new_member_resumes_where_the_last_one_committed(
 ) -> None:
     first = await produce_round(cluster, 1, per_partition=3)
     a = await start_member(nursery, cluster, "resume")
-    await wait_until("everything read", lambda: len(a.seen) == len(first))
+    await wait_until("everything read", lambda: len(a.seen) == len(first), CONDITION_DEADLINE_S)
     await a.close()
     again = await start_member(nursery, cluster, "resume")
     second = await produce_round(cluster, 2, per_partition=2)
-    await wait_until("the new records read", lambda: len(again.seen) == len(second))
+    await wait_until(
+        "the new records read", lambda: len(again.seen) == len(second), CONDITION_DEADLINE_S
+    )
     assert {v for *_, v in again.seen} == second
     await again.close()
 
@@ -177,7 +180,9 @@ async def test_latest_reset_skips_old_records_and_commit_is_explicit(
     config = GroupConsumerConfig(member=FAST, reset="latest", fetch_max_wait_ms=50)
     a = await start_member(nursery, cluster, "tail", config)
     fresh = await produce_round(cluster, 2, per_partition=1)
-    await wait_until("the new records read", lambda: len(a.seen) == len(fresh))
+    await wait_until(
+        "the new records read", lambda: len(a.seen) == len(fresh), CONDITION_DEADLINE_S
+    )
     assert {v for *_, v in a.seen} == fresh
     await a.consumer.commit()
     committed = await GroupAdmin(cluster).committed_positions("tail", sorted(ALL))
@@ -215,9 +220,12 @@ async def test_an_empty_assignment_waits_without_records(
     await wait_until(
         "one partition each, one member idle",
         lambda: sorted(len(m.consumer.assignment) for m in members) == [0, 1, 1, 1, 1],
+        CONDITION_DEADLINE_S,
     )
     await produce_round(cluster, 1, per_partition=1)
-    await wait_until("every record read", lambda: sum(len(m.seen) for m in members) == 4)
+    await wait_until(
+        "every record read", lambda: sum(len(m.seen) for m in members) == 4, CONDITION_DEADLINE_S
+    )
     assert sorted(len(m.seen) for m in members) == [0, 1, 1, 1, 1]
     for m in members:
         await m.close()

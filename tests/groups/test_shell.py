@@ -21,6 +21,7 @@ from raftlog.groups.messages import (
 from raftlog.groups.offsets_format import Record
 from raftlog.groups.settings import GroupConfig
 from tests.groups.harness import join_req
+from tests.waiting import wait_until
 
 G = "shell-group"
 REPLICATION_DELAY_S = 0.005
@@ -64,12 +65,8 @@ async def start_shell(nursery: trio.Nursery, log: FakeLog) -> GroupCoordinatorSh
     return shell
 
 
-async def wait_for(predicate, timeout_s: float = 60.0) -> None:
-    # Polls under a deadline: the conditions span several objects with no single event to
-    # wait on, and on MockClock each poll costs no real time.
-    with trio.fail_after(timeout_s):
-        while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
+# Virtual seconds on the MockClock: a session timeout or two fits well inside.
+DEADLINE_S = 60.0
 
 
 class Consumer:
@@ -119,12 +116,16 @@ async def test_consumers_rebalance_and_a_silent_one_is_expelled(autojump_clock) 
         a, b = Consumer(shell, "a"), Consumer(shell, "b")
         nursery.start_soon(a.run)
         nursery.start_soon(b.run)
-        await wait_for(lambda: a.assignment and b.assignment and a.generation == b.generation)
+        await wait_until(
+            "both members assigned in one generation",
+            lambda: a.assignment and b.assignment and a.generation == b.generation,
+            DEADLINE_S,
+        )
         assert a.assignment == a.member_id.encode() and b.assignment == b.member_id.encode()
         b.alive = False  # b stops heartbeating without leaving: only the session notices
         stopped_at = trio.current_time()
         gen = a.generation
-        await wait_for(lambda: a.generation > gen)
+        await wait_until("a rebalance without b", lambda: a.generation > gen, DEADLINE_S)
         # Expelled after its 10 s session, not before.
         assert trio.current_time() - stopped_at >= 10 - 3
         [described] = await shell.describe_groups([G])
@@ -147,7 +148,7 @@ async def test_commit_is_answered_after_replication_and_survives_failover(autoju
 
         for _ in range(5):
             nursery.start_soon(commit)
-        await wait_for(lambda: len(replies) == 5)
+        await wait_until("five commits answered", lambda: len(replies) == 5, DEADLINE_S)
         assert trio.current_time() - started >= REPLICATION_DELAY_S
         assert all(p.error_code is ErrorCode.none for r in replies for p in r.topics[0].partitions)
         # Queued commits share append calls (group commit), in order.

@@ -27,6 +27,7 @@ from raftlog.client.protocol import build_request
 from raftlog.errors import ErrorCode
 from raftlog.records import Record, build_batch
 from raftlog.testing.cluster import ProcessCluster
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -415,22 +416,24 @@ async def test_kafka_python_group_splits_and_rebalances(cluster):
         a, b = assigned
         return bool(a) and bool(b) and not (a & b) and (a | b) == everything
 
-    async def wait_until(condition, what: str) -> None:
+    async def next_poll() -> None:
         nonlocal polled
-        try:
-            with trio.fail_after(DEADLINE_S):
-                while not condition():
-                    polled = trio.Event()
-                    await polled.wait()
-        except trio.TooSlowError:
-            raise AssertionError(f"timed out waiting for {what}: {assigned}") from None
+        polled = trio.Event()
+        await polled.wait()
 
     async with trio.open_nursery() as nursery:
         for i in range(2):
             nursery.start_soon(run_member, i)
-        await wait_until(split, "kafka-python members to split the partitions")
+        await wait_until(
+            "kafka-python members to split the partitions", split, DEADLINE_S, wake=next_poll
+        )
         stops[0].set()
-        await wait_until(lambda: assigned[1] == everything, "a rebalance after a member left")
+        await wait_until(
+            "a rebalance after a member left",
+            lambda: assigned[1] == everything,
+            DEADLINE_S,
+            wake=next_poll,
+        )
         stops[1].set()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ import pytest
 import trio
 
 from jepsen import netns
+from tests.waiting import wait_until
 
 MISSING = netns.missing_prerequisites()
 needs_netns = pytest.mark.skipif(
@@ -50,15 +50,6 @@ async def can_connect(net: netns.RunNetwork, src: str | None, dst: str) -> bool:
     return proc.returncode == 0
 
 
-async def wait_for(predicate, what: str) -> None:
-    with trio.move_on_after(DEADLINE_S):
-        for _attempt in itertools.count():
-            if await predicate():
-                return
-            await trio.sleep(0.05)
-    raise AssertionError(f"not within {DEADLINE_S} s: {what}")
-
-
 @pytest.mark.cluster
 @needs_netns
 async def test_partition_drops_packets_and_heal_restores_them() -> None:
@@ -82,7 +73,7 @@ async def test_partition_drops_packets_and_heal_restores_them() -> None:
                 and await can_connect(net, None, "n1")
             )
 
-        await wait_for(all_connected, "servers up and reachable before the partition")
+        await wait_until("servers up and reachable before the partition", all_connected, DEADLINE_S)
 
         await net.apply_grudge({"n1": ["n2"], "n2": ["n1"]})
         assert not await can_connect(net, "n2", "n1")

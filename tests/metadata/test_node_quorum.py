@@ -10,6 +10,7 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller import messages as cm
 from raftlog.node import DataDirError, Node, format_data_dir
+from tests.waiting import wait_until
 
 FAST = {
     "election_timeout_ms": 150,
@@ -93,19 +94,17 @@ class Cluster:
     def leaders(self):
         return [n for n in self.nodes.values() if n.metadata.controller is not None]
 
-    async def wait_for(self, predicate, what, timeout_s=10):
-        # Metadata changes are applied on every node; re-check whenever any node applies.
-        with trio.move_on_after(timeout_s):
-            while not predicate():
-                with trio.move_on_after(0.05):
-                    async with trio.open_nursery() as waiters:
-                        for node in self.nodes.values():
-                            waiters.start_soon(_wait_then_cancel, node, waiters.cancel_scope)
-            return
-        pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+    async def any_change(self):
+        """Return when any node applies a metadata change, or after 50 ms at the latest."""
+        with trio.move_on_after(0.05):
+            async with trio.open_nursery() as waiters:
+                for node in self.nodes.values():
+                    waiters.start_soon(_wait_then_cancel, node, waiters.cancel_scope)
 
     async def controller(self):
-        await self.wait_for(lambda: len(self.leaders()) == 1, "one active controller")
+        await wait_until(
+            "one active controller", lambda: len(self.leaders()) == 1, wake=self.any_change
+        )
         return self.leaders()[0]
 
     async def start_all(self):
@@ -113,9 +112,10 @@ class Cluster:
         for i in (1, 2, 3):
             await self.start(i)
         leader = await self.controller()
-        await self.wait_for(
-            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
+        await wait_until(
             "all brokers unfenced",
+            lambda: len(leader.metadata.controller.image.unfenced_brokers()) == 3,
+            wake=self.any_change,
         )
         return leader
 
@@ -137,15 +137,17 @@ async def test_elect_commit_failover_restart(tmp_path):
         for i in (1, 2, 3):
             await cluster.start(i)
         await cluster.controller()
-        await cluster.wait_for(
-            lambda: all(n.lifecycle.unfenced.is_set() for n in cluster.nodes.values()),
+        await wait_until(
             "all brokers unfenced",
+            lambda: all(n.lifecycle.unfenced.is_set() for n in cluster.nodes.values()),
+            wake=cluster.any_change,
         )
         result = await create_topic(cluster.nodes[1], "orders")
         assert result.error_code == ErrorCode.none, result
-        await cluster.wait_for(
-            lambda: all(n.metadata.image.topic("orders") for n in cluster.nodes.values()),
+        await wait_until(
             "topic on every node",
+            lambda: all(n.metadata.image.topic("orders") for n in cluster.nodes.values()),
+            wake=cluster.any_change,
         )
 
         leader = await cluster.controller()
@@ -155,24 +157,30 @@ async def test_elect_commit_failover_restart(tmp_path):
         result = await create_topic(survivor, "after-failover", rf=2)
         assert result.error_code == ErrorCode.none, result
         # The killed broker is fenced once its session expires.
-        await cluster.wait_for(
-            lambda: survivor.metadata.image.brokers[killed].fenced, "killed broker fenced"
+        await wait_until(
+            "killed broker fenced",
+            lambda: survivor.metadata.image.brokers[killed].fenced,
+            wake=cluster.any_change,
         )
 
         restarted = await cluster.start(killed)
-        await cluster.wait_for(
-            lambda: restarted.metadata.image.topic("after-failover") is not None,
+        await wait_until(
             "restarted node caught up",
+            lambda: restarted.metadata.image.topic("after-failover") is not None,
+            wake=cluster.any_change,
         )
-        await cluster.wait_for(
-            lambda: restarted.lifecycle.unfenced.is_set(), "restarted broker unfenced"
+        await wait_until(
+            "restarted broker unfenced",
+            lambda: restarted.lifecycle.unfenced.is_set(),
+            wake=cluster.any_change,
         )
         images = [n.metadata.image for n in cluster.nodes.values()]
-        await cluster.wait_for(
+        await wait_until(
+            "same applied offset",
             lambda: (
                 len({n.metadata.image.last_applied_offset for n in cluster.nodes.values()}) == 1
             ),
-            "same applied offset",
+            wake=cluster.any_change,
         )
         assert {tuple(sorted(i.topics_by_name)) for i in images} == {("after-failover", "orders")}
         nursery.cancel_scope.cancel()
@@ -188,11 +196,14 @@ async def test_snapshot_catch_up(tmp_path):
         for k in range(12):
             result = await create_topic(leader, f"t{k}", partitions=1, rf=2)
             assert result.error_code == ErrorCode.none, result
-        await cluster.wait_for(lambda: leader.quorum.core.log_start > 0, "leader snapshot")
+        await wait_until(
+            "leader snapshot", lambda: leader.quorum.core.log_start > 0, wake=cluster.any_change
+        )
         restarted = await cluster.start(lagging)
-        await cluster.wait_for(
-            lambda: restarted.metadata.image.topic("t11") is not None,
+        await wait_until(
             "catch-up through the snapshot",
+            lambda: restarted.metadata.image.topic("t11") is not None,
+            wake=cluster.any_change,
         )
         nursery.cancel_scope.cancel()
 
@@ -256,9 +267,10 @@ async def test_controller_that_cannot_append_resigns_so_another_takes_over(tmp_p
         del quorum.propose  # the instance attribute shadowed the method
         # The dropped controller must not leave the cluster without one: a new epoch's
         # controller (on any node) takes over.
-        await cluster.wait_for(
-            lambda: any(n.quorum.core.epoch > epoch for n in cluster.leaders()),
+        await wait_until(
             "a controller in a later epoch",
+            lambda: any(n.quorum.core.epoch > epoch for n in cluster.leaders()),
+            wake=cluster.any_change,
         )
         new_leader = await cluster.controller()
         result = await create_topic(new_leader, "after-renounce", partitions=1, rf=1)

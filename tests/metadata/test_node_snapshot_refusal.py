@@ -18,6 +18,7 @@ from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot, enc
 from raftlog.storage.checkpoint import read_checkpoint, write_checkpoint
 from tests.metadata.test_node_quorum import Cluster, create_topic, make_configs
 from tests.metadata.test_snapshot import snapshot_from_a_newer_version
+from tests.waiting import wait_until
 
 
 async def _create_topics(node, prefix, count):
@@ -46,7 +47,9 @@ async def test_follower_refuses_a_snapshot_it_cannot_decode_and_catches_up_later
 
         monkeypatch.setattr(metadata_service, "encode_snapshot", leader_writes_newer)
         await _create_topics(leader, "t", 12)
-        await cluster.wait_for(lambda: leader.quorum.core.log_start > 0, "leader snapshot")
+        await wait_until(
+            "leader snapshot", lambda: leader.quorum.core.log_start > 0, wake=cluster.any_change
+        )
         monkeypatch.undo()
         bad = leader.quorum.core.snapshot
         with pytest.raises(SnapshotCorruptError, match="unknown metadata record type 99"):
@@ -63,7 +66,9 @@ async def test_follower_refuses_a_snapshot_it_cannot_decode_and_catches_up_later
                 f"epoch {bad.epoch}) from leader {leader.config.node_id}: snapshot body is "
                 "damaged: unknown metadata record type 99"
             )
-            await cluster.wait_for(lambda: refused in caplog.text, "the snapshot refused")
+            await wait_until(
+                "the snapshot refused", lambda: refused in caplog.text, wake=cluster.any_change
+            )
         # Nothing of it was kept: same log, no snapshot, the image it had before.
         store = restarted.quorum.store
         assert (store.log.log_start_offset, store.log.log_end_offset) == log_range
@@ -73,13 +78,16 @@ async def test_follower_refuses_a_snapshot_it_cannot_decode_and_catches_up_later
 
         # The leader moves on to a snapshot the follower can apply: it catches up.
         await _create_topics(leader, "u", 6)
-        await cluster.wait_for(
-            lambda: leader.quorum.core.snapshot.end_offset > bad.end_offset, "a newer snapshot"
+        await wait_until(
+            "a newer snapshot",
+            lambda: leader.quorum.core.snapshot.end_offset > bad.end_offset,
+            wake=cluster.any_change,
         )
-        await cluster.wait_for(
-            lambda: restarted.metadata.image.topic("u5") is not None,
+        await wait_until(
             "catch-up through the newer snapshot",
+            lambda: restarted.metadata.image.topic("u5") is not None,
             timeout_s=20,
+            wake=cluster.any_change,
         )
         assert restarted.quorum.core.log_start > bad.end_offset
         assert leader.quorum.core.epoch == epoch
@@ -120,15 +128,17 @@ async def test_node_restarted_with_an_undecodable_newest_snapshot_starts_from_th
         ).exists()
 
         await _create_topics(leader, "after-restart", 1)
-        await cluster.wait_for(
-            lambda: restarted.metadata.image.topic("after-restart0") is not None,
+        await wait_until(
             "restarted node caught up",
+            lambda: restarted.metadata.image.topic("after-restart0") is not None,
+            wake=cluster.any_change,
         )
-        await cluster.wait_for(
+        await wait_until(
+            "same topics as the leader",
             lambda: (
                 restarted.metadata.image.topics_by_name.keys()
                 == leader.metadata.image.topics_by_name.keys()
             ),
-            "same topics as the leader",
+            wake=cluster.any_change,
         )
         nursery.cancel_scope.cancel()
