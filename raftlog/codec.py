@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import operator
 import types
 import typing
 import uuid
@@ -37,7 +38,7 @@ from typing import Annotated, Any, TypeVar, Union
 
 import msgpack
 
-from raftlog.errors import ErrorCode, RaftlogError
+from raftlog.errors import ErrorCode, RemoteError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -51,10 +52,16 @@ __all__ = [
     "Array",
     "Codec",
     "DecodeError",
+    "Epoch",
+    "Int16",
     "Map",
     "MaxLen",
+    "Millis",
     "NamedExt",
+    "NodeId",
+    "Offset",
     "Range",
+    "Size",
     "UnknownAs",
 ]
 
@@ -72,7 +79,7 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ITEMS = 1024 * 1024
 
 
-class DecodeError(RaftlogError):
+class DecodeError(RemoteError):
     """Bytes or a wire value from a peer or a file are not a valid message.
 
     A remote error: the data came from outside this process (another node, a file on disk),
@@ -95,6 +102,15 @@ class MaxLen:
     """Most characters (str), bytes (bytes) or items (tuple, mapping) a field may hold."""
 
     count: int
+
+
+# Integer kinds the message families share; -1 is the protocols' "none" or "unknown".
+NodeId = Annotated[int, Range(-1, I32_MAX)]
+Epoch = Annotated[int, Range(-1, I32_MAX)]
+Offset = Annotated[int, Range(-1, I64_MAX)]
+Size = Annotated[int, Range(0, I64_MAX)]  # bytes, counts, positions, sequence numbers
+Millis = Annotated[int, Range(-1, I64_MAX)]  # timestamps and durations
+Int16 = Annotated[int, Range(-(2**15), 2**15 - 1)]  # a Kafka error code on the wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +256,14 @@ class Codec:
         plain = all(e is None for e in encoders)
         header = [getattr(cls, attr) for attr in layout.header] if isinstance(layout, Array) else []
 
-        def values(obj: Any) -> list[Any]:
+        getter = operator.attrgetter(*names) if len(names) > 1 else None
+        coded = [(name, enc) for name, enc in zip(names, encoders, strict=True)]
+
+        def values(obj: Any) -> Any:
             if plain:
-                return [getattr(obj, name) for name in names]
+                return getter(obj) if getter is not None else [getattr(obj, n) for n in names]
             out = []
-            for name, enc in zip(names, encoders, strict=True):
+            for name, enc in coded:
                 value = getattr(obj, name)
                 out.append(value if enc is None or value is None else enc(value))
             return out
@@ -255,7 +274,7 @@ class Codec:
             return lambda obj: dict(zip(names, values(obj), strict=True))
         code, name = layout.code, cls.__name__
         return lambda obj: msgpack.ExtType(
-            code, msgpack.packb([name, values(obj)], use_bin_type=True)
+            code, msgpack.packb([name, list(values(obj))], use_bin_type=True)
         )
 
     def _union_encoder(self, arms: list[Any]) -> Encoder:
@@ -313,14 +332,14 @@ class Codec:
     def _struct_decoder(self, cls: type) -> Decoder:
         layout = _layout(cls)
         fields = _fields(cls)
-        what = cls.__name__
-        decoders = [_field_decoder(what, name, self.decoder(ftp)) for name, ftp in fields]
+        names = [name for name, _ in fields]
+        decoders = [self.decoder(ftp) for _, ftp in fields]
         if isinstance(layout, Array):
             header = tuple(getattr(cls, attr) for attr in layout.header)
-            return _array_decoder(cls, header, decoders)
+            return _array_decoder(cls, header, names, decoders)
         if isinstance(layout, Map):
-            return _map_decoder(cls, [name for name, _ in fields], decoders)
-        return _named_ext_decoder(cls, layout.code, decoders)
+            return _map_decoder(cls, names, decoders)
+        return _named_ext_decoder(cls, layout.code, names, decoders)
 
     def _union_decoder(self, arms: tuple[Any, ...]) -> Decoder:
         optional = type(None) in arms
@@ -415,14 +434,17 @@ def _show(value: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def _field_decoder(what: str, name: str, decode: Decoder) -> Decoder:
-    def field(wire: Any) -> Any:
-        try:
-            return decode(wire)
-        except DecodeError as exc:
-            raise DecodeError(f"{what}.{name} has an invalid value: {exc}") from None
-
-    return field
+def _build(cls: type, names: list[str], decoders: list[Decoder], values: Any) -> Any:
+    """cls(*decoded values); a bad value's error names its field (found again only then)."""
+    try:
+        return cls(*[dec(x) for dec, x in zip(decoders, values)])  # noqa: B905 (arity checked)
+    except DecodeError:
+        for name, dec, x in zip(names, decoders, values):  # noqa: B905
+            try:
+                dec(x)
+            except DecodeError as exc:
+                raise DecodeError(f"{cls.__name__}.{name} has an invalid value: {exc}") from None
+        raise
 
 
 def _decode_bool(wire: Any) -> bool:
@@ -532,7 +554,9 @@ def _mapping_decoder(key: Decoder, value: Decoder, max_items: int) -> Decoder:
     return decode
 
 
-def _array_decoder(cls: type, header: tuple[Any, ...], decoders: list[Decoder]) -> Decoder:
+def _array_decoder(
+    cls: type, header: tuple[Any, ...], names: list[str], decoders: list[Decoder]
+) -> Decoder:
     width = len(header)
     arity = width + len(decoders)
     what = cls.__name__
@@ -544,7 +568,7 @@ def _array_decoder(cls: type, header: tuple[Any, ...], decoders: list[Decoder]) 
             raise DecodeError(f"{what} has {arity} items on the wire, got {len(wire)}")
         if width and tuple(wire[:width]) != header:
             raise DecodeError(f"{what}: header {_show(tuple(wire[:width]))} != {header}")
-        return cls(*[dec(x) for dec, x in zip(decoders, wire[width:], strict=True)])
+        return _build(cls, names, decoders, wire[width:] if width else wire)
 
     return decode
 
@@ -564,7 +588,10 @@ def _map_decoder(cls: type, names: list[str], decoders: list[Decoder]) -> Decode
         kwargs = {}
         for name, dec in pairs:
             if name in wire:
-                kwargs[name] = dec(wire[name])
+                try:
+                    kwargs[name] = dec(wire[name])
+                except DecodeError as exc:
+                    raise DecodeError(f"{what}.{name} has an invalid value: {exc}") from None
             elif name in required:
                 raise DecodeError(f"{what}: the field {name!r} is missing")
         return cls(**kwargs)
@@ -581,7 +608,7 @@ def _ext_class_name(wire: Any, code: int) -> Any:
     return inner[0]
 
 
-def _named_ext_decoder(cls: type, code: int, decoders: list[Decoder]) -> Decoder:
+def _named_ext_decoder(cls: type, code: int, names: list[str], decoders: list[Decoder]) -> Decoder:
     what = cls.__name__
 
     def decode(wire: Any) -> Any:
@@ -595,6 +622,6 @@ def _named_ext_decoder(cls: type, code: int, decoders: list[Decoder]) -> Decoder
             raise DecodeError(f"expected a {what}, got {_show(name)}")
         if len(values) != len(decoders):
             raise DecodeError(f"{what} has {len(decoders)} fields, the wire value {len(values)}")
-        return cls(*[dec(x) for dec, x in zip(decoders, values, strict=True)])
+        return _build(cls, names, decoders, values)
 
     return decode

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from raftlog.codec import DecodeError
 from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
@@ -18,7 +19,6 @@ from raftlog.metadata.raft.messages import (
     FetchResponse,
     FetchSnapshot,
     FetchSnapshotResponse,
-    MessageDecodeError,
     SnapshotId,
     Vote,
     VoteResponse,
@@ -66,7 +66,8 @@ def message_strategy(ints: st.SearchStrategy[int]) -> st.SearchStrategy[object]:
     )
 
 
-messages = message_strategy(st.integers(min_value=0, max_value=2**62))
+# Within every field's declared range (error codes are int16); the bounds have their own test.
+messages = message_strategy(st.integers(min_value=0, max_value=2**15 - 1))
 
 
 @given(messages)
@@ -90,10 +91,25 @@ def test_round_trip_through_msgpack(message: object) -> None:
     ],
 )
 def test_malformed_wire_is_rejected(wire: object) -> None:
-    with pytest.raises(MessageDecodeError):
+    with pytest.raises(DecodeError):
         message_from_wire(wire)
 
 
 def test_wrong_tag_for_class() -> None:
-    with pytest.raises(MessageDecodeError):
+    with pytest.raises(DecodeError):
         Fetch.from_wire([*BeginQuorumEpoch(1, 2).to_wire(), 0, 0, 0])
+
+
+def test_declared_bounds_hold_at_both_ends() -> None:
+    widest = FetchResponse(2**31 - 1, 2**31 - 1, 2**63 - 1, -1, 2**63 - 1, error=-(2**15))
+    assert message_from_wire(widest.to_wire()) == widest
+    for wire in (
+        [7, 1, -2, 0, 0, 0, 0],  # negative epoch
+        [7, 1, 1, -2, 0, 0, 0],  # negative fetch offset
+        [7, 1, 2**31, 0, 0, 0, 0],  # epoch above int32
+        [7, 1, 1, 2**63, 0, 0, 0],  # offset above int64
+        [7, 1, 1, 0, 0, -1, 0],  # negative max_wait_ms
+        [2, False, 1, None, True, 2**15],  # error code above int16
+    ):
+        with pytest.raises(DecodeError, match="outside"):
+            message_from_wire(wire)

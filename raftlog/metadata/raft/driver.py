@@ -23,17 +23,13 @@ from dataclasses import dataclass
 import trio
 
 from raftlog.clock import wall_clock_ms
+from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.executor import execute_ready
 from raftlog.metadata.raft.log_store import MetadataLogStore
-from raftlog.metadata.raft.messages import (
-    Entry,
-    Message,
-    MessageDecodeError,
-    message_from_wire,
-)
+from raftlog.metadata.raft.messages import Entry, Message, message_from_wire
 from raftlog.metadata.raft.types import (
     NotLeader,
     ProtocolViolation,
@@ -160,7 +156,7 @@ class QuorumDriver:
             wire, host, port = body
             message = message_from_wire(wire)
             reply_address = (str(host), int(port))
-        except (MessageDecodeError, TypeError, ValueError) as exc:
+        except (DecodeError, TypeError, ValueError) as exc:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
         if sender_id not in self.voters:
