@@ -30,6 +30,7 @@ from typing import Protocol
 import trio
 
 from jepsen.history import FAULT_START, FAULT_STOP, Recorder
+from raftlog.metadata.raft.majority import majority_size
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def majorities_ring(nodes: Sequence[str], rng: random.Random) -> Grudge:
         # 3 nodes: cut a single link; the two ends each keep a majority through the third.
         return complete_grudge([ring[0]], [ring[1]])
     # Neighbours on each side so that the node plus 2*reach is at least a majority.
-    reach = (n // 2 + 1) // 2
+    reach = majority_size(n) // 2
     grudge: Grudge = {}
     for i, node in enumerate(ring):
         near = {ring[(i + d) % n] for d in range(-reach, reach + 1)}
@@ -235,7 +236,7 @@ class Nemesis:
     async def _apply(self, family: str, mode: str, names: list[str]) -> Fault:
         if family == "kill":
             if mode == "majority":
-                targets = sorted(self.rng.sample(names, len(names) // 2 + 1))
+                targets = sorted(self.rng.sample(names, majority_size(len(names))))
             else:
                 target, mode = await self._target(mode, names)
                 targets = [target]

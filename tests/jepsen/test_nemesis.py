@@ -22,6 +22,7 @@ from jepsen.nemesis import (
     parse_families,
     split_kind,
 )
+from raftlog.metadata.raft.majority import majority_size
 
 
 class FakeCluster:
@@ -215,7 +216,7 @@ def hears(grudge: dict[str, list[str]], node: str, names: list[str]) -> set[str]
 def test_grudges_are_symmetric_and_shaped(n: int, seed: int) -> None:
     names = [f"n{i}" for i in range(1, n + 1)]
     rng = random.Random(seed)
-    majority = n // 2 + 1
+    majority = majority_size(n)
 
     g = isolate("n2", names)
     check_grudge(g, names)

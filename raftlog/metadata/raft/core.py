@@ -1,9 +1,10 @@
 """Sans-IO core of the metadata-quorum Raft (pull-based, after KIP-595 / KIP-996 / etcd raft).
 
-The core never touches a socket, a disk or a clock: the driver feeds it ``tick(now_ms)``,
-``receive(now_ms, from_id, message)``, ``propose``, ``flushed``, ``snapshot_written``,
-``resign`` and ``read_index``, then drains ``take_ready()``, which ``executor.execute_ready`` carries out in order
-(persist quorum state -> truncate -> append -> install snapshot -> send -> apply -> reads).
+The core never touches a socket, a disk or a clock: the driver feeds it ``tick``,
+``receive``, ``propose``, ``flushed``, ``snapshot_written``, ``resign`` and ``read_index``
+(keyword arguments only), then drains ``take_ready()``, which ``executor.execute_ready``
+carries out in order (persist quorum state -> truncate -> append -> install snapshot ->
+send -> apply -> reads).
 docs/raft.md describes the roles, messages and persistence rules. This module holds the driver
 API and the in-memory log; ``RaftCore`` mixes in ``replication.Replication`` (fetch, HW,
 snapshots, reads) on top of ``elections.Elections`` (epochs, votes, leadership).
@@ -90,7 +91,6 @@ class RaftCore(Replication):
         self.is_voter = node_id in self.voters
         self.config = config
         self._rng = rng
-        self._majority = len(self.voters) // 2 + 1
         self._snapshot = snapshot
         self._log_start = snapshot.end_offset if snapshot else 0
         self._log: list[Entry] = []

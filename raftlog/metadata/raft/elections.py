@@ -10,6 +10,7 @@ import dataclasses
 import random
 from typing import Any
 
+from raftlog.metadata.raft.majority import VoteResult, vote_result
 from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
@@ -47,7 +48,6 @@ class Elections:
     is_voter: bool
     config: RaftConfig
     _rng: random.Random
-    _majority: int
     _role: Role
     _ready: Ready
     _persisted: QuorumState
@@ -161,7 +161,10 @@ class Elections:
 
     def _maybe_win_prevote(self, now_ms: int) -> None:
         role = self._role
-        if isinstance(role, Prospective) and len(role.granted) >= self._majority:
+        if (
+            isinstance(role, Prospective)
+            and vote_result(role.granted, role.rejected, self.voters) is VoteResult.WON
+        ):
             self._become(
                 Candidate(
                     role.epoch + 1,
@@ -178,7 +181,10 @@ class Elections:
 
     def _maybe_win_election(self, now_ms: int) -> None:
         role = self._role
-        if not isinstance(role, Candidate) or len(role.granted) < self._majority:
+        if (
+            not isinstance(role, Candidate)
+            or vote_result(role.granted, role.rejected, self.voters) is not VoteResult.WON
+        ):
             return
         self._become(Leader(role.epoch, self.log_end))
         self._start_leading(now_ms)
@@ -269,7 +275,7 @@ class Elections:
                 self._maybe_win_election(now_ms)
             else:
                 role = dataclasses.replace(role, rejected=role.rejected | {from_id})
-                if len(role.rejected) >= self._majority:
+                if vote_result(role.granted, role.rejected, self.voters) is VoteResult.LOST:
                     # Lost: back off a random while before asking again (pre-vote first).
                     backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
                     role = dataclasses.replace(role, election_deadline_ms=now_ms + backoff_ms)

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any
 
 from raftlog.metadata.raft.elections import Elections
+from raftlog.metadata.raft.majority import has_majority, quorum_heard_ms, quorum_value
 from raftlog.metadata.raft.messages import (
     ERROR_FENCED_EPOCH,
     ERROR_NONE,
@@ -83,13 +84,13 @@ class Replication(Elections):
 
     def _check_quorum_deadline_ms(self) -> int:
         """When this leader stops having heard from a majority within the fetch timeout."""
-        others = [self._last_fetch_ms.get(v, self._leader_since_ms) for v in self._acked]
-        # The leader counts itself as always heard from, so it needs majority-1 others.
-        needed = self._majority - 1
-        if needed == 0:
-            return 1 << 62
-        others.sort(reverse=True)
-        return others[needed - 1] + self.config.fetch_timeout_ms
+        # Every voter counts as heard from when this leader was elected (a grace period).
+        heard_ms = quorum_heard_ms(
+            self._last_fetch_ms, self.voters, leader_id=self.node_id, missing=self._leader_since_ms
+        )
+        if heard_ms is None:
+            return 1 << 62  # a single voter: no one else to hear from
+        return heard_ms + self.config.fetch_timeout_ms
 
     def _tick_leader(self, now_ms: int) -> None:
         if now_ms >= self._check_quorum_deadline_ms():
@@ -110,8 +111,10 @@ class Replication(Elections):
     def _advance_high_watermark(self, now_ms: int | None) -> None:
         role = self._role
         assert isinstance(role, Leader)
-        offsets = sorted([self._flushed, *self._acked.values()], reverse=True)
-        candidate = offsets[self._majority - 1]
+        # The leader's own log counts only as far as it is flushed.
+        candidate = quorum_value(
+            {**self._acked, self.node_id: self._flushed}, self.voters, missing=0
+        )
         if candidate <= self.high_watermark:
             return
         if self._log[candidate - 1 - self._log_start].epoch != role.epoch:
@@ -165,7 +168,7 @@ class Replication(Elections):
             return  # the HW of a new leader may lag what an older leader committed
         keep: list[tuple[object, int, set[int]]] = []
         for token, sequence, confirmed in self._reads:
-            if len(confirmed) + 1 >= self._majority:
+            if has_majority(confirmed | {self.node_id}, self.voters):
                 self._ready.reads.append((token, self.high_watermark))
             else:
                 keep.append((token, sequence, confirmed))
@@ -411,12 +414,12 @@ class Replication(Elections):
         if len(buffer) >= msg.size:
             snapshot = Snapshot(snap_id.end_offset, snap_id.epoch, bytes(buffer))
             check = self._snapshot_check
-            reason = check(snapshot) if check is not None else None
-            if reason is None:
+            refusal = check(snapshot) if check is not None else None
+            if refusal is None:
                 self._snapshot_refusals = 0
                 self._install_snapshot(snapshot)
             else:
-                self._refuse_snapshot(now_ms, snapshot, reason, from_id)
+                self._refuse_snapshot(now_ms, snapshot, refusal, from_id)
         self._maybe_fetch(now_ms)
 
     def _refuse_snapshot(
