@@ -1,24 +1,32 @@
 """Metadata records: the entries of `__cluster_metadata`, and their msgpack encoding.
 
-Every record is a frozen dataclass with a type id and a version. On the wire a record is the
-msgpack array ``[type_id, version, field0, field1, ...]`` with fields in declaration order;
-topic ids (UUIDs) travel as a msgpack extension type so they never look like plain bytes.
-Decoding checks the type/version pair and every field's type, so a record written by a newer
-node or a damaged entry fails with a message that names the record, instead of building a
-half-valid object that breaks the image later.
+Every record is a frozen dataclass with a type id and a version, whose annotations are its
+schema (raftlog.codec). On the wire a record is the msgpack array
+``[type_id, version, field0, field1, ...]`` with fields in declaration order; topic ids (UUIDs)
+travel as a msgpack extension type so they never look like plain bytes. Decoding checks the
+type/version pair and every field's type and range, so a record written by a newer node or a
+damaged entry fails with a message that names the record, instead of building a half-valid
+object that breaks the image later.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, ClassVar
 
-import msgpack
-
+from raftlog.codec import (
+    Array,
+    Codec,
+    DecodeError,
+    Epoch,
+    MaxLen,
+    NodeId,
+    Offset,
+    Range,
+    Size,
+    unpack,
+)
 from raftlog.errors import CorruptRecordError
 
 __all__ = [
@@ -42,23 +50,28 @@ __all__ = [
     "encode_record",
 ]
 
-# msgpack extension code for a 16-byte UUID (topic ids, incarnation ids).
-_UUID_EXT = 1
 # A metadata record is small (the largest is a Partition with its replica lists); anything
 # bigger is damage, and refusing it early bounds what a bad entry can make us allocate.
 MAX_RECORD_BYTES = 1024 * 1024
 RESOURCE_TYPES = ("topic", "broker", "cluster")
-NO_LEADER = -1
 
 
-class RecordDecodeError(CorruptRecordError):
+class RecordDecodeError(CorruptRecordError, DecodeError):
     """A metadata record could not be decoded (unknown type/version, wrong fields, bad bytes)."""
+
+
+Port = Annotated[int, Range(0, 65535)]
+TopicName = Annotated[str, MaxLen(249)]  # Kafka's limit, which the controller enforces
+BrokerEpoch = Offset  # a broker epoch is the metadata offset of its registration
+PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]
+Replicas = tuple[NodeId, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
     """Base of every metadata record; subclasses set TYPE_ID and VERSION."""
 
+    __wire__: ClassVar[Array] = Array(header=("TYPE_ID", "VERSION"))
     TYPE_ID: ClassVar[int] = 0
     VERSION: ClassVar[int] = 0
 
@@ -68,13 +81,13 @@ class RegisterBroker(Record):
     """A broker (re-)registered; it starts fenced until it catches up with the metadata log."""
 
     TYPE_ID: ClassVar[int] = 1
-    broker_id: int
+    broker_id: NodeId
     incarnation_id: uuid.UUID
-    broker_epoch: int
+    broker_epoch: BrokerEpoch
     client_host: str
-    client_port: int
+    client_port: Port
     internal_host: str
-    internal_port: int
+    internal_port: Port
     rack: str | None = None
 
 
@@ -83,8 +96,8 @@ class FenceBroker(Record):
     """The broker may no longer lead or join ISRs (session expired or shutdown finished)."""
 
     TYPE_ID: ClassVar[int] = 2
-    broker_id: int
-    broker_epoch: int
+    broker_id: NodeId
+    broker_epoch: BrokerEpoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +105,8 @@ class UnfenceBroker(Record):
     """The broker caught up with the metadata log and may lead partitions again."""
 
     TYPE_ID: ClassVar[int] = 3
-    broker_id: int
-    broker_epoch: int
+    broker_id: NodeId
+    broker_epoch: BrokerEpoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +114,8 @@ class BrokerShutdownBegin(Record):
     """The broker asked for a controlled shutdown; it is no longer eligible as a leader."""
 
     TYPE_ID: ClassVar[int] = 4
-    broker_id: int
-    broker_epoch: int
+    broker_id: NodeId
+    broker_epoch: BrokerEpoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +123,7 @@ class Topic(Record):
     """A topic was created; its partitions follow as Partition records."""
 
     TYPE_ID: ClassVar[int] = 5
-    name: str
+    name: TopicName
     topic_id: uuid.UUID
 
 
@@ -120,12 +133,12 @@ class Partition(Record):
 
     TYPE_ID: ClassVar[int] = 6
     topic_id: uuid.UUID
-    partition: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    leader: int
-    leader_epoch: int = 0
-    partition_epoch: int = 0
+    partition: PartitionIndex
+    replicas: Replicas
+    isr: Replicas
+    leader: NodeId
+    leader_epoch: Epoch = 0
+    partition_epoch: Epoch = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,10 +152,10 @@ class PartitionChange(Record):
 
     TYPE_ID: ClassVar[int] = 7
     topic_id: uuid.UUID
-    partition: int
-    leader: int | None = None
-    isr: tuple[int, ...] | None = None
-    replicas: tuple[int, ...] | None = None
+    partition: PartitionIndex
+    leader: NodeId | None = None
+    isr: Replicas | None = None
+    replicas: Replicas | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +196,9 @@ class ProducerIds(Record):
     """A block of producer ids was handed out; next_producer_id is the first id not given."""
 
     TYPE_ID: ClassVar[int] = 11
-    broker_id: int
-    broker_epoch: int
-    next_producer_id: int
+    broker_id: NodeId
+    broker_epoch: BrokerEpoch
+    next_producer_id: Size
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +206,8 @@ class LeaderChange(Record):
     """No-op written by a new Raft leader at the start of its epoch; names the controller."""
 
     TYPE_ID: ClassVar[int] = 12
-    epoch: int
-    leader_id: int
+    epoch: Epoch
+    leader_id: NodeId
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +216,7 @@ class FeatureLevel(Record):
 
     TYPE_ID: ClassVar[int] = 13
     name: str
-    level: int
+    level: Annotated[int, Range(0, 2**15 - 1)]
 
 
 RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
@@ -226,70 +239,27 @@ RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
 }
 
 
-# ------------------------------------------------------------------ field type checks
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_float(value: Any) -> bool:
-    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int_tuple(value: Any) -> bool:
-    return isinstance(value, tuple) and all(_is_int(v) for v in value)
-
-
-def _is_entity(value: Any) -> bool:
-    return isinstance(value, tuple) and all(
-        isinstance(pair, tuple)
-        and len(pair) == 2
-        and isinstance(pair[0], str)
-        and (pair[1] is None or isinstance(pair[1], str))
-        for pair in value
-    )
-
-
-def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or check(value)
-
-
-# Keyed by the annotation text (this module uses `from __future__ import annotations`).
-_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "int": _is_int,
-    "str": lambda v: isinstance(v, str),
-    "str | None": _optional(lambda v: isinstance(v, str)),
-    "uuid.UUID": lambda v: isinstance(v, uuid.UUID),
-    "tuple[int, ...]": _is_int_tuple,
-    "tuple[int, ...] | None": _optional(_is_int_tuple),
-    "int | None": _optional(_is_int),
-    "float | None": _optional(_is_float),
-    "tuple[tuple[str, str | None], ...]": _is_entity,
-}
-_FIELDS: dict[type[Record], tuple[tuple[str, Callable[[Any], bool]], ...]] = {
-    cls: tuple((f.name, _CHECKS[str(f.type)]) for f in dataclasses.fields(cls))
-    for cls in RECORD_TYPES.values()
-}
-
-
-# ------------------------------------------------------------------ encode / decode
-def _default(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return msgpack.ExtType(_UUID_EXT, value.bytes)
-    raise TypeError(f"cannot encode {type(value).__name__} in a metadata record")
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _UUID_EXT and len(data) == 16:
-        return uuid.UUID(bytes=data)
-    raise RecordDecodeError(f"unknown msgpack extension {code} ({len(data)} bytes)")
+AnyRecord = (
+    RegisterBroker
+    | FenceBroker
+    | UnfenceBroker
+    | BrokerShutdownBegin
+    | Topic
+    | Partition
+    | PartitionChange
+    | RemoveTopic
+    | Config
+    | ClientQuota
+    | ProducerIds
+    | LeaderChange
+    | FeatureLevel
+)
+CODEC = Codec()
 
 
 def encode_record(record: Record) -> bytes:
     """Encode one record as msgpack ``[type_id, version, fields...]``."""
-    if type(record) not in _FIELDS:
-        raise TypeError(f"{type(record).__name__} is not a metadata record type")
-    values = [getattr(record, name) for name, _ in _FIELDS[type(record)]]
-    return msgpack.packb([record.TYPE_ID, record.VERSION, *values], default=_default)
+    return CODEC.encode(record, AnyRecord)
 
 
 def decode_record(data: bytes) -> Record:
@@ -297,18 +267,16 @@ def decode_record(data: bytes) -> Record:
     if len(data) > MAX_RECORD_BYTES:
         raise RecordDecodeError(f"metadata record of {len(data)} bytes exceeds {MAX_RECORD_BYTES}")
     try:
-        items = msgpack.unpackb(data, use_list=False, ext_hook=_ext_hook, strict_map_key=True)
-    except RecordDecodeError:
-        raise
-    except Exception as exc:
-        raise RecordDecodeError(f"metadata record is not valid msgpack: {exc}") from None
-    if not isinstance(items, tuple) or len(items) < 2:
+        items = unpack(data)
+    except DecodeError as exc:
+        raise RecordDecodeError(f"metadata record is {exc}") from None
+    if not isinstance(items, list) or len(items) < 2:
         raise RecordDecodeError(f"metadata record must be [type_id, version, ...], got {items!r}")
-    type_id, version, values = items[0], items[1], items[2:]
+    type_id, version = items[0], items[1]
     cls = RECORD_TYPES.get((type_id, version))
     if cls is None:
         known = sorted({t for t, _ in RECORD_TYPES})
-        if _is_int(type_id) and type_id in known:
+        if type(type_id) is int and type_id in known:
             raise RecordDecodeError(
                 f"unsupported version {version!r} of metadata record type {type_id} "
                 f"({RECORD_TYPES[(type_id, 0)].__name__}); this node reads version 0"
@@ -316,14 +284,8 @@ def decode_record(data: bytes) -> Record:
         raise RecordDecodeError(
             f"unknown metadata record type {type_id!r} version {version!r}; known types {known}"
         )
-    fields = _FIELDS[cls]
-    if len(values) != len(fields):
-        raise RecordDecodeError(
-            f"{cls.__name__} v{version} has {len(fields)} fields, the record carries {len(values)}"
-        )
-    for (name, check), value in zip(fields, values, strict=True):
-        if not check(value):
-            raise RecordDecodeError(f"{cls.__name__}.{name} has an invalid value {value!r}")
-    if cls is ClientQuota and values[2] is not None:
-        values = (*values[:2], float(values[2]))  # msgpack may carry 1.0 as 1
-    return cls(*values)
+    try:
+        record: Record = CODEC.from_wire(cls, items)
+    except DecodeError as exc:
+        raise RecordDecodeError(str(exc)) from None
+    return record
