@@ -20,7 +20,8 @@ import trio
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-MIB = 1024 * 1024
+from raftlog.constants import MIB
+
 SINK_RECV_BYTES = 1 * MIB
 # Progress and logs go to stderr so that stdout's last line is the JSON result.
 console = Console(stderr=True)

@@ -47,10 +47,11 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from benchmarks.common import MIB, console, emit_result, mb_per_s, socket_sink
+from benchmarks.common import console, emit_result, mb_per_s, socket_sink
 from raftlog.client import open_connection
 from raftlog.client.connection import BrokerConnection, ConnectionLimits
 from raftlog.client.protocol import API_KEYS, build_request, decode_response, encode_request
+from raftlog.constants import MIB
 from raftlog.net.framing import frame
 from raftlog.node import PARTITIONS_DIR
 from raftlog.records import HEADER_SIZE_BYTES, Record, build_batch, parse_header

@@ -27,7 +27,8 @@ from typing import Any
 
 import trio
 
-from benchmarks.common import MIB, console, emit_result
+from benchmarks.common import console, emit_result
+from raftlog.constants import MIB
 
 VALUE_BYTES = 1000
 # Small batches keep one request's bytes far below a second of a 1 MiB/s quota, so the

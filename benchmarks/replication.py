@@ -23,7 +23,8 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from benchmarks.common import MIB, console, emit_result, mb_per_s, progress
+from benchmarks.common import console, emit_result, mb_per_s, progress
+from raftlog.constants import MIB
 from raftlog.testing.cluster import ProcessCluster
 
 RECORD_BYTES = 1024

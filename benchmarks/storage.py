@@ -18,7 +18,8 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.common import MIB, console, emit_result, mb_per_s, progress, socket_sink
+from benchmarks.common import console, emit_result, mb_per_s, progress, socket_sink
+from raftlog.constants import MIB
 from raftlog.records import Record, build_batch
 from raftlog.storage import Flusher, LogConfig, PartitionLog
 

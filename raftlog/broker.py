@@ -17,12 +17,12 @@ import trio
 
 from raftlog.broker_configs import broker_config_entries, topic_config_entries
 from raftlog.config import NodeConfig
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.controller.messages import CONFIG_OPS
 from raftlog.metadata.image import MetadataImage
-from raftlog.metadata.records import NO_LEADER
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.backend import (
     AlterConfigOp,

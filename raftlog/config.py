@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raftlog.constants import GIB, MIB
 from raftlog.errors import ConfigError
 
-KIB = 1024
-MIB = 1024 * KIB
-GIB = 1024 * MIB
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 

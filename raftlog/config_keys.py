@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, MIB, NodeConfig
+from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
+from raftlog.constants import MIB
 from raftlog.errors import RemoteError
 
 __all__ = [

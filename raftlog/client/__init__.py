@@ -44,15 +44,8 @@ from raftlog.client.group_consumer import (
 )
 from raftlog.client.group_member import GroupMember
 from raftlog.client.member_state import GroupMemberError, MemberConfig
-from raftlog.client.producer import (
-    ACKS_ALL,
-    ACKS_LEADER,
-    ACKS_NONE,
-    Producer,
-    ProduceResult,
-    murmur2,
-    partition_for_key,
-)
+from raftlog.client.producer import Producer, ProduceResult, murmur2, partition_for_key
+from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
 
 __all__ = [
     "ACKS_ALL",

@@ -15,13 +15,12 @@ from typing import Any
 
 from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
 from raftlog.client.protocol import error_of
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.quotas.entity import QuotaEntity, validate_alteration
 
 DEFAULT_ADMIN_TIMEOUT_MS = 30_000
 # Kafka's ListOffsets sentinels.
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
 
 
 class ResourceType(enum.IntEnum):

@@ -32,12 +32,12 @@ from raftlog.client.protocol import (
     error_of,
     peek_correlation_id,
 )
+from raftlog.constants import MIB
 from raftlog.errors import ErrorCode
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 CLIENT_SOFTWARE_NAME = "raftlog-client"
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 # Correlation ids are int32 and wrap; the in-flight limit keeps wrapped ids from colliding.

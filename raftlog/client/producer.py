@@ -14,12 +14,10 @@ from dataclasses import dataclass
 
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.protocol import build_request, throttle_time_ms
+from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import Compression, Record, build_batch
 
-ACKS_NONE = 0
-ACKS_LEADER = 1
-ACKS_ALL = -1
 _MASK32 = 0xFFFFFFFF
 
 

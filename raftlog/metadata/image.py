@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import Any
 
 from raftlog.config_keys import parse_topic_config
+from raftlog.constants import NO_LEADER
 from raftlog.errors import RaftlogError
 from raftlog.metadata import records as r
-from raftlog.metadata.records import NO_LEADER
 
 __all__ = [
     "BrokerRegistration",

@@ -28,6 +28,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataDelta, MetadataImage
@@ -44,7 +45,6 @@ from raftlog.replication.core.follower import FollowerAction, FollowerState, Fol
 from raftlog.replication.core.leader import LeaderState
 from raftlog.replication.core.purgatory import Completion, ProduceCompletion, Purgatory
 from raftlog.replication.core.types import (
-    NO_LEADER,
     AlterPartitionRequest,
     LeaderAndIsr,
     LeaderEffects,

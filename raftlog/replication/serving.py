@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, UNDEFINED_EPOCH
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
-    MAX_TIMESTAMP,
     EpochEndOffset,
     FetchResult,
     FileRegion,
@@ -25,7 +23,7 @@ from raftlog.net.kafka.backend import (
     ListOffsetsResult,
 )
 from raftlog.replication.core.leader import LeaderState
-from raftlog.replication.core.types import UNDEFINED_EPOCH, FetchDecision, FetchOutcome
+from raftlog.replication.core.types import FetchDecision, FetchOutcome
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
     ReplicaFetchPartition,

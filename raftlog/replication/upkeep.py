@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raftlog.replication.core.types import NO_LEADER
+from raftlog.constants import NO_LEADER
 from raftlog.replication.hosted import HostedPartition
 from raftlog.storage.cleaner import clean_log
 from raftlog.storage.retention import retention_target

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, MIB, NodeConfig
+from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
 from raftlog.config_keys import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MESSAGE_TIMESTAMP_TYPE,
     MESSAGE_TIMESTAMP_TYPES,
     TOPIC_CONFIGS,
 )
+from raftlog.constants import MIB
 from raftlog.errors import ConfigError
 
 # LogConfig fields taken as text (the rest are integers); __post_init__ checks them.

@@ -9,7 +9,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-UNDEFINED_EPOCH = -1
+from raftlog.constants import UNDEFINED_EPOCH
+
 UNDEFINED_OFFSET = -1
 
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
 from raftlog.storage.checkpoint import fsync_dir, write_checkpoint
@@ -29,9 +30,6 @@ from raftlog.storage.recovery import (
 from raftlog.storage.segment import FileRegion, LogSegment
 
 log = logging.getLogger("raftlog.storage")
-
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 
 
 class OffsetOutOfRangeError(KafkaError):

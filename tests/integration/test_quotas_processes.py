@@ -19,6 +19,7 @@ import trio
 from benchmarks.quotas import alter_quotas, consume_for, create_topic, produce_for
 from raftlog.client.admin import Admin
 from raftlog.client.cluster import open_cluster
+from raftlog.constants import MIB
 from raftlog.errors import ErrorCode
 from raftlog.quotas import QuotaEntity
 from raftlog.quotas.usage_rpc import UsageRow, fetch_usage
@@ -26,7 +27,6 @@ from raftlog.testing.cluster import ProcessCluster
 
 pytestmark = pytest.mark.cluster
 
-MIB = 1 << 20
 RUN_S = 10.0
 TOLERANCE = 0.15
 # What the unthrottled producer offers: well above the quota, well below what one broker

@@ -18,11 +18,9 @@ from pathlib import Path
 import crc32c
 import trio
 
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
-    MAX_TIMESTAMP,
     AlterConfigOp,
     BrokerInfo,
     ConfigEntry,

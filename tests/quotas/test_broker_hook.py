@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import msgpack
 
+from raftlog.constants import MIB
 from raftlog.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity, QuotaLimits
 from raftlog.quotas.broker_hook import (
     MIN_FETCH_QUOTA_MAX_BYTES,
@@ -14,8 +15,6 @@ from raftlog.quotas.broker_hook import (
     USAGE_FIELDS,
     BrokerQuotas,
 )
-
-MIB = 1 << 20
 
 
 class FakeClock:

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from raftlog.config import NodeConfig
+from raftlog.constants import MIB
 from raftlog.errors import ErrorCode
 from raftlog.quotas import (
     CONSUMER_BYTE_RATE,
@@ -18,8 +19,6 @@ from raftlog.quotas import (
     QuotaLimits,
     QuotaManager,
 )
-
-MIB = 1 << 20
 
 
 def manager_with(table: dict, **limits: object) -> QuotaManager:

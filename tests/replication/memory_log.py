@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftlog.replication.core.types import UNDEFINED_EPOCH, UNKNOWN_OFFSET
+from raftlog.constants import UNDEFINED_EPOCH
+from raftlog.replication.core.types import UNKNOWN_OFFSET
 
 
 @dataclass(frozen=True)

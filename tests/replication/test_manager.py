@@ -19,6 +19,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller.controller import Controller
 from raftlog.metadata.controller.messages import (
@@ -31,7 +32,6 @@ from raftlog.metadata.controller.messages import (
     RegisterBroker,
 )
 from raftlog.metadata.image import MetadataDelta, MetadataImage
-from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.records import iter_batches
 from raftlog.replication.manager import ReplicaManager
 from raftlog.storage import LogManager

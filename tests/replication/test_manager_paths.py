@@ -6,9 +6,9 @@ from pathlib import Path
 
 import trio
 
+from raftlog.constants import EARLIEST_TIMESTAMP
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller.messages import CreateTopics, NewTopic
-from raftlog.net.kafka.backend import EARLIEST_TIMESTAMP
 from tests.replication.test_manager import (
     BROKERS,
     TOPIC,

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
-from raftlog.replication.core.types import NO_LEADER, AlterPartitionRequest, LeaderAndIsr
+from raftlog.replication.core.types import AlterPartitionRequest, LeaderAndIsr
 
 if TYPE_CHECKING:
     from tests.sim.partition_sim import PartitionSim

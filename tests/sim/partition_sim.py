@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
 from raftlog.replication.core.follower import FetchRequest, FetchResponse, FollowerAction
 from raftlog.replication.core.partition import Partition, Transition
@@ -30,7 +31,6 @@ from raftlog.replication.core.purgatory import (
     Purgatory,
 )
 from raftlog.replication.core.types import (
-    NO_LEADER,
     FetchOutcome,
     LeaderAndIsr,
     LeaderEffects,

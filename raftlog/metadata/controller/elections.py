@@ -20,11 +20,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataImage, PartitionState
-from raftlog.metadata.records import NO_LEADER
 
 UNCLEAN_KEY = "unclean.leader.election.enable"
 

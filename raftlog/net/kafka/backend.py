@@ -25,9 +25,6 @@ import trio
 from raftlog.errors import ErrorCode
 
 # Kafka's special ListOffsets timestamps.
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-MAX_TIMESTAMP = -3
 
 
 class IsolationLevel(IntEnum):

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
 from raftlog.groups.service import CoordinatorLocation, GroupService
@@ -29,7 +30,6 @@ log = logging.getLogger("raftlog.kafka")
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
 # What DescribeGroups reports for authorized operations when it does not compute them.
-NO_AUTHORIZED_OPERATIONS = -2147483648
 # Every group this coordinator serves speaks the classic protocol (KIP-848 groups are
 # "consumer"); ListGroups v5 reports and filters by it.
 CLASSIC_GROUP_TYPE = "classic"

@@ -16,10 +16,10 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from raftlog.constants import UNDEFINED_EPOCH
 from raftlog.errors import ErrorCode
 from raftlog.replication.core.types import (
     FLUSH_ALWAYS,
-    UNDEFINED_EPOCH,
     DivergingEpoch,
     LeaderAndIsr,
     ReplicaLogView,

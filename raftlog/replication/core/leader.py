@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftlog.constants import ACKS_ALL, UNDEFINED_EPOCH
 from raftlog.errors import ErrorCode
 from raftlog.replication.core.types import (
     FLUSH_ALWAYS,
-    UNDEFINED_EPOCH,
     UNKNOWN_OFFSET,
     AlterPartitionRequest,
     DivergingEpoch,
@@ -32,8 +32,6 @@ from raftlog.replication.core.types import (
     ReplicationSettings,
     ReplicationStateError,
 )
-
-ACKS_ALL = -1
 
 # AlterPartition errors after which a retry with the same epochs can only fail again: the
 # leader waits for newer metadata instead of asking the controller over and over.

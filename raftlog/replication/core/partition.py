@@ -17,10 +17,10 @@ import enum
 import itertools
 from dataclasses import dataclass
 
+from raftlog.constants import NO_LEADER
 from raftlog.replication.core.follower import FollowerState
 from raftlog.replication.core.leader import LeaderState
 from raftlog.replication.core.types import (
-    NO_LEADER,
     LeaderAndIsr,
     LeaderEffects,
     ReplicaLogView,

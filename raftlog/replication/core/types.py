@@ -10,12 +10,11 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, RaftlogError
 
-# Kafka's sentinels: an offset or epoch nobody knows yet.
+# Kafka's sentinel: an offset nobody knows yet.
 UNKNOWN_OFFSET = -1
-UNDEFINED_EPOCH = -1
-NO_LEADER = -1
 
 FLUSH_ALWAYS = "always"
 FLUSH_INTERVAL = "interval"
