@@ -42,24 +42,28 @@ def test_random_inputs_keep_the_core_consistent(
     log = [Entry(0, 1, b"a"), Entry(1, 1, b"b"), Entry(2, 2, b"c")]
     snapshot = Snapshot(1, 1, b"state") if with_snapshot else None
     core = RaftCore(
-        node_id,
-        frozenset({1, 2, 3}),
-        CONFIG,
-        QuorumState(epoch + 2, None, None),
-        log,
-        snapshot,
+        node_id=node_id,
+        voters=frozenset({1, 2, 3}),
+        config=CONFIG,
+        persisted=QuorumState(epoch + 2, None, None),
+        entries=log,
+        snapshot=snapshot,
         rng=random.Random(node_id),
     )
     now_ms = 0
     if lead_first and core.is_voter:
         # Start from leadership so that random fetches hit the leader's code paths.
-        core.tick(core.next_deadline_ms())
+        core.tick(now_ms=core.next_deadline_ms())
         now_ms = core.next_deadline_ms() - 1
         others = [v for v in (1, 2, 3) if v != node_id]
         for voter in others:
-            core.receive(now_ms, voter, VoteResponse(True, core.epoch, None, True))
+            core.receive(
+                now_ms=now_ms, from_id=voter, message=VoteResponse(True, core.epoch, None, True)
+            )
         for voter in others:
-            core.receive(now_ms, voter, VoteResponse(False, core.epoch, None, True))
+            core.receive(
+                now_ms=now_ms, from_id=voter, message=VoteResponse(False, core.epoch, None, True)
+            )
         assert isinstance(core.role, Leader)
     persisted_epoch = core.epoch
     applied = 0
@@ -67,16 +71,16 @@ def test_random_inputs_keep_the_core_consistent(
         if step[0] == "receive":
             message: Message = step[2]
             try:
-                core.receive(now_ms, step[1], message)
+                core.receive(now_ms=now_ms, from_id=step[1], message=message)
             except ProtocolViolation:
                 pass
         elif step[0] == "tick":
             now_ms += step[1]
-            core.tick(now_ms)
+            core.tick(now_ms=now_ms)
         elif step[0] == "flush":
-            core.flushed(step[1])
+            core.flushed(offset=step[1])
         elif isinstance(core.role, Leader):
-            core.propose(now_ms, [b"x"] * step[1])
+            core.propose(now_ms=now_ms, payloads=[b"x"] * step[1])
         ready = core.take_ready()
         if ready.quorum_state is not None:
             assert ready.quorum_state.epoch >= persisted_epoch

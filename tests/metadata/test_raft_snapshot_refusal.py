@@ -54,7 +54,7 @@ class Net:
                     continue
                 self.readies[node_id].append((self.now_ms, ready))
                 if ready.entries:
-                    core.flushed(core.log_end)  # may have more to say: take_ready again
+                    core.flushed(offset=core.log_end)  # may have more to say: take_ready again
                     flushed = True
                 for to_id, message in ready.messages:
                     self.sent.append((self.now_ms, node_id, to_id, message))
@@ -62,7 +62,7 @@ class Net:
             if not inflight and not flushed:
                 return
             for from_id, to_id, message in inflight:
-                self.cores[to_id].receive(self.now_ms, from_id, message)
+                self.cores[to_id].receive(now_ms=self.now_ms, from_id=from_id, message=message)
         raise AssertionError("the network never went quiet (a hot loop)")
 
     def run_until(self, end_ms: int) -> None:
@@ -75,7 +75,7 @@ class Net:
             self.now_ms = max(self.now_ms, next_ms)
             for core in self.cores.values():
                 if core.next_deadline_ms() <= self.now_ms:
-                    core.tick(self.now_ms)
+                    core.tick(now_ms=self.now_ms)
 
     def leader(self) -> RaftCore:
         (leader,) = [c for c in self.cores.values() if isinstance(c.role, Leader)]
@@ -97,10 +97,10 @@ def cluster(check: object = only_good) -> tuple[Net, list[Entry]]:
 
     def core(node_id: int, **kw: object) -> RaftCore:
         return RaftCore(
-            node_id,
-            VOTERS,
-            CONFIG,
-            QuorumState(1, None, None),
+            node_id=node_id,
+            voters=VOTERS,
+            config=CONFIG,
+            persisted=QuorumState(1, None, None),
             rng=random.Random(node_id),
             **kw,  # type: ignore[arg-type]
         )
@@ -153,18 +153,18 @@ def test_refused_snapshot_keeps_the_log_and_backs_off_until_a_good_one_comes() -
     assert lagging.entries() == lagging_log and leader.epoch == epoch
 
     # The leader moves on to a snapshot the follower can apply: installed after the backoff.
-    offsets = leader.propose(net.now_ms, [b"x", b"y"])
+    offsets = leader.propose(now_ms=net.now_ms, payloads=[b"x", b"y"])
     net.run_until(net.now_ms + 100)
     assert leader.high_watermark == offsets[-1] + 1
     end_offset = leader.high_watermark
-    leader.snapshot_written(end_offset, epoch, b"good image")
+    leader.snapshot_written(end_offset=end_offset, epoch=epoch, data=b"good image")
     net.run_until(net.now_ms + 3_100)
     installed = [r.snapshot for _, r in net.readies[LAGGING] if r.snapshot is not None]
     assert installed == [Snapshot(end_offset, epoch, b"good image")]
     assert lagging.log_start == end_offset and lagging.entries() == []
 
     # And it replicates what comes after, like any follower.
-    leader.propose(net.now_ms, [b"z"])
+    leader.propose(now_ms=net.now_ms, payloads=[b"z"])
     net.run_until(net.now_ms + 100)
     assert lagging.log_end == leader.log_end == end_offset + 1
     assert lagging.high_watermark == leader.high_watermark == end_offset + 1

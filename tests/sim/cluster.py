@@ -175,7 +175,7 @@ class Simulation:
         if node.core is None or node.incarnation != payload[1] or node.tick_at != self.now_ms:
             return
         node.tick_at = None
-        node.core.tick(self.now_ms)
+        node.core.tick(now_ms=self.now_ms)
         self._drive(node)
         self.step.ticked.append(node)
 
@@ -186,7 +186,7 @@ class Simulation:
             return
         message = message_from_wire(msgpack.unpackb(data))
         self.messages_delivered += 1
-        node.core.receive(self.now_ms, src, message)
+        node.core.receive(now_ms=self.now_ms, from_id=src, message=message)
         self._drive(node)
 
     def _on_flush(self, payload: tuple[int, int, int, int]) -> None:
@@ -200,7 +200,7 @@ class Simulation:
         disk.flush_pending = False
         # An fsync covers what was written before it started, not what came after.
         disk.durable_end = max(disk.durable_end, min(target, disk.log_end))
-        node.core.flushed(disk.durable_end)
+        node.core.flushed(offset=disk.durable_end)
         self._maybe_schedule_flush(node)
         self._drive(node)
 
@@ -248,12 +248,12 @@ class Simulation:
         node.incarnation += 1
         node.tick_at = None
         node.core = RaftCore(
-            node.node_id,
-            self.voter_ids,
-            self.config,
-            disk.quorum_state,
-            list(disk.log),
-            disk.snapshot,
+            node_id=node.node_id,
+            voters=self.voter_ids,
+            config=self.config,
+            persisted=disk.quorum_state,
+            entries=list(disk.log),
+            snapshot=disk.snapshot,
             rng=random.Random(self.rng.getrandbits(64)),
             now_ms=self.now_ms,
         )
@@ -301,7 +301,7 @@ class Simulation:
             self.proposed += 1
             payloads.append(b"w%d" % self.proposed)
         try:
-            offsets = node.core.propose(self.now_ms, payloads)
+            offsets = node.core.propose(now_ms=self.now_ms, payloads=payloads)
         except NotLeader:
             return []
         for offset, data in zip(offsets, payloads, strict=True):
@@ -322,7 +322,7 @@ class Simulation:
             return False
         epoch = self.committed[end_offset - 1].epoch
         data = msgpack.packb([end_offset, self.committed_hash[end_offset]])
-        core.snapshot_written(end_offset, epoch, data)
+        core.snapshot_written(end_offset=end_offset, epoch=epoch, data=data)
         disk = node.disk
         disk.snapshot = Snapshot(end_offset, epoch, data)
         cut = end_offset - disk.log_start
@@ -337,7 +337,7 @@ class Simulation:
     def resign(self, node_id: int) -> None:
         node = self.nodes[node_id]
         if node.core is not None:
-            node.core.resign(self.now_ms)
+            node.core.resign(now_ms=self.now_ms)
             self._drive(node)
             self._end_step()
 
@@ -349,7 +349,7 @@ class Simulation:
         self._read_tokens += 1
         token = self._read_tokens
         try:
-            core.read_index(self.now_ms, token)
+            core.read_index(now_ms=self.now_ms, token=token)
         except NotLeader:
             return False
         self.pending_reads[token] = max(self.acked.values(), default=-1) + 1

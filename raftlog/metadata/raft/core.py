@@ -71,13 +71,13 @@ class RaftCore(Replication):
 
     def __init__(
         self,
+        *,
         node_id: int,
         voters: frozenset[int],
         config: RaftConfig,
         persisted: QuorumState,
         entries: Sequence[Entry] = (),
         snapshot: Snapshot | None = None,
-        *,
         rng: random.Random,
         now_ms: int = 0,
         snapshot_check: SnapshotCheck | None = None,
@@ -188,7 +188,7 @@ class RaftCore(Replication):
             return deadline
         return role.election_deadline_ms
 
-    def tick(self, now_ms: int) -> None:
+    def tick(self, *, now_ms: int) -> None:
         self._now_ms = max(self._now_ms, now_ms)
         role = self._role
         if isinstance(role, Leader):
@@ -220,7 +220,7 @@ class RaftCore(Replication):
             else:
                 self._election_timeout(now_ms)
 
-    def receive(self, now_ms: int, from_id: int, message: Message) -> None:
+    def receive(self, *, now_ms: int, from_id: int, message: Message) -> None:
         """Handle one message. Raises ProtocolViolation (and changes nothing) for a message no
         correct peer sends; the driver logs it and closes that connection."""
         handler = self._HANDLERS.get(type(message))
@@ -234,7 +234,7 @@ class RaftCore(Replication):
         self._now_ms = max(self._now_ms, now_ms)
         handler(self, now_ms, from_id, message)
 
-    def propose(self, now_ms: int, payloads: list[bytes]) -> list[int]:
+    def propose(self, *, now_ms: int, payloads: list[bytes]) -> list[int]:
         """Append payloads in the current epoch; the offsets commit once the HW passes them."""
         self._now_ms = max(self._now_ms, now_ms)
         role = self._role
@@ -248,7 +248,7 @@ class RaftCore(Replication):
         self._wake_parked(now_ms)
         return list(range(start, start + len(payloads)))
 
-    def flushed(self, offset: int) -> None:
+    def flushed(self, *, offset: int) -> None:
         """The driver made the log durable below offset (exclusive)."""
         offset = min(offset, self.log_end)
         if offset <= self._flushed:
@@ -259,7 +259,7 @@ class RaftCore(Replication):
         else:
             self._maybe_fetch(None)
 
-    def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
+    def snapshot_written(self, *, end_offset: int, epoch: int, data: bytes) -> None:
         """The state machine wrote a snapshot of everything below end_offset: drop the prefix."""
         if end_offset <= self._log_start:
             return
@@ -274,7 +274,7 @@ class RaftCore(Replication):
         self._snapshot = Snapshot(end_offset, epoch, bytes(data))
         self._log_start = end_offset
 
-    def resign(self, now_ms: int) -> None:
+    def resign(self, *, now_ms: int) -> None:
         """Graceful shutdown: hand leadership over (EndQuorumEpoch) before stopping."""
         self._now_ms = max(self._now_ms, now_ms)
         role = self._role
@@ -285,7 +285,7 @@ class RaftCore(Replication):
         self._send_end_quorum_epoch(successors)
         self._become(Resigned(role.epoch, self._election_deadline(now_ms), successors))
 
-    def read_index(self, now_ms: int, token: object) -> None:
+    def read_index(self, *, now_ms: int, token: object) -> None:
         """Linearizable read: answered in Ready.reads with an offset once a majority of voters
         fetched after this call (so this node was still the leader) and the epoch's no-op
         entry is committed. Answered with None if leadership is lost first."""

@@ -98,12 +98,12 @@ class QuorumDriver:
             self._check_snapshot, node_id=config.node_id, is_voter=config.node_id in self.voters
         )
         self.core = RaftCore(
-            config.node_id,
-            frozenset(self.voters),
-            raft_config,
-            store.load_quorum_state(),
-            entries,
-            snapshot,
+            node_id=config.node_id,
+            voters=frozenset(self.voters),
+            config=raft_config,
+            persisted=store.load_quorum_state(),
+            entries=entries,
+            snapshot=snapshot,
             rng=rng or random.Random(),
             now_ms=self.now_ms(),
             snapshot_check=self._check_snapshot,
@@ -169,7 +169,7 @@ class QuorumDriver:
                 return
             self._observers[sender_id] = reply_address
         try:
-            self.core.receive(self.now_ms(), sender_id, message)
+            self.core.receive(now_ms=self.now_ms(), from_id=sender_id, message=message)
         except ProtocolViolation as exc:
             # A peer sending what no correct node sends must not take this node down.
             log.error(
@@ -182,12 +182,12 @@ class QuorumDriver:
         """A connect to peer_id was refused; if it is our leader, elect without waiting out
         the fetch timeout (a kill -9'd leader otherwise costs the whole fetch_timeout_ms)."""
         if peer_id != self.config.node_id and peer_id == self.core.leader_id:
-            self.core.leader_unreachable(self.now_ms(), peer_id)
+            self.core.leader_unreachable(now_ms=self.now_ms(), leader_id=peer_id)
             self._wake.set()
 
     def propose(self, payload: bytes) -> tuple[int, int]:
         """Append one entry as leader; returns (offset, epoch). Raises NotLeader."""
-        (offset,) = self.core.propose(self.now_ms(), [payload])
+        (offset,) = self.core.propose(now_ms=self.now_ms(), payloads=[payload])
         self._wake.set()
         return offset, self.core.epoch
 
@@ -208,7 +208,7 @@ class QuorumDriver:
         slot: list[int | None] = [None]
         self._reads[token] = (done, slot)
         try:
-            self.core.read_index(self.now_ms(), token)
+            self.core.read_index(now_ms=self.now_ms(), token=token)
             self._wake.set()
             await done.wait()
         finally:
@@ -218,12 +218,12 @@ class QuorumDriver:
         return slot[0]
 
     def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
-        self.core.snapshot_written(end_offset, epoch, data)
+        self.core.snapshot_written(end_offset=end_offset, epoch=epoch, data=data)
 
     def resign(self) -> bool:
         """Hand leadership over (EndQuorumEpoch); True if this node was the leader."""
         leading = self.core.role.name == "leader"
-        self.core.resign(self.now_ms())
+        self.core.resign(now_ms=self.now_ms())
         self._wake.set()
         return leading
 
@@ -244,7 +244,7 @@ class QuorumDriver:
                 with trio.move_on_at(deadline_s):
                     await self._wake.wait()
                 self._wake = trio.Event()
-                self.core.tick(self.now_ms())
+                self.core.tick(now_ms=self.now_ms())
 
     async def _flush_loop(self) -> None:
         while True:
@@ -252,7 +252,7 @@ class QuorumDriver:
             self._flush_wanted = trio.Event()
             await self.flusher.flush(self.store.log, self.store.log.log_end_offset)
             # Report what storage says is durable: a truncation during the fsync lowers it.
-            self.core.flushed(self.store.log.flushed_offset)
+            self.core.flushed(offset=self.store.log.flushed_offset)
             self._wake.set()
 
     async def _process_ready(self) -> None:

@@ -306,7 +306,7 @@ class Elections:
             )
         self._send(from_id, EndQuorumEpochResponse(self.epoch, self.leader_id))
 
-    def leader_unreachable(self, now_ms: int, leader_id: int) -> None:
+    def leader_unreachable(self, *, now_ms: int, leader_id: int) -> None:
         """The driver cannot even connect to `leader_id` (its process is gone: the connection
         was reset and a reconnect was refused). Treat it like a resignation: elect after a
         random backoff instead of waiting out the whole fetch timeout. Only liveness is at
