@@ -79,12 +79,13 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ITEMS = 1024 * 1024
 
 
-class DecodeError(RemoteError):
+class DecodeError(RemoteError, ValueError):
     """Bytes or a wire value from a peer or a file are not a valid message.
 
     A remote error: the data came from outside this process (another node, a file on disk),
     so the caller drops it, refuses it or answers with an error, and never builds an object
-    from it.
+    from it. It is a ValueError too, which is what a caller that checks any bad input
+    catches.
     """
 
 

@@ -26,21 +26,25 @@ from raftlog.replication.fetch_wire import (
 from tests.replication.test_manager import TOPIC, followers, produce, start_cluster
 from tests.waiting import wait_until
 
-ints = st.integers(min_value=-1, max_value=2**62)
+# Within each field's declared range (fetch_wire.py); the codec's own tests cover the bounds.
+offsets = st.integers(min_value=-1, max_value=2**62)
+epochs = st.integers(min_value=-1, max_value=2**31 - 1)
+sizes = st.integers(min_value=0, max_value=2**62)
+indexes = st.integers(min_value=0, max_value=2**31 - 1)
 names = st.text(min_size=1, max_size=20)
 
-partitions = st.builds(ReplicaFetchPartition, names, ints, ints, ints, ints, ints)
+partitions = st.builds(ReplicaFetchPartition, names, indexes, offsets, epochs, epochs, offsets)
 requests = st.builds(
-    ReplicaFetchRequest, ints, ints, ints, st.lists(partitions, max_size=5).map(tuple)
+    ReplicaFetchRequest, epochs, sizes, sizes, st.lists(partitions, max_size=5).map(tuple)
 )
 answers = st.builds(
     ReplicaFetchAnswer,
     names,
-    ints,
+    indexes,
     st.sampled_from(list(ErrorCode)),
-    ints,
-    ints,
-    st.none() | st.builds(DivergingEpoch, ints, ints),
+    offsets,
+    offsets,
+    st.none() | st.builds(DivergingEpoch, epochs, offsets),
     st.binary(max_size=64),
 )
 
@@ -73,6 +77,21 @@ def test_response_round_trips_through_msgpack(items: list[ReplicaFetchAnswer]) -
             "max_wait_ms": 1,
             "min_bytes": 1,
             "partitions": [{}] * (MAX_PARTITIONS_PER_REPLICA_FETCH + 1),
+        },
+        {"replica_id": 1, "max_wait_ms": -5, "min_bytes": 1, "partitions": []},
+        {
+            "replica_id": 1,
+            "max_wait_ms": 1,
+            "min_bytes": 1,
+            "partitions": [
+                {
+                    "topic": "t",
+                    "partition": -1,
+                    "fetch_offset": 0,
+                    "last_fetched_epoch": 0,
+                    "leader_epoch": 0,
+                }
+            ],
         },
     ],
 )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raftlog.constants import NO_LEADER
+from raftlog.epochs import DivergingEpoch
 from raftlog.errors import ErrorCode, RaftlogError
 
 # Kafka's sentinel: an offset nobody knows yet.
@@ -95,14 +96,6 @@ class AlterPartitionRequest:
     leader_epoch: int
     partition_epoch: int
     new_isr: frozenset[int]
-
-
-@dataclass(frozen=True)
-class DivergingEpoch:
-    """The leader's (epoch, end offset) for the follower's last fetched epoch (KIP-320)."""
-
-    epoch: int
-    end_offset: int
 
 
 @dataclass(frozen=True)
