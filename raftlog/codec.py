@@ -54,12 +54,14 @@ __all__ = [
     "DecodeError",
     "Epoch",
     "Int16",
+    "Int32",
     "Map",
     "MaxLen",
     "Millis",
     "NamedExt",
     "NodeId",
     "Offset",
+    "Port",
     "Range",
     "Size",
     "UnknownAs",
@@ -112,6 +114,8 @@ Offset = Annotated[int, Range(-1, I64_MAX)]
 Size = Annotated[int, Range(0, I64_MAX)]  # bytes, counts, positions, sequence numbers
 Millis = Annotated[int, Range(-1, I64_MAX)]  # timestamps and durations
 Int16 = Annotated[int, Range(-(2**15), 2**15 - 1)]  # a Kafka error code on the wire
+Int32 = Annotated[int, Range(-(2**31), I32_MAX)]  # what a Kafka client may send as INT32
+Port = Annotated[int, Range(0, 65535)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +154,15 @@ _NUMBERS = (int, float)
 class Codec:
     """Compiles and caches the encoder and decoder of each declared type.
 
-    One codec per message family; families differ only in how an ErrorCode travels.
+    One codec per message family: families differ in how an ErrorCode travels, and a family
+    may give every class without a ``__wire__`` of its own one layout.
     """
 
-    def __init__(self, *, error_code_ext: bool = False) -> None:
+    def __init__(
+        self, *, error_code_ext: bool = False, default_layout: Layout | None = None
+    ) -> None:
         self.error_code_ext = error_code_ext
+        self.default_layout = default_layout
         self._encoders: dict[Any, Encoder | None] = {}
         self._decoders: dict[Any, Decoder] = {}
 
@@ -214,6 +222,12 @@ class Codec:
         self._decoders[tp] = decoder
         return decoder
 
+    def _layout(self, cls: type) -> Layout:
+        layout = getattr(cls, "__wire__", self.default_layout)
+        if not isinstance(layout, Array | Map | NamedExt):
+            raise TypeError(f"{cls.__name__} declares no __wire__ layout")
+        return layout
+
     def _compile_encoder(self, tp: Any) -> Encoder | None:
         base, _ = _split_annotated(tp)
         origin = typing.get_origin(base)
@@ -250,7 +264,7 @@ class Codec:
         raise TypeError(f"the codec cannot declare a field of type {tp!r}")
 
     def _struct_encoder(self, cls: type) -> Encoder:
-        layout = _layout(cls)
+        layout = self._layout(cls)
         fields = _fields(cls)
         names = [name for name, _ in fields]
         encoders = [self.encoder(ftp) for _, ftp in fields]
@@ -331,7 +345,7 @@ class Codec:
         raise TypeError(f"the codec cannot declare a field of type {tp!r}")
 
     def _struct_decoder(self, cls: type) -> Decoder:
-        layout = _layout(cls)
+        layout = self._layout(cls)
         fields = _fields(cls)
         names = [name for name, _ in fields]
         decoders = [self.decoder(ftp) for _, ftp in fields]
@@ -348,10 +362,10 @@ class Codec:
         if len(structs) == 1:
             inner = self.decoder(structs[0])
             return lambda wire: None if wire is None else inner(wire)
-        layouts = {type(_layout(a)) for a in structs}
+        layouts = {type(self._layout(a)) for a in structs}
         if len(layouts) != 1 or not all(dataclasses.is_dataclass(a) for a in structs):
             raise TypeError(f"a union must be of classes of one layout, not {arms!r}")
-        layout = _layout(structs[0])
+        layout = self._layout(structs[0])
         decoders = {arm: self.decoder(arm) for arm in structs}
         if isinstance(layout, Array) and layout.header:
             width = len(layout.header)
@@ -417,13 +431,6 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
         hints = typing.get_type_hints(cls, include_extras=True)
         fields = _FIELDS[cls] = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
     return fields
-
-
-def _layout(cls: type) -> Layout:
-    layout = getattr(cls, "__wire__", None)
-    if not isinstance(layout, Array | Map | NamedExt):
-        raise TypeError(f"{cls.__name__} declares no __wire__ layout")
-    return layout
 
 
 def _names(classes: Any) -> str:

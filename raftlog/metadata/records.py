@@ -23,6 +23,7 @@ from raftlog.codec import (
     MaxLen,
     NodeId,
     Offset,
+    Port,
     Range,
     Size,
     unpack,
@@ -60,7 +61,6 @@ class RecordDecodeError(CorruptRecordError, DecodeError):
     """A metadata record could not be decoded (unknown type/version, wrong fields, bad bytes)."""
 
 
-Port = Annotated[int, Range(0, 65535)]
 TopicName = Annotated[str, MaxLen(249)]  # Kafka's limit, which the controller enforces
 BrokerEpoch = Offset  # a broker epoch is the metadata offset of its registration
 PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]

@@ -19,7 +19,6 @@ import msgpack
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import messages as cm
-from raftlog.metadata.controller.broker_lifecycle import controller_wire
 from raftlog.metadata.raft import messages as rm
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.replication import fetch_wire as fw
@@ -239,7 +238,6 @@ def _describe_quorum_read(data: bytes) -> QuorumInfo | None:
 
 
 def families() -> list[Family]:
-    wire = controller_wire()
     return [
         Family(
             "raft_messages",
@@ -251,8 +249,8 @@ def families() -> list[Family]:
         Family(
             "controller_messages",
             CONTROLLER_MESSAGES,
-            wire.encode,
-            wire.decode,
+            lambda m: cm.CODEC.encode(m, cm.ControllerRequest | cm.ControllerReply),
+            lambda b: cm.CODEC.decode(cm.ControllerRequest | cm.ControllerReply, b),
         ),
         Family(
             "replica_fetch_requests",

@@ -10,12 +10,12 @@ from typing import Any
 
 import trio
 
+from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.service import MetadataService, NotControllerError
 from raftlog.net.rpc import PeerSet, RpcError
-from raftlog.net.wire import WireDecodeError, WireRegistry
 
 log = logging.getLogger("raftlog.broker")
 
@@ -28,12 +28,6 @@ CONTROLLED_SHUTDOWN_HEARTBEAT_TIMEOUT_MS = 3000
 CONTROLLER_CONNECT_TIMEOUT_MS = 300
 
 
-def controller_wire() -> WireRegistry:
-    registry = WireRegistry()
-    registry.register_module(cm)
-    return registry
-
-
 class ControllerClient:
     """Sends controller requests to whichever voter is the active controller, retrying."""
 
@@ -41,7 +35,6 @@ class ControllerClient:
         self.config = config
         self.peers = peers
         self.metadata = metadata
-        self.wire = controller_wire()
 
     async def call(self, request: Any, *, timeout_ms: int | None = None) -> Any:
         """The reply from the active controller, or KafkaError(REQUEST_TIMED_OUT)."""
@@ -72,14 +65,14 @@ class ControllerClient:
             raise NotControllerError(leader)
         answer = await self.peers.peer(leader, *address).call(
             "controller",
-            self.wire.encode(request),
+            cm.CODEC.encode(request, cm.ControllerRequest),
             timeout_s=timeout_ms / 1000,
             connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
         )
         try:
             status, body = answer
-            reply = self.wire.decode(body) if status == "ok" else None
-        except (TypeError, ValueError, WireDecodeError) as exc:
+            reply = cm.CODEC.decode(cm.ControllerReply, body) if status == "ok" else None
+        except (TypeError, ValueError, DecodeError) as exc:
             # A controller of another version (or a bug) fails this request with a Kafka
             # error, which every caller handles; anything else would end the caller's task.
             raise KafkaError(
@@ -93,12 +86,12 @@ class ControllerClient:
 
     async def serve(self, body: bytes) -> list[Any]:
         """The internal RPC method "controller" on this node."""
-        request = self.wire.decode(body)
+        request: Any = cm.CODEC.decode(cm.ControllerRequest, body)
         try:
             reply = await self.metadata.handle(request)
         except NotControllerError as exc:
             return ["not_controller", exc.leader_id]
-        return ["ok", self.wire.encode(reply)]
+        return ["ok", cm.CODEC.encode(reply, cm.ControllerReply)]
 
 
 class BrokerLifecycle:

@@ -1,7 +1,10 @@
 """Requests the controller handles and the replies it returns (plain dataclasses).
 
 The protocol layers (Kafka admin APIs on the client listener, broker lifecycle RPC on the
-internal listener) translate their wire messages into these and back. Every reply carries a
+internal listener) translate their wire messages into these and back. On the internal
+listener they travel through CODEC: each as msgpack extension CONTROLLER_EXT holding
+``[class name, [fields...]]``, error codes as extension raftlog.codec.ERROR_CODE_EXT; the
+annotations below are the schema decoding checks. Every reply carries a
 Kafka error code; requests that name several items (topics, resources, quota entities) answer
 with one result per item, as Kafka does, so one bad item does not fail the others.
 """
@@ -13,11 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftlog.codec import Codec, Int32, NamedExt, NodeId, Offset, Port
 from raftlog.errors import ErrorCode
 from raftlog.metadata.records import Record
 
 NONE = ErrorCode.none
 QuotaEntity = tuple[tuple[str, str | None], ...]
+CONTROLLER_EXT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +44,12 @@ class ControllerResult:
 # ---------------------------------------------------------------- broker lifecycle
 @dataclass(frozen=True, slots=True)
 class RegisterBroker:
-    broker_id: int
+    broker_id: NodeId
     incarnation_id: uuid.UUID
     client_host: str
-    client_port: int
+    client_port: Port
     internal_host: str
-    internal_port: int
+    internal_port: Port
     rack: str | None = None
     cluster_id: str | None = None  # None skips the check (tests, single-node bootstrap)
 
@@ -53,14 +58,14 @@ class RegisterBroker:
 class RegisterBrokerReply:
     error_code: ErrorCode = NONE
     error_message: str | None = None
-    broker_epoch: int = -1
+    broker_epoch: Offset = -1
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerHeartbeat:
-    broker_id: int
-    broker_epoch: int
-    current_metadata_offset: int
+    broker_id: NodeId
+    broker_epoch: Offset
+    current_metadata_offset: Offset
     want_fence: bool = False
     want_shutdown: bool = False
 
@@ -76,27 +81,28 @@ class BrokerHeartbeatReply:
 
 @dataclass(frozen=True, slots=True)
 class AllocateProducerIds:
-    broker_id: int
-    broker_epoch: int
+    broker_id: NodeId
+    broker_epoch: Offset
 
 
 @dataclass(frozen=True, slots=True)
 class AllocateProducerIdsReply:
     error_code: ErrorCode = NONE
     error_message: str | None = None
-    producer_id_start: int = -1
-    producer_id_len: int = 0
+    producer_id_start: Offset = -1
+    producer_id_len: Int32 = 0
 
 
 # ---------------------------------------------------------------- topics
 @dataclass(frozen=True, slots=True)
 class NewTopic:
     name: str
-    num_partitions: int = -1  # -1: the cluster default (NodeConfig.num_partitions)
-    replication_factor: int = -1  # -1: NodeConfig.default_replication_factor
+    num_partitions: Int32 = -1  # -1: the cluster default (NodeConfig.num_partitions)
+    replication_factor: Int32 = -1  # -1: NodeConfig.default_replication_factor
     # Explicit placement {partition: replicas}; then both counts above must be -1.
-    assignments: Mapping[int, tuple[int, ...]] | None = None
-    configs: Mapping[str, str] = field(default_factory=dict)
+    assignments: Mapping[Int32, tuple[Int32, ...]] | None = None
+    # A Kafka client may send a null value; the controller refuses it.
+    configs: Mapping[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +117,8 @@ class CreateTopicResult:
     error_code: ErrorCode = NONE
     error_message: str | None = None
     topic_id: uuid.UUID | None = None
-    num_partitions: int = -1
-    replication_factor: int = -1
+    num_partitions: Int32 = -1
+    replication_factor: Int32 = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +148,8 @@ class DeleteTopicsReply:
 @dataclass(frozen=True, slots=True)
 class NewPartitions:
     name: str
-    count: int  # the new total number of partitions
-    assignments: tuple[tuple[int, ...], ...] | None = None  # one per added partition
+    count: Int32  # the new total number of partitions
+    assignments: tuple[tuple[Int32, ...], ...] | None = None  # one per added partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,23 +172,23 @@ class CreatePartitionsReply:
 
 @dataclass(frozen=True, slots=True)
 class AlterPartition:
-    broker_id: int
-    broker_epoch: int
+    broker_id: NodeId
+    broker_epoch: Offset
     topic_id: uuid.UUID
-    partition: int
-    leader_epoch: int
-    partition_epoch: int
-    new_isr: tuple[int, ...]
+    partition: Int32
+    leader_epoch: Int32
+    partition_epoch: Int32
+    new_isr: tuple[NodeId, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class AlterPartitionReply:
     error_code: ErrorCode = NONE
     error_message: str | None = None
-    leader: int = -1
-    leader_epoch: int = -1
-    isr: tuple[int, ...] = ()
-    partition_epoch: int = -1
+    leader: NodeId = -1
+    leader_epoch: Int32 = -1
+    isr: tuple[NodeId, ...] = ()
+    partition_epoch: Int32 = -1
 
 
 # ---------------------------------------------------------------- configs and quotas
@@ -261,3 +267,30 @@ class QuotaEntryResult:
 @dataclass(frozen=True, slots=True)
 class AlterClientQuotasReply:
     results: tuple[QuotaEntryResult, ...]
+
+
+ControllerRequest = (
+    RegisterBroker
+    | BrokerHeartbeat
+    | AllocateProducerIds
+    | CreateTopics
+    | DeleteTopics
+    | CreatePartitions
+    | AlterPartition
+    | AlterConfigs
+    | IncrementalAlterConfigs
+    | AlterClientQuotas
+)
+ControllerReply = (
+    RegisterBrokerReply
+    | BrokerHeartbeatReply
+    | AllocateProducerIdsReply
+    | CreateTopicsReply
+    | DeleteTopicsReply
+    | CreatePartitionsReply
+    | AlterPartitionReply
+    | AlterConfigsReply
+    | AlterClientQuotasReply
+)
+# Every class above without a layout of its own travels as a named extension.
+CODEC = Codec(error_code_ext=True, default_layout=NamedExt(CONTROLLER_EXT))
