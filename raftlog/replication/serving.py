@@ -8,7 +8,6 @@ get the same bytes read in a worker thread (they travel inside a msgpack frame).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -18,7 +17,6 @@ from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import (
     EpochEndOffset,
     FetchResult,
-    FileRegion,
     IsolationLevel,
     ListOffsetsResult,
 )
@@ -50,14 +48,6 @@ INLINE_REPLICA_READ_MAX_BYTES = 256 * 1024
 ReplicaRead = tuple[ReplicaFetchPartition, HostedPartition, LeaderState]
 # Room left in an internal frame for the envelope and per-partition fields of a fetch answer.
 REPLICA_FETCH_FRAME_OVERHEAD_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class HeldFileRegion(FileRegion):
-    """A FileRegion that keeps the segment's file object alive until the region is sent, so a
-    segment deleted by retention meanwhile cannot have its descriptor number reused."""
-
-    owner: Any = field(default=None, compare=False, repr=False)
 
 
 def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorCode:
@@ -127,7 +117,7 @@ class ReadPaths:
             )
         except KafkaError as exc:
             return FetchResult(exc.code)
-        records = [HeldFileRegion(r.fd, r.position, r.length, owner=r.file) for r in result.regions]
+        records = list(result.regions)
         return FetchResult(
             high_watermark=high_watermark,
             last_stable_offset=high_watermark,

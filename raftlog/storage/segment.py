@@ -41,20 +41,29 @@ def segment_name(base_offset: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class FileRegion:
-    """A byte range of a segment file, for os.sendfile; holds the file open while alive."""
+    """`length_bytes` bytes of an open file at `position`: record batches on disk, sent to the
+    socket with os.sendfile without passing through Python.
+
+    The region holds the file object, so a segment deleted by retention before the region is
+    sent keeps its file readable and its descriptor number cannot be reused meanwhile.
+    """
 
     file: io.FileIO
     position: int
-    length: int
+    length_bytes: int
 
     @property
     def fd(self) -> int:
         return self.file.fileno()
 
     def read_bytes(self) -> bytes:
-        data = os.pread(self.file.fileno(), self.length, self.position)
-        if len(data) != self.length:
-            raise OSError(f"short read of {len(data)}/{self.length} bytes from segment")
+        """Blocking read of the whole region (the path without sendfile; a worker thread)."""
+        data = os.pread(self.file.fileno(), self.length_bytes, self.position)
+        if len(data) != self.length_bytes:
+            raise OSError(
+                f"file region shrank: wanted {self.length_bytes} bytes at {self.position}, "
+                f"got {len(data)}"
+            )
         return data
 
 

@@ -7,7 +7,7 @@ the one header field outside the CRC, as the real storage engine does.
 
 from __future__ import annotations
 
-import os
+import io
 import re
 import struct
 import uuid
@@ -31,7 +31,6 @@ from raftlog.net.kafka.backend import (
     DeleteTopicResult,
     EpochEndOffset,
     FetchResult,
-    FileRegion,
     IsolationLevel,
     LeaderHint,
     ListOffsetsResult,
@@ -48,6 +47,7 @@ from raftlog.net.kafka.backend import (
     ReplicaState,
     TopicInfo,
 )
+from raftlog.storage.segment import FileRegion
 
 BATCH_HEADER_BYTES = 61
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -65,7 +65,7 @@ class _Batch:
 
 @dataclass
 class _Partition:
-    fd: int
+    file: io.FileIO
     batches: list[_Batch] = field(default_factory=list)
     end_offset: int = 0
     size_bytes: int = 0
@@ -165,12 +165,12 @@ class MemoryBackend:
 
     def _new_partition(self, topic: str, index: int) -> _Partition:
         path = self._dir / f"{topic}-{index}.log"
-        return _Partition(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644))
+        return _Partition(io.FileIO(path, "a+"))
 
     def close(self) -> None:
         for t in self._topics.values():
             for p in t.partitions:
-                os.close(p.fd)
+                p.file.close()
 
     # -- data path
     async def produce(
@@ -201,7 +201,7 @@ class MemoryBackend:
                 _Batch(p.end_offset, p.end_offset + last_delta, position, length, max_ts)
             )
             p.end_offset += last_delta + 1
-        os.write(p.fd, bytes(data))
+        p.file.write(bytes(data))
         p.size_bytes += len(data)
         p.notify()
         return ProduceResult(ErrorCode.none, base, -1, 0)
@@ -227,7 +227,7 @@ class MemoryBackend:
                 continue
             if regions and total + b.length_bytes > partition_max_bytes:
                 break
-            regions.append(FileRegion(p.fd, b.position, b.length_bytes))
+            regions.append(FileRegion(p.file, b.position, b.length_bytes))
             total += b.length_bytes
         return FetchResult(ErrorCode.none, p.end_offset, p.end_offset, 0, regions)
 
@@ -301,7 +301,7 @@ class MemoryBackend:
                 continue
             t = self._topics.pop(name)
             for p in t.partitions:
-                os.close(p.fd)
+                p.file.close()
                 p.notify()
             results.append(DeleteTopicResult(name, t.topic_id))
         return results

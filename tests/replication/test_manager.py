@@ -261,7 +261,7 @@ async def read_consumer(manager: ReplicaManager, offset: int = 0) -> tuple[Any, 
 
 
 def trio_read(region: Any) -> bytes:
-    return region.read() if hasattr(region, "read") else bytes(region)
+    return region.read_bytes() if hasattr(region, "read_bytes") else bytes(region)
 
 
 # ==================================================================== tests

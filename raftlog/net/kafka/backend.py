@@ -13,7 +13,6 @@ logs the traceback.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Protocol, runtime_checkable
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.storage.segment import FileRegion
 
 # Kafka's special ListOffsets timestamps.
 
@@ -112,26 +112,6 @@ class ProduceResult:
 
 
 # ------------------------------------------------------------------------------ fetch
-@dataclass(frozen=True)
-class FileRegion:
-    """`length_bytes` bytes of an open file at `position`: record batches on disk, sent to
-    the socket with sendfile without passing through Python."""
-
-    fd: int
-    position: int
-    length_bytes: int
-
-    def read(self) -> bytes:
-        """Blocking read of the whole region (fallback path; call from a worker thread)."""
-        data = os.pread(self.fd, self.length_bytes, self.position)
-        if len(data) != self.length_bytes:
-            raise OSError(
-                f"file region shrank: wanted {self.length_bytes} bytes at {self.position}, "
-                f"got {len(data)}"
-            )
-        return data
-
-
 @dataclass(frozen=True)
 class FetchResult:
     error: ErrorCode = ErrorCode.none

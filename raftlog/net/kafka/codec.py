@@ -32,8 +32,8 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
 from raftlog.kio_private import field_shape
-from raftlog.net.kafka.backend import FileRegion
 from raftlog.net.kafka.tagged_fields import strip_unknown_tags
+from raftlog.storage.segment import FileRegion
 
 _API_KEY_VERSION = struct.Struct(">hh")
 _FRAME_SIZE = struct.Struct(">i")
@@ -67,7 +67,7 @@ class RecordSet:
         """Materialise (tests and the non-sendfile fallback for small sets)."""
         out = bytearray()
         for chunk in self.chunks:
-            out += chunk.read() if isinstance(chunk, FileRegion) else chunk
+            out += chunk.read_bytes() if isinstance(chunk, FileRegion) else chunk
         return bytes(out)
 
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import trio
 
-from raftlog.net.kafka.backend import FileRegion
 from raftlog.net.kafka.codec import Segment, frame_header
+from raftlog.storage.segment import FileRegion
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -87,5 +87,5 @@ async def _send_region(stream: trio.abc.SendStream, region: FileRegion, use_send
             remaining_bytes -= sent_bytes
             await trio.lowlevel.checkpoint()
     if remaining_bytes:
-        rest = FileRegion(region.fd, position, remaining_bytes)
-        await stream.send_all(await trio.to_thread.run_sync(rest.read))
+        rest = FileRegion(region.file, position, remaining_bytes)
+        await stream.send_all(await trio.to_thread.run_sync(rest.read_bytes))
