@@ -15,13 +15,15 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import trio
 
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
+from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
 from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError, exception_leaves
 from raftlog.groups.node_service import NodeGroupService
@@ -263,7 +265,7 @@ class Node:
             raise KafkaError(ErrorCode.not_leader_or_follower, "the leader changed")
         return _quorum_from_wire(wire)
 
-    async def _describe_quorum_locally(self, _body: Any) -> list | None:
+    async def _describe_quorum_locally(self, _body: Any) -> list[Any] | None:
         assert self.quorum is not None
         core = self.quorum.core
         progress = core.replica_progress()
@@ -334,26 +336,66 @@ async def _serve_until_signalled(config: NodeConfig) -> None:
     log.info("node %d stopped", config.node_id)
 
 
-def _quorum_to_wire(info: QuorumInfo) -> list:
-    return [
-        info.leader_id,
-        info.leader_epoch,
-        info.high_watermark,
+@dataclass(frozen=True, slots=True)
+class _VoterWire:
+    __wire__: ClassVar[Array] = Array()
+    replica_id: NodeId
+    log_end_offset: Offset
+    last_fetch_timestamp_ms: Millis
+    last_caught_up_timestamp_ms: Millis
+
+
+@dataclass(frozen=True, slots=True)
+class _QuorumWire:
+    """The "quorum.describe" answer: [leader_id, leader_epoch, high_watermark, [voter...]]."""
+
+    __wire__: ClassVar[Array] = Array()
+    leader_id: NodeId
+    leader_epoch: Epoch
+    high_watermark: Offset
+    voters: tuple[_VoterWire, ...]
+
+
+_QUORUM_CODEC = Codec()
+
+
+def _quorum_to_wire(info: QuorumInfo) -> list[Any]:
+    wire: list[Any] = _QUORUM_CODEC.to_wire(
+        _QuorumWire(
+            info.leader_id,
+            info.leader_epoch,
+            info.high_watermark,
+            tuple(
+                _VoterWire(
+                    v.replica_id,
+                    v.log_end_offset,
+                    v.last_fetch_timestamp_ms,
+                    v.last_caught_up_timestamp_ms,
+                )
+                for v in info.voters
+            ),
+        )
+    )
+    return wire
+
+
+def _quorum_from_wire(wire: Any) -> QuorumInfo:
+    """Raises DecodeError when the leader's answer is not a quorum description."""
+    quorum: _QuorumWire = _QUORUM_CODEC.from_wire(_QuorumWire, wire)
+    return QuorumInfo(
+        quorum.leader_id,
+        quorum.leader_epoch,
+        quorum.high_watermark,
         [
-            [
+            ReplicaState(
                 v.replica_id,
                 v.log_end_offset,
                 v.last_fetch_timestamp_ms,
                 v.last_caught_up_timestamp_ms,
-            ]
-            for v in info.voters
+            )
+            for v in quorum.voters
         ],
-    ]
-
-
-def _quorum_from_wire(wire: list) -> QuorumInfo:
-    leader_id, epoch, high_watermark, voters = wire
-    return QuorumInfo(leader_id, epoch, high_watermark, [ReplicaState(*voter) for voter in voters])
+    )
 
 
 def setup_logging(level: str, node_id: int) -> None:
