@@ -12,7 +12,6 @@ loads are retried a bounded number of times, like leadership errors in Cluster.r
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -22,6 +21,7 @@ import trio
 from raftlog.client.admin import Admin
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.connection import BrokerConnection, ConnectionClosed, UnsupportedVersion
+from raftlog.client.consumer_protocol import ConsumerProtocolError, decode_assignment
 from raftlog.client.protocol import API_KEYS, build_request
 from raftlog.errors import ErrorCode, KafkaError
 
@@ -172,32 +172,16 @@ class PartitionOffsets:
     log_start_offset: int = field(default=0)
 
 
-def decode_assignment(data: bytes | None) -> tuple[tuple[str, int], ...]:
-    """The (topic, partition) pairs of a ConsumerProtocolAssignment (any version).
+def described_assignment(data: bytes | None) -> tuple[tuple[str, int], ...]:
+    """The sorted (topic, partition) pairs of a member's ConsumerProtocolAssignment, as
+    DescribeGroups shows them.
 
-    Other protocol types (or an empty assignment) give (); a truncated one also gives ()
-    because a describe must not fail on one member's odd bytes.
+    An empty assignment gives (); so do bytes that do not decode, because a describe must not
+    fail on one member's odd bytes.
     """
-    if not data or len(data) < 6:
-        return ()
     try:
-        pos = 2  # int16 version; every version starts with the same topic array
-        (topic_count,) = struct.unpack_from(">i", data, pos)
-        pos += 4
-        out: list[tuple[str, int]] = []
-        for _ in range(max(0, topic_count)):
-            (name_length,) = struct.unpack_from(">h", data, pos)
-            pos += 2
-            topic = bytes(data[pos : pos + name_length]).decode()
-            pos += name_length
-            (partition_count,) = struct.unpack_from(">i", data, pos)
-            pos += 4
-            for _ in range(max(0, partition_count)):
-                (partition,) = struct.unpack_from(">i", data, pos)
-                pos += 4
-                out.append((topic, partition))
-        return tuple(sorted(out))
-    except (struct.error, UnicodeDecodeError):
+        return tuple(sorted(decode_assignment(data or b"")))
+    except ConsumerProtocolError:
         return ()
 
 
@@ -275,7 +259,7 @@ class GroupAdmin:
                     client_host=m.client_host,
                     group_instance_id=getattr(m, "group_instance_id", None),
                     assignment=(
-                        decode_assignment(m.member_assignment)
+                        described_assignment(m.member_assignment)
                         if g.protocol_type == "consumer"
                         else ()
                     ),
@@ -417,7 +401,7 @@ __all__ = [
     "GroupListing",
     "GroupMember",
     "PartitionOffsets",
-    "decode_assignment",
+    "described_assignment",
     "negotiated_version",
     "offset_commit_values",
     "partition_offsets",

@@ -35,7 +35,7 @@ from raftlog.client.group_member import (
     commit_allowed_after,
     heartbeat_outcome,
 )
-from raftlog.client.groups import decode_assignment as describe_decode_assignment
+from raftlog.client.groups import described_assignment
 from raftlog.errors import ErrorCode
 from tests.cli.group_handlers import encode_assignment as hand_encoded_assignment
 
@@ -65,7 +65,9 @@ def test_assignment_matches_the_hand_encoding_and_the_describe_decoder() -> None
     # Topics by name, partitions ascending: the same bytes the test coordinator hand-encodes.
     assert data == hand_encoded_assignment([("clicks", 1), ("orders", 0), ("orders", 2)])
     assert decode_assignment(data) == frozenset(pairs)
-    assert describe_decode_assignment(data) == tuple(sorted(pairs))
+    assert described_assignment(data) == tuple(sorted(pairs))
+    assert described_assignment(None) == described_assignment(b"\x00") == ()
+    assert described_assignment(data[:-3]) == ()
     assert decode_assignment(b"") == frozenset()
     assert decode_assignment(encode_assignment([])) == frozenset()
 
