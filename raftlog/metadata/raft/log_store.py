@@ -11,12 +11,12 @@ that cannot be applied").
 
 from __future__ import annotations
 
-from raftlog.constants import MIB
 import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from raftlog.constants import MIB
 from raftlog.errors import RaftlogError
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import QuorumState, Snapshot, SnapshotCheck
