@@ -19,8 +19,9 @@ from raftlog.config import NodeConfig
 from raftlog.groups import messages as m
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.net.kafka import codec
+from raftlog.net.kafka.apis import ApiKey
 from raftlog.net.kafka.context import NoQuotas, RequestContext
-from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, ApiKey, GroupHandlers
+from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, GroupHandlers
 from tests.kafka.test_groups_wire import item_class, make, nested, req
 from tests.kafka.wire import decode_response
 

@@ -19,9 +19,9 @@ from kio.schema.errors import ErrorCode
 from raftlog.groups.service import CoordinatorLocation, InProcessGroupService
 from raftlog.groups.settings import GroupConfig
 from raftlog.kio_private import field_shape
-from raftlog.net.kafka.apis import default_registry
+from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.codec import request_class, zero_response
-from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, ApiKey, register_group_apis
+from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, register_group_apis
 from raftlog.net.kafka.handlers_util import to_ms
 from tests.kafka.conftest import Broker, start_broker
 from tests.kafka.wire import WireClient

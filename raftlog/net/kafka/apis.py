@@ -8,6 +8,7 @@ pass to `serve`, without editing this module.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,25 +17,40 @@ from kio.schema.index import api_key_map, schema_name_map
 from raftlog.net.kafka import handlers_admin, handlers_cluster, handlers_core, handlers_fetch
 from raftlog.net.kafka.context import Handler
 
+_KEY_BY_NAME = {name: key for key, name in api_key_map.items()}
 
-class ApiKey:
-    PRODUCE = 0
-    FETCH = 1
-    LIST_OFFSETS = 2
-    METADATA = 3
-    API_VERSIONS = 18
-    CREATE_TOPICS = 19
-    DELETE_TOPICS = 20
-    INIT_PRODUCER_ID = 22
-    OFFSET_FOR_LEADER_EPOCH = 23
-    DESCRIBE_CONFIGS = 32
-    ALTER_CONFIGS = 33
-    CREATE_PARTITIONS = 37
-    INCREMENTAL_ALTER_CONFIGS = 44
-    DESCRIBE_CLIENT_QUOTAS = 48
-    ALTER_CLIENT_QUOTAS = 49
-    DESCRIBE_QUORUM = 55
-    DESCRIBE_CLUSTER = 60
+
+class ApiKey(enum.IntEnum):
+    """The API keys this node serves (its own and the group APIs), valued from kio's table of
+    the protocol, so a name kio does not know fails at import."""
+
+    PRODUCE = _KEY_BY_NAME["produce"]
+    FETCH = _KEY_BY_NAME["fetch"]
+    LIST_OFFSETS = _KEY_BY_NAME["list_offsets"]
+    METADATA = _KEY_BY_NAME["metadata"]
+    OFFSET_COMMIT = _KEY_BY_NAME["offset_commit"]
+    OFFSET_FETCH = _KEY_BY_NAME["offset_fetch"]
+    FIND_COORDINATOR = _KEY_BY_NAME["find_coordinator"]
+    JOIN_GROUP = _KEY_BY_NAME["join_group"]
+    HEARTBEAT = _KEY_BY_NAME["heartbeat"]
+    LEAVE_GROUP = _KEY_BY_NAME["leave_group"]
+    SYNC_GROUP = _KEY_BY_NAME["sync_group"]
+    DESCRIBE_GROUPS = _KEY_BY_NAME["describe_groups"]
+    LIST_GROUPS = _KEY_BY_NAME["list_groups"]
+    API_VERSIONS = _KEY_BY_NAME["api_versions"]
+    CREATE_TOPICS = _KEY_BY_NAME["create_topics"]
+    DELETE_TOPICS = _KEY_BY_NAME["delete_topics"]
+    INIT_PRODUCER_ID = _KEY_BY_NAME["init_producer_id"]
+    OFFSET_FOR_LEADER_EPOCH = _KEY_BY_NAME["offset_for_leader_epoch"]
+    DESCRIBE_CONFIGS = _KEY_BY_NAME["describe_configs"]
+    ALTER_CONFIGS = _KEY_BY_NAME["alter_configs"]
+    CREATE_PARTITIONS = _KEY_BY_NAME["create_partitions"]
+    DELETE_GROUPS = _KEY_BY_NAME["delete_groups"]
+    INCREMENTAL_ALTER_CONFIGS = _KEY_BY_NAME["incremental_alter_configs"]
+    DESCRIBE_CLIENT_QUOTAS = _KEY_BY_NAME["describe_client_quotas"]
+    ALTER_CLIENT_QUOTAS = _KEY_BY_NAME["alter_client_quotas"]
+    DESCRIBE_QUORUM = _KEY_BY_NAME["describe_quorum"]
+    DESCRIBE_CLUSTER = _KEY_BY_NAME["describe_cluster"]
 
 
 # api key -> (min version, max version, handler). Why each range: docs/protocol.md.
@@ -96,7 +112,7 @@ class ApiRegistry:
             raise ValueError(
                 f"{api_key_map[api_key]} v{min_version}-{max_version}: kio lacks {missing}"
             )
-        self._specs[api_key] = ApiSpec(api_key, min_version, max_version, handler)
+        self._specs[api_key] = ApiSpec(int(api_key), min_version, max_version, handler)
 
     def get(self, api_key: int) -> ApiSpec | None:
         return self._specs.get(api_key)

@@ -20,7 +20,7 @@ from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
 from raftlog.groups.service import CoordinatorLocation, GroupService
-from raftlog.net.kafka.apis import ApiRegistry
+from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_util import to_ms
 
@@ -29,7 +29,6 @@ log = logging.getLogger("raftlog.kafka")
 # FindCoordinator key types (KIP-98 transaction, KIP-932 share).
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
-# What DescribeGroups reports for authorized operations when it does not compute them.
 # Every group this coordinator serves speaks the classic protocol (KIP-848 groups are
 # "consumer"); ListGroups v5 reports and filters by it.
 CLASSIC_GROUP_TYPE = "classic"
@@ -37,19 +36,6 @@ CLASSIC_GROUP_TYPE = "classic"
 # work (Kafka has no such limit; real clients send one group or a handful).
 MAX_COORDINATOR_KEYS_PER_REQUEST = 10_000
 MAX_GROUPS_PER_REQUEST = 10_000
-
-
-class ApiKey:
-    OFFSET_COMMIT = 8
-    OFFSET_FETCH = 9
-    FIND_COORDINATOR = 10
-    JOIN_GROUP = 11
-    HEARTBEAT = 12
-    LEAVE_GROUP = 13
-    SYNC_GROUP = 14
-    DESCRIBE_GROUPS = 15
-    LIST_GROUPS = 16
-    DELETE_GROUPS = 42
 
 
 # api key -> (min version, max version). Minimums are the oldest kio models (Kafka 4's);
