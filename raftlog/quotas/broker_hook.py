@@ -11,7 +11,7 @@ of plain values so msgpack carries them; `usage_rows` is that method.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -24,7 +24,7 @@ from raftlog.quotas.entity import (
     QuotaValidationError,
     validate_quota_value,
 )
-from raftlog.quotas.manager import QuotaLimits, QuotaManager
+from raftlog.quotas.manager import QuotaLimits, QuotaManager, QuotaUsage
 from raftlog.quotas.task_time import TaskTimeMeter, no_measure
 
 log = logging.getLogger("raftlog.quotas")
@@ -110,18 +110,22 @@ class BrokerQuotas:
     # ------------------------------------------------------------------ usage
     async def usage_rows(self, _body: Any = None) -> list[list[Any]]:
         """The "quotas.usage" RPC: one list per tracked sensor, fields as USAGE_FIELDS."""
-        return [
-            [
-                row.quota_key,
-                row.user,
-                row.client_id,
-                [list(component) for component in row.entity.components],
-                row.quota,
-                row.rate,
-                row.throttle_time_total_ms,
-            ]
-            for row in self.manager.usage(self._clock_ms())
+        return usage_to_wire(self.manager.usage(self._clock_ms()))
+
+
+def usage_to_wire(rows: Sequence[QuotaUsage]) -> list[list[Any]]:
+    return [
+        [
+            row.quota_key,
+            row.user,
+            row.client_id,
+            [list(component) for component in row.entity.components],
+            row.quota,
+            row.rate,
+            row.throttle_time_total_ms,
         ]
+        for row in rows
+    ]
 
 
 def _usable_table(quotas: Any) -> dict[QuotaEntity, dict[str, float]]:

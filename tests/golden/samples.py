@@ -21,6 +21,10 @@ from raftlog.metadata import records as r
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.raft import messages as rm
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
+from raftlog.quotas.broker_hook import usage_to_wire
+from raftlog.quotas.entity import QuotaEntity
+from raftlog.quotas.manager import QuotaUsage
+from raftlog.quotas.usage_rpc import rows_from_wire
 from raftlog.replication import fetch_wire as fw
 from raftlog.replication.core.types import DivergingEpoch as PartitionDivergingEpoch
 
@@ -224,6 +228,46 @@ DESCRIBE_QUORUM: dict[str, QuorumInfo | None] = {
 }
 
 
+QUOTA_USAGE: dict[str, list[QuotaUsage]] = {
+    "usage": [
+        QuotaUsage(
+            "producer_byte_rate",
+            "alice",
+            "",
+            QuotaEntity.of([("user", "alice")]),
+            1024.0,
+            1536.25,
+            1200,
+        ),
+        QuotaUsage(
+            "request_percentage",
+            "",
+            "app-1",
+            QuotaEntity.of([("client-id", None)]),
+            25.5,
+            0.0,
+            0,
+        ),
+    ],
+    "no_usage": [],
+}
+
+
+def _quota_usage_read(data: bytes) -> list[QuotaUsage]:
+    return [
+        QuotaUsage(
+            row.quota_key,
+            row.user,
+            row.client_id,
+            row.entity,
+            row.quota,
+            row.rate,
+            row.throttle_time_total_ms,
+        )
+        for row in rows_from_wire(1, _unpack(data))
+    ]
+
+
 def _describe_quorum_wire(info: QuorumInfo | None) -> bytes:
     from raftlog.node import _quorum_to_wire
 
@@ -265,6 +309,12 @@ def families() -> list[Family]:
             lambda b: fw.decode_response(_unpack(b)),
         ),
         Family("describe_quorum", DESCRIBE_QUORUM, _describe_quorum_wire, _describe_quorum_read),
+        Family(
+            "quota_usage",
+            QUOTA_USAGE,
+            lambda rows: _pack(usage_to_wire(rows)),
+            _quota_usage_read,
+        ),
     ]
 
 
