@@ -1,9 +1,10 @@
 """The node's KafkaBackend: what the Kafka protocol layer asks of a broker.
 
-Reads of cluster state come from this node's committed MetadataImage; the data path goes to
-the ReplicaManager; admin changes go to the active controller (any broker forwards, as in
-KRaft) and are answered once committed AND visible in this broker's own image, so a client
-that creates a topic and then asks this broker for its metadata finds it.
+Reads of cluster state come from this node's committed MetadataImage; the data path is the
+ReplicaManager's produce and read paths, bound here; admin changes go to the active controller
+(any broker forwards, as in KRaft) and are answered once committed AND visible in this
+broker's own image, so a client that creates a topic and then asks this broker for its metadata
+finds it.
 """
 
 from __future__ import annotations
@@ -31,15 +32,9 @@ from raftlog.net.kafka.backend import (
     ConfigsResult,
     CreateTopicResult,
     DeleteTopicResult,
-    EpochEndOffset,
-    FetchResult,
-    IsolationLevel,
-    ListOffsetsResult,
     NewTopic,
     PartitionInfo,
-    ProduceResult,
     ProducerIdResult,
-    ProducerInfo,
     QuorumInfo,
     QuotaAlteration,
     QuotaAlterResult,
@@ -74,8 +69,14 @@ class BrokerBackend:
         self.metadata = metadata
         self.controller = controller
         self.lifecycle = lifecycle
-        self.replicas = replicas
         self._describe_quorum = describe_quorum
+        # The data path is the replication layer's own: a produce or a fetch goes from the
+        # protocol handler straight to ProducePath / ReadPaths, with no call of its own here.
+        self.produce = replicas.writes.produce
+        self.fetch = replicas.reads.fetch
+        self.list_offset = replicas.reads.list_offset
+        self.offset_for_leader_epoch = replicas.reads.offset_for_leader_epoch
+        self.data_event = replicas.replicas.data_event
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
 
@@ -144,53 +145,6 @@ class BrokerBackend:
         if value is None:
             return self.config.auto_create_topics_enable
         return str(value).lower() == "true"
-
-    # ---------------------------------------------------------------- data path
-    async def produce(
-        self,
-        topic: str,
-        partition: int,
-        records: bytes,
-        acks: int,
-        timeout_ms: int,
-        producer: ProducerInfo,
-    ) -> ProduceResult:
-        return await self.replicas.produce(topic, partition, records, acks, timeout_ms, producer)
-
-    async def fetch(
-        self,
-        topic: str,
-        partition: int,
-        fetch_offset: int,
-        partition_max_bytes: int,
-        current_leader_epoch: int,
-        isolation: IsolationLevel,
-    ) -> FetchResult:
-        return await self.replicas.fetch(
-            topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch, isolation
-        )
-
-    def data_event(self, topic: str, partition: int) -> trio.Event:
-        return self.replicas.data_event(topic, partition)
-
-    async def list_offset(
-        self,
-        topic: str,
-        partition: int,
-        timestamp_ms: int,
-        current_leader_epoch: int,
-        isolation: IsolationLevel,
-    ) -> ListOffsetsResult:
-        return await self.replicas.list_offset(
-            topic, partition, timestamp_ms, current_leader_epoch, isolation
-        )
-
-    async def offset_for_leader_epoch(
-        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
-    ) -> EpochEndOffset:
-        return await self.replicas.offset_for_leader_epoch(
-            topic, partition, current_leader_epoch, leader_epoch
-        )
 
     # ---------------------------------------------------------------- admin: topics
     async def _call(self, request: Any, timeout_ms: int) -> Any:

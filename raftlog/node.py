@@ -199,7 +199,7 @@ class Node:
             incarnation_id=self.lifecycle.incarnation_id,
         )
         await nursery.start(self.replicas.run)
-        self._rpc_methods["replica.fetch"] = self.replicas.handle_replica_fetch
+        self._rpc_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch
         self.metadata.add_listener(self.replicas.apply_metadata)
         self.quotas = BrokerQuotas(QuotaLimits.from_node_config(config), clock_ms)
         self.metadata.add_listener(self.quotas.on_metadata)

@@ -144,7 +144,7 @@ class NodeGroupService:
     # ---------------------------------------------------------------- the log seam
     async def _append(self, partition: int, records: list[OffsetsRecord]) -> None:
         batch = build_batch([Record(key=key, value=value) for key, value in records])
-        result = await self.replicas.produce(
+        result = await self.replicas.writes.produce(
             OFFSETS_TOPIC, partition, batch, -1, OFFSETS_APPEND_TIMEOUT_MS
         )
         if result.error != ErrorCode.none:
@@ -154,18 +154,21 @@ class NodeGroupService:
         """Every (key, value) of the partition, in log order.
 
         Read on the event loop, one bounded chunk at a time with a checkpoint between chunks:
-        the log's segment list and files change under appends, truncation, retention and
-        compaction, all of which run on the event loop, so a read there never sees a segment
-        closed halfway through, as a read in a worker thread could.
+        the log's segment list and files change under appends, retention and compaction, all
+        of which run on the event loop, so a read there never sees a segment closed halfway
+        through, as a read in a worker thread could. A follower truncation cuts the log in a
+        worker thread; each chunk waits until no cut is under way (`log_cut`).
         """
-        hosted = self.replicas.partitions.get((OFFSETS_TOPIC, partition))
+        hosted = self.replicas.replicas.partitions.get((OFFSETS_TOPIC, partition))
         if hosted is None:
             return []
         partition_log = hosted.log
         out: list[OffsetsRecord] = []
+        await hosted.wait_for_log_cut()
         offset = partition_log.log_start_offset
         end = partition_log.log_end_offset
         while offset < end:
+            await hosted.wait_for_log_cut()
             data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
             if not data:
                 break

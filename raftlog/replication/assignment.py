@@ -1,7 +1,6 @@
 """Metadata to hosted replicas: which partitions this broker hosts, and their logs on disk.
 
-A part of ReplicaManager (as serving.py is), split out so the manager keeps the data paths and
-this module the assignment. `apply` runs on the event loop for every metadata change and stays
+`apply` runs on the event loop for every metadata change and stays
 cheap: it decides, and log_work.py does the disk work in worker threads.
 
 - A partition whose log is open (recovered at start, or hosted already) is hosted at once; its
@@ -30,19 +29,20 @@ import dataclasses
 import functools
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from raftlog.config_keys import log_overrides
-from raftlog.errors import ErrorCode
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
 from raftlog.replication.core.partition import Partition, Transition
 from raftlog.replication.core.types import LeaderAndIsr, ReplicationStateError
+from raftlog.replication.fetcher import FetcherPool
 from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.idempotence import ProducerStateHolder
 from raftlog.replication.log_work import LogWork
-from raftlog.storage import PartitionLog
+from raftlog.replication.replicas import Replicas
+from raftlog.storage import LogManager, PartitionLog
 from raftlog.storage.log_dirs import (
     DELETE_SUFFIX,
     STRAY_SUFFIX,
@@ -50,9 +50,6 @@ from raftlog.storage.log_dirs import (
     rename_for_removal,
     write_topic_id,
 )
-
-if TYPE_CHECKING:
-    from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.replication")
 
@@ -79,14 +76,27 @@ def stray_reason(
 
 
 class ReplicaAssignment:
-    """Applies metadata to one ReplicaManager's hosted replicas and their logs."""
+    """Applies metadata to the hosted replicas and their logs."""
 
-    def __init__(self, manager: ReplicaManager, incarnation_id: uuid.UUID | None) -> None:
-        self.manager = manager
+    def __init__(
+        self,
+        replicas: Replicas,
+        *,
+        log_manager: LogManager,
+        fetchers: FetcherPool,
+        work: LogWork,
+        reload_producers: Callable[[HostedPartition], Awaitable[None]],
+        incarnation_id: uuid.UUID | None,
+    ) -> None:
+        self.replicas = replicas
+        self.log_manager = log_manager
+        self.fetchers = fetchers
+        # Disk jobs, in order per partition (shared with the fetchers' truncations).
+        self.work = work
+        self._reload_producers = reload_producers
         # This process's broker registration: its unfencing is the "caught up" signal for the
         # stray-log check. None (tools, some tests): stray logs are never looked for.
         self.incarnation_id = incarnation_id
-        self.work = LogWork(manager.spawn)
         # Partitions whose log a queued job is creating, with the topic id it is created for.
         self._creating: dict[TopicPartition, uuid.UUID] = {}
         # Open logs whose stored topic id differs from the image's, left alone until the
@@ -96,12 +106,12 @@ class ReplicaAssignment:
 
     # ------------------------------------------------------------------ apply
     def apply(self, image: MetadataImage, delta: MetadataDelta) -> None:
-        m = self.manager
-        m.image = image
-        if m.checkpointed_hws is None:
+        replicas = self.replicas
+        replicas.set_image(image)
+        if replicas.checkpointed_hws is None:
             # Called before run(): a small file, read once.
-            m.checkpointed_hws = m.log_manager.read_high_watermarks()
-        changes = delta.local_changes(m.node_id)
+            replicas.checkpointed_hws = self.log_manager.read_high_watermarks()
+        changes = delta.local_changes(replicas.node_id)
         for topic_id, index in sorted(changes.deleted, key=lambda k: (k[0].int, k[1])):
             self._remove_replica(topic_id, index)
         assigned = {**changes.leaders, **changes.followers}
@@ -121,15 +131,15 @@ class ReplicaAssignment:
         self._maybe_remove_strays(image)
 
     def _log_overrides(self, topic: str) -> dict[str, str]:
-        raw = self.manager.image.configs.get(("topic", topic), {})
+        raw = self.replicas.image.configs.get(("topic", topic), {})
         # Only log settings reach storage; min.insync.replicas and friends are read there.
         return log_overrides(raw)
 
     def _update_topic_config(self, topic: str) -> None:
         overrides = self._log_overrides(topic)
-        for hosted in list(self.manager.partitions.values()):
+        for hosted in list(self.replicas.partitions.values()):
             if hosted.topic == topic and not hosted.log.closed:
-                self.manager.log_manager.set_config(topic, hosted.partition, overrides)
+                self.log_manager.set_config(topic, hosted.partition, overrides)
                 self._persist_config(hosted.key, hosted.log, overrides, None)
 
     def _persist_config(
@@ -140,7 +150,7 @@ class ReplicaAssignment:
         topic_id: uuid.UUID | None,
     ) -> None:
         """Rewrite the log's config file (and a missing topic id) in the background."""
-        log_manager = self.manager.log_manager
+        log_manager = self.log_manager
 
         def write(directory: Path) -> None:
             log_manager.write_overrides(directory, overrides)
@@ -156,15 +166,15 @@ class ReplicaAssignment:
     def _assign(
         self, topic: str, index: int, topic_id: uuid.UUID, image_state: ImagePartitionState
     ) -> None:
-        m = self.manager
+        replicas = self.replicas
         key = (topic, index)
-        hosted = m.partitions.get(key)
+        hosted = replicas.partitions.get(key)
         if hosted is not None and hosted.topic_id != topic_id:
             # A topic deleted and re-created under the same name: the old data must go.
             self._drop(hosted)
             hosted = None
-        if hosted is None and m.log_manager.get(topic, index) is not None:
-            stored = m.log_manager.topic_id(topic, index)
+        if hosted is None and self.log_manager.get(topic, index) is not None:
+            stored = self.log_manager.topic_id(topic, index)
             if stored is None or stored == topic_id:
                 hosted = self._host_open_log(topic, index, topic_id, stored)
             elif not self.strays_checked:
@@ -194,7 +204,7 @@ class ReplicaAssignment:
     def _host_open_log(
         self, topic: str, index: int, topic_id: uuid.UUID, stored: uuid.UUID | None
     ) -> HostedPartition:
-        log_manager = self.manager.log_manager
+        log_manager = self.log_manager
         plog = log_manager.get(topic, index)
         assert plog is not None, (topic, index)
         overrides = self._log_overrides(topic)
@@ -209,13 +219,13 @@ class ReplicaAssignment:
         if self._creating.get(key) == topic_id:
             return  # the queued job applies the newest state when the log exists
         self._creating[key] = topic_id
-        m = self.manager
-        log_manager = m.log_manager
+        replicas = self.replicas
+        log_manager = self.log_manager
 
         async def create() -> None:
             if self._creating.get(key) != topic_id:
                 return  # a newer topic of that name took over
-            if not self._wanted(key, topic_id) or key in m.partitions:
+            if not self._wanted(key, topic_id) or key in replicas.partitions:
                 del self._creating[key]
                 return
             # Only this job hosts a partition without an open log, and jobs for one name run
@@ -227,7 +237,7 @@ class ReplicaAssignment:
                 index,
                 self._log_overrides(topic),
                 topic_id=topic_id,
-                now_ms=m.wall_clock_ms(),
+                now_ms=replicas.wall_clock_ms(),
             )
             try:
                 plog = await self.work.run_sync(create_log)
@@ -243,7 +253,7 @@ class ReplicaAssignment:
             log_manager.adopt(topic, index, plog, topic_id)
             hosted = self._host(topic, index, topic_id, plog, existed=False)
             log.info("%s-%d: log created", topic, index)
-            state = m.image.topics_by_id[topic_id].partitions[index]
+            state = replicas.image.topics_by_id[topic_id].partitions[index]
             try:
                 self._apply_state(hosted, state)
             except ReplicationStateError:
@@ -253,36 +263,36 @@ class ReplicaAssignment:
 
     def _wanted(self, key: TopicPartition, topic_id: uuid.UUID) -> bool:
         """The current image assigns partition `key` of topic `topic_id` to this broker."""
-        m = self.manager
-        info = m.image.topics_by_id.get(topic_id)
+        replicas = self.replicas
+        info = replicas.image.topics_by_id.get(topic_id)
         if info is None or info.name != key[0]:
             return False
         state = info.partitions.get(key[1])
-        return state is not None and m.node_id in state.replicas
+        return state is not None and replicas.node_id in state.replicas
 
     def _host(
         self, topic: str, index: int, topic_id: uuid.UUID, plog: PartitionLog, *, existed: bool
     ) -> HostedPartition:
-        m = self.manager
+        replicas = self.replicas
         key = (topic, index)
-        settings = dataclasses.replace(m.settings, flush_policy=plog.config.flush_policy)
-        assert m.checkpointed_hws is not None
-        high_watermark = m.checkpointed_hws.get(key, 0) if existed else 0
+        settings = dataclasses.replace(replicas.settings, flush_policy=plog.config.flush_policy)
+        assert replicas.checkpointed_hws is not None
+        high_watermark = replicas.checkpointed_hws.get(key, 0) if existed else 0
         replica = Partition(
-            replica_id=m.node_id, log=plog, settings=settings, high_watermark=high_watermark
+            replica_id=replicas.node_id, log=plog, settings=settings, high_watermark=high_watermark
         )
         producers = ProducerStateHolder(plog)
         hosted = HostedPartition(topic, index, topic_id, plog, replica, producers)
-        m.partitions[key] = hosted
+        replicas.host(hosted)
         if existed:
             producers.invalidate()
-            m.spawn(m.reload_producers, hosted)
+            replicas.spawn(self._reload_producers, hosted)
         else:
             producers.start_empty()
         return hosted
 
     def _apply_state(self, hosted: HostedPartition, image_state: ImagePartitionState) -> None:
-        m = self.manager
+        replicas = self.replicas
         topic, index = hosted.key
         state = LeaderAndIsr(
             leader_id=image_state.leader,
@@ -291,7 +301,7 @@ class ReplicaAssignment:
             replicas=tuple(image_state.replicas),
             isr=frozenset(image_state.isr),
         )
-        result = hosted.replica.apply_metadata(now_ms=m.clock_ms(), state=state)
+        result = hosted.replica.apply_metadata(now_ms=replicas.clock_ms(), state=state)
         if result.transition is Transition.STALE:
             log.info(
                 "%s-%d: refused stale metadata %s (have %s)",
@@ -304,13 +314,13 @@ class ReplicaAssignment:
         if result.transition is Transition.UNCHANGED:
             return
         if result.lost_leadership:
-            m.complete(m.purgatory.fail_partition(hosted.key, ErrorCode.not_leader_or_follower))
+            replicas.fail_waiters(hosted.key)
         if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
             follower = hosted.replica.follower
-            m.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
+            self.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
             hosted.wake_waiters()
-            m.signal_data(hosted.key)
-            m.hw_dirty = True
+            replicas.signal_data(hosted.key)
+            replicas.hw_dirty = True
             log.info(
                 "%s-%d: %s at leader epoch %d (leader %d, ISR %s)",
                 topic,
@@ -322,30 +332,21 @@ class ReplicaAssignment:
             )
         if result.transition is Transition.BECAME_LEADER:
             # Our own acknowledgement is the flushed offset: make sure it is current.
-            m.request_leader_flush(hosted.key)
+            replicas.request_leader_flush(hosted.key)
         if result.effects is not None:
-            m.handle_effects(hosted, result.effects)
+            replicas.handle_effects(hosted, result.effects)
 
     # ------------------------------------------------------------------ removal
     def _remove_replica(self, topic_id: uuid.UUID, index: int) -> None:
-        for hosted in list(self.manager.partitions.values()):
+        for hosted in list(self.replicas.partitions.values()):
             if hosted.topic_id == topic_id and hosted.partition == index:
                 self._drop(hosted)
 
     def _drop(self, hosted: HostedPartition, suffix: str = DELETE_SUFFIX) -> None:
         """Stop hosting the replica at once; its data goes in the background."""
-        m = self.manager
         key = hosted.key
-        del m.partitions[key]
-        m.fetchers.assign(key, None)
-        m.complete(m.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
-        hosted.wake_waiters()
-        m.signal_data(key)
-        m.forget_leader_flush(key)
-        m.hw_dirty = True
-        if m.checkpointed_hws is not None:
-            # A topic re-created under this name must not start from the old one's HW.
-            m.checkpointed_hws.pop(key, None)
+        self.fetchers.assign(key, None)
+        self.replicas.unhost(hosted)
         self._remove_log(key, suffix, hosted)
         log.info("%s-%d: replica removed; deleting its data", hosted.topic, hosted.partition)
 
@@ -353,7 +354,7 @@ class ReplicaAssignment:
         self, key: TopicPartition, suffix: str, hosted: HostedPartition | None = None
     ) -> None:
         """Abandon the open log now; rename its directory, then delete it, in the background."""
-        plog = self.manager.log_manager.detach(*key)
+        plog = self.log_manager.detach(*key)
         if plog is None:
             return
 
@@ -379,7 +380,7 @@ class ReplicaAssignment:
     def _maybe_remove_strays(self, image: MetadataImage) -> None:
         if self.strays_checked or self.incarnation_id is None:
             return
-        registration = image.brokers.get(self.manager.node_id)
+        registration = image.brokers.get(self.replicas.node_id)
         if (
             registration is None
             or registration.incarnation_id != self.incarnation_id
@@ -399,15 +400,15 @@ class ReplicaAssignment:
         carries no "deleted" entries for what it skipped, so a replica hosted from an older
         image may be stray as well; it is dropped like a deleted one.
         """
-        m = self.manager
-        log_manager = m.log_manager
+        replicas = self.replicas
+        log_manager = self.log_manager
         removed = []
         for key in sorted(log_manager.all_logs()):
             if key[0].startswith(INTERNAL_LOG_PREFIX):
                 continue
-            hosted = m.partitions.get(key)
+            hosted = replicas.partitions.get(key)
             stored = hosted.topic_id if hosted is not None else log_manager.topic_id(*key)
-            reason = stray_reason(image, m.node_id, key, stored)
+            reason = stray_reason(image, replicas.node_id, key, stored)
             if reason is None:
                 continue
             log.warning("%s-%d: stray log (%s); deleting it", key[0], key[1], reason)
@@ -421,7 +422,7 @@ class ReplicaAssignment:
             # A held log of an earlier topic made way: the current one gets its own log.
             info = image.topic(topic)
             state = None if info is None else info.partitions.get(index)
-            if info is not None and state is not None and m.node_id in state.replicas:
+            if info is not None and state is not None and replicas.node_id in state.replicas:
                 try:
                     self._assign(topic, index, info.topic_id, state)
                 except ReplicationStateError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -38,6 +38,9 @@ class HostedPartition:
     # flusher (compaction); removal takes it before renaming the directory away, so no such
     # write lands in the renamed directory or in one re-created under the old name.
     disk_lock: trio.Lock = field(default_factory=trio.Lock)
+    # Set while a follower truncation cuts the log in a worker thread. Appends are held back
+    # by the producer-state gate; reads of the log on the event loop wait for this.
+    log_cut: trio.Event | None = None
 
     @property
     def key(self) -> TopicPartition:
@@ -47,6 +50,23 @@ class HostedPartition:
         for event in self.waiters:
             event.set()
         self.waiters.clear()
+
+    async def cut_log(self, run_cut: Callable[[], Awaitable[object]]) -> None:
+        """Run `run_cut` (a truncation in a worker thread) with `log_cut` set. A failure is
+        logged, not raised: the follower then finds its log uncut and asks again."""
+        event = self.log_cut = trio.Event()
+        try:
+            await run_cut()
+        except (OSError, KafkaError) as exc:
+            log.error("%s-%d: truncation failed: %r", self.topic, self.partition, exc)
+        finally:
+            self.log_cut = None
+            event.set()
+
+    async def wait_for_log_cut(self) -> None:
+        """Return once no truncation is cutting the log."""
+        while self.log_cut is not None:
+            await self.log_cut.wait()
 
 
 async def flush_partitions(flusher: Flusher, partitions: Sequence[HostedPartition]) -> bool:

@@ -1,4 +1,4 @@
-"""The leader's produce path: idempotence check, append, acks (a part of ReplicaManager).
+"""The leader's produce path: idempotence check, append, acks.
 
 Order on the event loop, with no await between the check and the table update, so two
 requests of one producer can never both pass the sequence check (KIP-98):
@@ -10,8 +10,6 @@ asks (HW for acks=all, fsync for acks=1), so a retry never promises more than th
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -26,117 +24,113 @@ from raftlog.replication.core.purgatory import (
     produce_answer,
 )
 from raftlog.replication.producer_state import Verdict
-
-if TYPE_CHECKING:
-    from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.replicas import PendingProduce, Replicas
 
 # A produce that finds its replica's producer state loading waits at most this long (and
 # never past its own timeout); then it is answered REQUEST_TIMED_OUT and the client retries.
 MAX_PRODUCER_STATE_WAIT_MS = 30_000
 
 
-class Pending:
-    """A parked produce: the purgatory completes it, the produce coroutine waits on it."""
+class ProducePath:
+    """Produces to the partitions this broker leads (the Kafka backend calls `produce`)."""
 
-    __slots__ = ("error", "event")
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
-    def __init__(self) -> None:
-        self.event = trio.Event()
-        self.error = ErrorCode.none
-
-
-async def produce(
-    manager: ReplicaManager,
-    topic: str,
-    partition: int,
-    records: bytes,
-    acks: int,
-    timeout_ms: int,
-) -> ProduceResult:
-    """Append as leader and answer when `acks` is met (see the module docstring)."""
-    if acks not in (-1, 0, 1):
-        return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
-    key = (topic, partition)
-    hosted = manager.partitions.get(key)
-    if hosted is not None and hosted.replica.leader is not None and not hosted.producers.loaded:
-        wait_ms = max(0, min(timeout_ms, MAX_PRODUCER_STATE_WAIT_MS))
-        with trio.move_on_after(wait_ms / 1000):
-            await hosted.producers.ready.wait()
-        if not hosted.producers.loaded:
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        producer: object = None,
+    ) -> ProduceResult:
+        """Append as leader and answer when `acks` is met (see the module docstring)."""
+        replicas = self.replicas
+        if acks not in (-1, 0, 1):
+            return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
+        key = (topic, partition)
+        hosted = replicas.partitions.get(key)
+        if hosted is not None and hosted.replica.leader is not None and not hosted.producers.loaded:
+            wait_ms = max(0, min(timeout_ms, MAX_PRODUCER_STATE_WAIT_MS))
+            with trio.move_on_after(wait_ms / 1000):
+                await hosted.producers.ready.wait()
+            if not hosted.producers.loaded:
+                return ProduceResult(
+                    ErrorCode.request_timed_out,
+                    error_message=f"{topic}-{partition}: producer state still loading",
+                )
+            hosted = replicas.partitions.get(key)  # the wait may have seen metadata change
+        leader = None if hosted is None else hosted.replica.leader
+        if hosted is None or leader is None or not hosted.producers.loaded:
             return ProduceResult(
-                ErrorCode.request_timed_out,
-                error_message=f"{topic}-{partition}: producer state still loading",
+                replicas.not_leader_error(topic, partition),
+                current_leader=replicas.leader_hint(topic, partition),
             )
-        hosted = manager.partitions.get(key)  # the wait may have seen metadata change
-    leader = None if hosted is None else hosted.replica.leader
-    if hosted is None or leader is None or not hosted.producers.loaded:
-        return ProduceResult(
-            manager.not_leader_error(topic, partition),
-            current_leader=manager.leader_hint(topic, partition),
-        )
-    min_isr = manager.min_insync_replicas(topic)
-    error = leader.check_produce(acks=acks, min_insync_replicas=min_isr)
-    if error != ErrorCode.none:
-        return ProduceResult(
-            error,
-            error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
-        )
-    now_ms = manager.clock_ms()
-    table = hosted.producers.table
-    check = table.check_batches(records)
-    if check.verdict is Verdict.ERROR:
-        return ProduceResult(check.error, error_message=check.message)
-    log_append_time = hosted.log.config.message_timestamp_type == "LogAppendTime"
-    if check.verdict is Verdict.DUPLICATE:
-        original = check.duplicate_of
-        assert original is not None
-        done = ProduceResult(
-            base_offset=original.first_offset,
-            # The original's stamped maxTimestamp, as Kafka answers a retried batch.
-            log_append_time_ms=original.timestamp_ms if log_append_time else NO_TIMESTAMP,
-            log_start_offset=hosted.log.log_start_offset,
-        )
-        required_offset = original.last_offset + 1
-    else:
-        # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
-        append_time_ms = manager.wall_clock_ms()
+        min_isr = replicas.min_insync_replicas(topic)
+        error = leader.check_produce(acks=acks, min_insync_replicas=min_isr)
+        if error != ErrorCode.none:
+            return ProduceResult(
+                error,
+                error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
+            )
+        now_ms = replicas.clock_ms()
+        table = hosted.producers.table
+        check = table.check_batches(records)
+        if check.verdict is Verdict.ERROR:
+            return ProduceResult(check.error, error_message=check.message)
+        log_append_time = hosted.log.config.message_timestamp_type == "LogAppendTime"
+        if check.verdict is Verdict.DUPLICATE:
+            original = check.duplicate_of
+            assert original is not None
+            done = ProduceResult(
+                base_offset=original.first_offset,
+                # The original's stamped maxTimestamp, as Kafka answers a retried batch.
+                log_append_time_ms=original.timestamp_ms if log_append_time else NO_TIMESTAMP,
+                log_start_offset=hosted.log.log_start_offset,
+            )
+            required_offset = original.last_offset + 1
+        else:
+            # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
+            append_time_ms = replicas.wall_clock_ms()
+            try:
+                if log_append_time:
+                    # Stamped before the append, so the segment's time index, the producer
+                    # state and the bytes followers copy unchanged all carry the append time.
+                    records = stamp_log_append_time(records, append_time_ms)
+                info = hosted.log.append_as_leader(records, leader.leader_epoch, append_time_ms)
+            except KafkaError as exc:
+                return ProduceResult(exc.code, error_message=exc.message)
+            table.update_leader_append(records, info.first_offset)
+            hosted.wake_waiters()  # parked follower fetches: new data
+            replicas.after_leader_append(hosted, now_ms)
+            done = ProduceResult(
+                base_offset=info.first_offset,
+                log_append_time_ms=append_time_ms if log_append_time else NO_TIMESTAMP,
+                log_start_offset=info.log_start_offset,
+            )
+            required_offset = info.last_offset + 1
+        answer = produce_answer(acks, hosted.log.config.flush_policy)
+        if answer in (ProduceAnswer.NEVER, ProduceAnswer.NOW):
+            return done
+        flushed = answer is ProduceAnswer.AFTER_FLUSH
+        wait = ProduceWait.FLUSHED if flushed else ProduceWait.HIGH_WATERMARK
+        pending = PendingProduce()
+        deadline_ms = now_ms + max(0, min(timeout_ms, replicas.config.request_timeout_ms))
+        waiter = DelayedProduce(key, required_offset, deadline_ms, min_isr, pending, wait)
         try:
-            if log_append_time:
-                # Stamped before the append, so the segment's time index, the producer
-                # state and the bytes followers copy unchanged all carry the append time.
-                records = stamp_log_append_time(records, append_time_ms)
-            info = hosted.log.append_as_leader(records, leader.leader_epoch, append_time_ms)
-        except KafkaError as exc:
-            return ProduceResult(exc.code, error_message=exc.message)
-        table.update_leader_append(records, info.first_offset)
-        hosted.wake_waiters()  # parked follower fetches: new data
-        manager.after_leader_append(hosted, now_ms)
-        done = ProduceResult(
-            base_offset=info.first_offset,
-            log_append_time_ms=append_time_ms if log_append_time else NO_TIMESTAMP,
-            log_start_offset=info.log_start_offset,
-        )
-        required_offset = info.last_offset + 1
-    answer = produce_answer(acks, hosted.log.config.flush_policy)
-    if answer in (ProduceAnswer.NEVER, ProduceAnswer.NOW):
+            completion = replicas.purgatory.add_produce(waiter, leader.progress())
+        except PurgatoryFullError as exc:
+            return ProduceResult(ErrorCode.request_timed_out, error_message=str(exc))
+        if completion is not None:
+            pending.error = completion.error
+        else:
+            replicas.deadline_wakeup()
+            await pending.event.wait()
+        if pending.error != ErrorCode.none:
+            hint = None
+            if pending.error == ErrorCode.not_leader_or_follower:
+                hint = replicas.leader_hint(topic, partition)
+            return ProduceResult(pending.error, current_leader=hint)
         return done
-    flushed = answer is ProduceAnswer.AFTER_FLUSH
-    wait = ProduceWait.FLUSHED if flushed else ProduceWait.HIGH_WATERMARK
-    pending = Pending()
-    deadline_ms = now_ms + max(0, min(timeout_ms, manager.config.request_timeout_ms))
-    waiter = DelayedProduce(key, required_offset, deadline_ms, min_isr, pending, wait)
-    try:
-        completion = manager.purgatory.add_produce(waiter, leader.progress())
-    except PurgatoryFullError as exc:
-        return ProduceResult(ErrorCode.request_timed_out, error_message=str(exc))
-    if completion is not None:
-        pending.error = completion.error
-    else:
-        manager.deadline_wakeup()
-        await pending.event.wait()
-    if pending.error != ErrorCode.none:
-        hint = None
-        if pending.error == ErrorCode.not_leader_or_follower:
-            hint = manager.leader_hint(topic, partition)
-        return ProduceResult(pending.error, current_leader=hint)
-    return done

@@ -1,6 +1,6 @@
 """The leader's read paths: replica fetches (long-poll) and consumer fetch / list offsets.
 
-A mixin of ReplicaManager, split out to keep each module to one job. Records are never
+The Kafka backend and the internal RPC call these directly. Records are never
 decoded or re-encoded: consumers get file regions of the segment (sent with sendfile), followers
 get the same bytes read in a worker thread (they travel inside a msgpack frame).
 """
@@ -8,7 +8,7 @@ get the same bytes read in a worker thread (they travel inside a msgpack frame).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -29,10 +29,8 @@ from raftlog.replication.fetch_wire import (
     encode_response,
 )
 from raftlog.replication.hosted import HostedPartition, TopicPartition
+from raftlog.replication.replicas import Replicas
 from raftlog.storage import OffsetOutOfRangeError, PartitionLog
-
-if TYPE_CHECKING:
-    from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.replication")
 
@@ -60,18 +58,22 @@ def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorC
 
 
 class ReadPaths:
-    """Consumer and replica reads of one ReplicaManager (which delegates to this)."""
+    """Consumer and replica reads of the partitions this broker leads."""
 
-    def __init__(self, manager: ReplicaManager) -> None:
-        self.manager = manager
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
 
-    def _leader_for(
+    async def _leader_for(
         self, topic: str, partition: int, current_leader_epoch: int
     ) -> tuple[HostedPartition | None, LeaderState | None, ErrorCode]:
-        hosted = self.manager.partitions.get((topic, partition))
+        key = (topic, partition)
+        hosted = self.replicas.partitions.get(key)
+        if hosted is not None and hosted.log_cut is not None:
+            await hosted.wait_for_log_cut()  # a truncation is cutting the log in a thread
+            hosted = self.replicas.partitions.get(key)
         leader = None if hosted is None else hosted.replica.leader
         if hosted is None or leader is None:
-            return None, None, self.manager.not_leader_error(topic, partition)
+            return None, None, self.replicas.not_leader_error(topic, partition)
         return hosted, leader, check_leader_epoch(leader, current_leader_epoch)
 
     # ------------------------------------------------------------------ consumers
@@ -80,14 +82,14 @@ class ReadPaths:
         topic: str,
         partition: int,
         fetch_offset: int,
-        max_bytes: int,
+        partition_max_bytes: int,
         current_leader_epoch: int,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> FetchResult:
         """Whole batches from fetch_offset, never past the HW (no transactions: LSO = HW)."""
-        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
-            hint = self.manager.leader_hint(topic, partition) if leader is None else None
+            hint = self.replicas.leader_hint(topic, partition) if leader is None else None
             return FetchResult(error, current_leader=hint)
         partition_log = hosted.log
         high_watermark = leader.high_watermark
@@ -105,7 +107,7 @@ class ReadPaths:
             )
         if fetch_offset >= high_watermark:
             return base
-        max_bytes = max(0, min(max_bytes, self.manager.config.fetch_max_bytes))
+        max_bytes = max(0, min(partition_max_bytes, self.replicas.config.fetch_max_bytes))
         try:
             result = partition_log.read(fetch_offset, max_bytes, max_offset=high_watermark)
         except OffsetOutOfRangeError:
@@ -133,7 +135,7 @@ class ReadPaths:
         current_leader_epoch: int,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> ListOffsetsResult:
-        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             return ListOffsetsResult(error)
         partition_log = hosted.log
@@ -162,7 +164,7 @@ class ReadPaths:
         leader_epoch: int,
     ) -> EpochEndOffset:
         """KIP-279/320: the largest epoch <= leader_epoch and where it ends in our log."""
-        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             return EpochEndOffset(error)
         epoch, end_offset = hosted.log.end_offset_for_epoch(leader_epoch)
@@ -172,15 +174,15 @@ class ReadPaths:
     async def handle_replica_fetch(self, body: dict) -> dict:
         """The leader side of replica.fetch: validate, maybe park, answer with records."""
         request = decode_request(body)
-        now_ms = self.manager.clock_ms()
+        now_ms = self.replicas.clock_ms()
         answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
         reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]] = []
         for item in request.partitions:
             key = (item.topic, item.partition)
-            hosted = self.manager.partitions.get(key)
+            hosted = self.replicas.partitions.get(key)
             leader = None if hosted is None else hosted.replica.leader
             if hosted is None or leader is None:
-                answers[key] = _refusal(item, self.manager.not_leader_error(*key))
+                answers[key] = _refusal(item, self.replicas.not_leader_error(*key))
                 continue
             decision = leader.on_follower_fetch(
                 now_ms=now_ms,
@@ -189,14 +191,14 @@ class ReadPaths:
                 last_fetched_epoch=item.last_fetched_epoch,
                 current_leader_epoch=item.leader_epoch,
             )
-            self.manager.handle_effects(hosted, decision.effects)
+            self.replicas.handle_effects(hosted, decision.effects)
             if decision.outcome is FetchOutcome.READ:
                 reads.append((item, hosted, leader))
             else:
                 answers[key] = _answer_without_records(item, decision)
         if reads and not answers and not _has_data(reads) and request.max_wait_ms > 0:
             await self._park(
-                reads, min(request.max_wait_ms, self.manager.config.replica_fetch_wait_max_ms)
+                reads, min(request.max_wait_ms, self.replicas.config.replica_fetch_wait_max_ms)
             )
         answers.update(await self._read_for_replicas(reads))
         return encode_response([answers[(p.topic, p.partition)] for p in request.partitions])
@@ -226,7 +228,7 @@ class ReadPaths:
                 return
 
     def _moved(self, reads: list[ReplicaRead]) -> bool:
-        partitions = self.manager.partitions
+        partitions = self.replicas.partitions
         return any(
             partitions.get(h.key) is not h or h.replica.leader is not leader
             for _, h, leader in reads
@@ -239,18 +241,19 @@ class ReadPaths:
         answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
         regions: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState, Any]] = []
         budget_bytes = (
-            self.manager.config.internal_frame_max_bytes - REPLICA_FETCH_FRAME_OVERHEAD_BYTES
+            self.replicas.config.internal_frame_max_bytes - REPLICA_FETCH_FRAME_OVERHEAD_BYTES
         )
         for item, hosted, leader in reads:
             key = (item.topic, item.partition)
+            await hosted.wait_for_log_cut()
             # The leadership this fetch was validated against may have ended while it was parked.
             if (
-                self.manager.partitions.get(key) is not hosted
+                self.replicas.partitions.get(key) is not hosted
                 or hosted.replica.leader is not leader
             ):
                 answers[key] = _refusal(item, ErrorCode.not_leader_or_follower)
                 continue
-            max_bytes = max(0, min(self.manager.config.replica_fetch_max_bytes, budget_bytes))
+            max_bytes = max(0, min(self.replicas.config.replica_fetch_max_bytes, budget_bytes))
             try:
                 result = hosted.log.read(item.fetch_offset, max_bytes, min_one_batch=not regions)
             except OffsetOutOfRangeError:

@@ -63,7 +63,7 @@ def leader_of(cluster: Cluster, topic: str) -> int:
 
 async def send(cluster: Cluster, topic: str, data: bytes):
     manager = cluster.managers[leader_of(cluster, topic)]
-    return await manager.produce(topic, 0, data, -1, 10_000)
+    return await manager.writes.produce(topic, 0, data, -1, 10_000)
 
 
 def headers(cluster: Cluster, broker_id: int, topic: str) -> list:
@@ -88,9 +88,9 @@ async def test_leader_stamps_append_time_and_followers_keep_its_bytes(tmp_path: 
         first_ms = wall_clock_ms()
         second_ms = first_ms + 10_000
         sent = old_batch()
-        leader.wall_clock_ms = lambda: first_ms
+        leader.replicas.wall_clock_ms = lambda: first_ms
         first = await send(cluster, STAMPED, sent)
-        leader.wall_clock_ms = lambda: second_ms
+        leader.replicas.wall_clock_ms = lambda: second_ms
         second = await send(cluster, STAMPED, old_batch(2))
         assert (first.error, first.base_offset, first.log_append_time_ms) == (
             ErrorCode.none,
@@ -125,11 +125,11 @@ async def test_leader_stamps_append_time_and_followers_keep_its_bytes(tmp_path: 
             assert plog is not None
             assert plog.active_segment.time_index.max_timestamp() == second_ms, broker_id
         by_time = [
-            (await leader.list_offset(STAMPED, 0, ts, -1)).offset
+            (await leader.reads.list_offset(STAMPED, 0, ts, -1)).offset
             for ts in (OLD_CREATE_TIME_MS, first_ms, first_ms + 1, second_ms, second_ms + 1)
         ]
         assert by_time == [0, 0, 3, 3, -1]
-        found = await leader.list_offset(STAMPED, 0, first_ms + 1, -1)
+        found = await leader.reads.list_offset(STAMPED, 0, first_ms + 1, -1)
         assert found.timestamp_ms == second_ms
 
         # The topic next door keeps CreateTime: no stamp, no log_append_time in the answer.
@@ -148,10 +148,10 @@ async def test_a_retried_batch_is_answered_with_its_original_append_time(tmp_pat
         await create_stamped_topic(cluster)
         leader = cluster.managers[leader_of(cluster, STAMPED)]
         original_ms = wall_clock_ms()
-        leader.wall_clock_ms = lambda: original_ms
+        leader.replicas.wall_clock_ms = lambda: original_ms
         first = await send(cluster, STAMPED, old_batch(pid=77, seq=0))
         assert (first.error, first.log_append_time_ms) == (ErrorCode.none, original_ms)
-        leader.wall_clock_ms = lambda: original_ms + 5_000
+        leader.replicas.wall_clock_ms = lambda: original_ms + 5_000
         retry = await send(cluster, STAMPED, old_batch(pid=77, seq=0))
         assert (retry.error, retry.base_offset, retry.log_append_time_ms) == (
             ErrorCode.none,

@@ -114,7 +114,7 @@ class Cluster:
             target = self.managers.get(leader_id)
             if source in self.paused or target is None:
                 raise ConnectionError(f"broker {source} cannot reach broker {leader_id}")
-            reply = await target.handle_replica_fetch(_wire(body))
+            reply = await target.reads.handle_replica_fetch(_wire(body))
             if source in self.paused:  # cut while the fetch was parked: the answer is lost
                 raise ConnectionError(f"broker {source} lost the answer of broker {leader_id}")
             return _wire(reply)
@@ -247,7 +247,7 @@ def followers(cluster: Cluster) -> list[int]:
 
 async def produce(cluster: Cluster, acks: int = -1, count: int = 3, leader: int | None = None):
     leader_id = cluster.leader_id if leader is None else leader
-    return await cluster.managers[leader_id].produce(TOPIC, 0, batch(count), acks, 10_000)
+    return await cluster.managers[leader_id].writes.produce(TOPIC, 0, batch(count), acks, 10_000)
 
 
 def last_offsets(records: bytes) -> list[int]:
@@ -255,7 +255,7 @@ def last_offsets(records: bytes) -> list[int]:
 
 
 async def read_consumer(manager: ReplicaManager, offset: int = 0) -> tuple[Any, bytes]:
-    result = await manager.fetch(TOPIC, 0, offset, 1 << 20, -1)
+    result = await manager.reads.fetch(TOPIC, 0, offset, 1 << 20, -1)
     data = b"".join(trio_read(r) for r in result.records)
     return result, data
 
@@ -270,7 +270,7 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
         cluster = await start_cluster(tmp_path, nursery)
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
-        event = leader.data_event(TOPIC, 0)
+        event = leader.replicas.data_event(TOPIC, 0)
         for i in range(5):
             result = await produce(cluster)
             assert result.error == ErrorCode.none, result
@@ -289,8 +289,8 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
         assert last_offsets(data) == [2, 5, 8, 11, 14]
         empty, _ = await read_consumer(leader, 15)
         assert empty.error == ErrorCode.none and not empty.records
-        latest = await leader.list_offset(TOPIC, 0, LATEST_TIMESTAMP, -1)
-        earliest = await leader.list_offset(TOPIC, 0, EARLIEST_TIMESTAMP, -1)
+        latest = await leader.reads.list_offset(TOPIC, 0, LATEST_TIMESTAMP, -1)
+        earliest = await leader.reads.list_offset(TOPIC, 0, EARLIEST_TIMESTAMP, -1)
         assert (latest.offset, earliest.offset) == (15, 0)
 
         cluster.paused.clear()
@@ -301,16 +301,16 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
             assert cluster.log_bytes(broker_id) == expected, broker_id
 
         epoch = cluster.partition().leader_epoch
-        end = await leader.offset_for_leader_epoch(TOPIC, 0, epoch, epoch)
+        end = await leader.reads.offset_for_leader_epoch(TOPIC, 0, epoch, epoch)
         assert (end.leader_epoch, end.end_offset) == (epoch, 18)
         follower = cluster.managers[followers(cluster)[0]]
-        refused = await follower.fetch(TOPIC, 0, 0, 1024, -1)
+        refused = await follower.reads.fetch(TOPIC, 0, 0, 1024, -1)
         assert refused.error == ErrorCode.not_leader_or_follower
         assert refused.current_leader is not None
         assert refused.current_leader.leader_id == cluster.leader_id
-        not_led = await follower.produce(TOPIC, 0, batch(1), -1, 1000)
+        not_led = await follower.writes.produce(TOPIC, 0, batch(1), -1, 1000)
         assert not_led.error == ErrorCode.not_leader_or_follower
-        ahead = await leader.fetch(TOPIC, 0, 0, 1024, epoch + 1)
+        ahead = await leader.reads.fetch(TOPIC, 0, 0, 1024, epoch + 1)
         assert ahead.error == ErrorCode.unknown_leader_epoch
         await cluster.stop_all()
 
@@ -408,7 +408,7 @@ async def test_deleted_topic_removes_replicas_and_data(tmp_path: Path) -> None:
         await cluster.settle()
         assert not any(d.exists() for d in directories)
         assert not any(list(d.parent.glob("*-delete")) for d in directories)
-        result = await cluster.managers[1].produce(TOPIC, 0, batch(1), -1, 1000)
+        result = await cluster.managers[1].writes.produce(TOPIC, 0, batch(1), -1, 1000)
         assert result.error == ErrorCode.unknown_topic_or_partition
         await cluster.stop_all()
 
@@ -457,7 +457,7 @@ async def test_acks_zero_and_one_answer_after_the_local_append(tmp_path: Path, a
         assert leader_log is not None
         if acks == 1:  # flush_policy=always: acks=1 means on the leader's disk
             assert leader_log.flushed_offset >= 3
-        bad = await cluster.managers[leader_id].produce(TOPIC, 0, b"\x00" * 70, acks, 1000)
+        bad = await cluster.managers[leader_id].writes.produce(TOPIC, 0, b"\x00" * 70, acks, 1000)
         assert bad.error == ErrorCode.corrupt_message
         cluster.paused.clear()
         await wait_until("replicas in sync", cluster.in_sync)

@@ -39,7 +39,7 @@ def idempotent(seq: int, count: int = 2, *, epoch: int = 0, pid: int = PID) -> b
 
 async def send(cluster: Cluster, data: bytes, acks: int = -1, leader: int | None = None):
     leader_id = cluster.leader_id if leader is None else leader
-    return await cluster.managers[leader_id].produce(TOPIC, 0, data, acks, 10_000)
+    return await cluster.managers[leader_id].writes.produce(TOPIC, 0, data, acks, 10_000)
 
 
 def values(cluster: Cluster, broker_id: int) -> list[bytes]:
@@ -51,7 +51,7 @@ def values(cluster: Cluster, broker_id: int) -> list[bytes]:
 
 
 def table_matches_log(cluster: Cluster, broker_id: int) -> bool:
-    hosted = cluster.managers[broker_id].partitions[(TOPIC, 0)]
+    hosted = cluster.managers[broker_id].replicas.partitions[(TOPIC, 0)]
     if not hosted.producers.loaded:
         return False
     fresh = rebuild(hosted.log, hosted.log.directory / "no-such-dir")
@@ -137,7 +137,9 @@ async def test_truncated_tail_leaves_no_producer_state_behind(tmp_path: Path) ->
             await wait_until(
                 f"broker {broker_id}'s table", lambda b=broker_id: table_matches_log(cluster, b)
             )
-        entry = cluster.managers[old_leader].partitions[(TOPIC, 0)].producers.table.get(PID)
+        entry = (
+            cluster.managers[old_leader].replicas.partitions[(TOPIC, 0)].producers.table.get(PID)
+        )
         assert entry is not None and entry.last_seq == 6
         await cluster.stop_all()
 
@@ -155,7 +157,7 @@ async def test_restart_recovers_producer_state_from_its_snapshot(tmp_path: Path)
         assert [o for o, _ in list_snapshots(directory)] == [6]
         # Nothing fenced it (the in-test controller has no session timeout): it leads again.
         await cluster.start(leader_id)
-        hosted = cluster.managers[leader_id].partitions[(TOPIC, 0)]
+        hosted = cluster.managers[leader_id].replicas.partitions[(TOPIC, 0)]
         await wait_until("the producer state to load", lambda: hosted.producers.loaded)
         assert hosted.producers.table.get(PID) is not None
         assert cluster.leader_id == leader_id
@@ -177,11 +179,11 @@ async def test_segment_rolls_snapshot_the_producer_state_on_every_replica(tmp_pa
         leader_id = cluster.image.topic(small).partitions[0].leader  # type: ignore[union-attr]
         leader = cluster.managers[leader_id]
         for seq in range(0, 12, 2):
-            result = await leader.produce(small, 0, idempotent(seq), -1, 10_000)
+            result = await leader.writes.produce(small, 0, idempotent(seq), -1, 10_000)
             assert result.error == ErrorCode.none, result
 
         def snapshotted(broker_id: int) -> bool:
-            hosted = cluster.managers[broker_id].partitions[(small, 0)]
+            hosted = cluster.managers[broker_id].replicas.partitions[(small, 0)]
             offsets = [o for o, _ in list_snapshots(hosted.log.directory)]
             return bool(offsets) and all(0 < o <= hosted.log.log_end_offset for o in offsets)
 

@@ -73,7 +73,9 @@ async def test_deleting_a_wide_topic_never_stalls_the_event_loop(tmp_path: Path)
             await cluster.settle()  # creation happens in worker threads too
             for index in range(0, WIDE_PARTITIONS, 7):
                 leader = cluster.image.topic(WIDE).partitions[index].leader  # type: ignore[union-attr]
-                result = await cluster.managers[leader].produce(WIDE, index, batch(3), 1, 10_000)
+                result = await cluster.managers[leader].writes.produce(
+                    WIDE, index, batch(3), 1, 10_000
+                )
                 assert result.error == ErrorCode.none, result
             directories = topic_dirs(tmp_path, WIDE)
             assert len(directories) == 3 * WIDE_PARTITIONS
@@ -97,7 +99,7 @@ async def test_delete_and_recreate_of_one_name_run_in_order(tmp_path: Path) -> N
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
         leader = cluster.managers[cluster.leader_id]
-        assert (await leader.produce(TOPIC, 0, batch(5), -1, 10_000)).error == ErrorCode.none
+        assert (await leader.writes.produce(TOPIC, 0, batch(5), -1, 10_000)).error == ErrorCode.none
         old_id = cluster.image.topic(TOPIC).topic_id  # type: ignore[union-attr]
         # Delete, re-create, delete and re-create again without a pause: every manager
         # queues the four jobs for "orders-0" and runs them in order.
@@ -113,10 +115,12 @@ async def test_delete_and_recreate_of_one_name_run_in_order(tmp_path: Path) -> N
             assert status.log_end_offset == 0, status  # nothing of the old topic survived
             directory = tmp_path / f"broker-{broker_id}" / f"{TOPIC}-0"
             assert read_topic_id(directory) == new_id
-            assert cluster.managers[broker_id].partitions[(TOPIC, 0)].topic_id == new_id
+            assert cluster.managers[broker_id].replicas.partitions[(TOPIC, 0)].topic_id == new_id
         assert leftovers(tmp_path) == []
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
-        result = await cluster.managers[cluster.leader_id].produce(TOPIC, 0, batch(2), -1, 10_000)
+        result = await cluster.managers[cluster.leader_id].writes.produce(
+            TOPIC, 0, batch(2), -1, 10_000
+        )
         assert result.error == ErrorCode.none and result.base_offset == 0, result
         await cluster.stop_all()
 
@@ -138,7 +142,7 @@ async def test_stray_logs_go_only_once_the_restarted_broker_is_caught_up(
         await cluster.settle()
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
-        assert (await leader.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
+        assert (await leader.writes.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
         await wait_until("replicas in sync", lambda: cluster.in_sync())
         old_orders_id = cluster.image.topic(TOPIC).topic_id  # type: ignore[union-attr]
 
@@ -178,7 +182,7 @@ async def test_stray_logs_go_only_once_the_restarted_broker_is_caught_up(
         assert not (root / "gone-0").exists()
         assert not (root / "elsewhere-1").exists()
         assert (root / "kept-0").is_dir() and (root / f"{TOPIC}-0").is_dir()
-        assert ("kept", 0) in manager.partitions
+        assert ("kept", 0) in manager.replicas.partitions
         assert leftovers(tmp_path) == []
         strays = [r.getMessage() for r in caplog.records if "stray log" in r.getMessage()]
         assert len(strays) == 2, strays
@@ -210,7 +214,7 @@ async def test_a_log_of_another_topic_id_is_held_until_the_broker_is_caught_up(
         cluster = await start_cluster(tmp_path, nursery)
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
-        assert (await leader.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
+        assert (await leader.writes.produce(TOPIC, 0, batch(3), -1, 10_000)).error == ErrorCode.none
         await wait_until("replicas in sync", lambda: cluster.in_sync())
         old_id = cluster.image.topic(TOPIC).topic_id  # type: ignore[union-attr]
         await cluster.stop(restarted)
@@ -224,14 +228,14 @@ async def test_a_log_of_another_topic_id_is_held_until_the_broker_is_caught_up(
         cluster.register(restarted)
         manager = await cluster.start(restarted)
         await cluster.settle()
-        assert (TOPIC, 0) not in manager.partitions
+        assert (TOPIC, 0) not in manager.replicas.partitions
         assert read_topic_id(root / f"{TOPIC}-0") == old_id
         assert manager.log_manager.get(TOPIC, 0) is not None
 
         cluster.heartbeat(restarted)  # unfenced: caught up
         await cluster.settle()
         assert read_topic_id(root / f"{TOPIC}-0") == new_id
-        assert manager.partitions[(TOPIC, 0)].topic_id == new_id
+        assert manager.replicas.partitions[(TOPIC, 0)].topic_id == new_id
         assert manager.partition_states()[(TOPIC, 0)].log_end_offset == 0
         assert leftovers(tmp_path) == []
         await cluster.stop_all()

@@ -35,7 +35,7 @@ async def test_one_fetcher_per_leader_batches_all_its_partitions(tmp_path: Path)
         leaders = {index: state.leader for index, state in topic.partitions.items()}
         for index, leader_id in leaders.items():
             manager = cluster.managers[leader_id]
-            result = await manager.produce(WIDE, index, batch(2), -1, 10_000)
+            result = await manager.writes.produce(WIDE, index, batch(2), -1, 10_000)
             assert result.error == ErrorCode.none, (index, result)
         for broker_id in BROKERS:
             followed = {leaders[i] for i in leaders if leaders[i] != broker_id}
@@ -63,7 +63,7 @@ async def test_parked_replica_fetches_wake_on_new_data_not_on_a_timer(tmp_path: 
         cluster = await start_cluster(tmp_path, nursery, config=config)
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
         leader = cluster.managers[cluster.leader_id]
-        hosted = leader.partitions[(TOPIC, 0)]
+        hosted = leader.replicas.partitions[(TOPIC, 0)]
         await wait_until("both followers parked", lambda: len(hosted.waiters) == 2)
         with trio.fail_after(10):
             for i in range(3):
@@ -94,10 +94,14 @@ async def test_retention_never_passes_the_high_watermark(tmp_path: Path) -> None
         state = cluster.image.topic("short").partitions[0]  # type: ignore[union-attr]
         leader = cluster.managers[state.leader]
         for _ in range(4):  # old timestamps (ts 1000 ms): every closed segment is expired
-            assert (await leader.produce("short", 0, batch(2), -1, 10_000)).error == ErrorCode.none
+            assert (
+                await leader.writes.produce("short", 0, batch(2), -1, 10_000)
+            ).error == ErrorCode.none
         for follower_id in [b for b in BROKERS if b != state.leader]:
             cluster.paused.add(follower_id)
-        assert (await leader.produce("short", 0, batch(2), 1, 10_000)).error == ErrorCode.none
+        assert (
+            await leader.writes.produce("short", 0, batch(2), 1, 10_000)
+        ).error == ErrorCode.none
         status = leader.partition_states()[("short", 0)]
         assert (status.high_watermark, status.log_end_offset) == (8, 10)
         log = cluster.log_managers[state.leader].get("short", 0)
@@ -105,9 +109,9 @@ async def test_retention_never_passes_the_high_watermark(tmp_path: Path) -> None
         await leader.run_log_cleanup()
         status = leader.partition_states()[("short", 0)]
         assert 0 < status.log_start_offset <= status.high_watermark
-        earliest = await leader.list_offset("short", 0, EARLIEST_TIMESTAMP, -1)
+        earliest = await leader.reads.list_offset("short", 0, EARLIEST_TIMESTAMP, -1)
         assert earliest.offset == status.log_start_offset
-        gone = await leader.fetch("short", 0, 0, 1024, -1)
+        gone = await leader.reads.fetch("short", 0, 0, 1024, -1)
         assert gone.error == ErrorCode.offset_out_of_range
         cluster.paused.clear()
         await cluster.stop_all()
