@@ -5,7 +5,7 @@ from its committed image whenever the quotas in it change, so all brokers enforc
 quotas within one metadata fetch of a change, and they survive restarts with the log.
 
 The node also serves `QuotaManager.usage()` over its internal RPC ("quotas.usage"), as rows
-of plain values so msgpack carries them; `usage_rows` is that method.
+of plain values so msgpack carries them; `usage_rows` is that method, UsageRowWire its row.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from raftlog.codec import Array, Codec, Size
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.quotas.entity import (
     CONSUMER_BYTE_RATE,
@@ -36,16 +38,23 @@ MIN_FETCH_QUOTA_MAX_BYTES = 1024
 # What a stored quota of 0 is enforced as (1 byte/s, 1 %, 1 mutation/s).
 SMALLEST_QUOTA = 1.0
 
-# Field order of one "quotas.usage" row (msgpack carries lists, not objects).
-USAGE_FIELDS = (
-    "quota_key",
-    "user",
-    "client_id",
-    "entity",
-    "quota",
-    "rate",
-    "throttle_time_total_ms",
-)
+
+@dataclass(frozen=True, slots=True)
+class UsageRowWire:
+    """One row of the "quotas.usage" answer (a list of its fields, in this order)."""
+
+    __wire__: ClassVar[Array] = Array()
+    quota_key: str
+    user: str
+    client_id: str
+    entity: tuple[tuple[str, str | None], ...]
+    quota: float
+    rate: float
+    throttle_time_total_ms: Size
+
+
+UsageWire = tuple[UsageRowWire, ...]
+USAGE_CODEC = Codec()
 
 
 class BrokerQuotas:
@@ -109,23 +118,27 @@ class BrokerQuotas:
 
     # ------------------------------------------------------------------ usage
     async def usage_rows(self, _body: Any = None) -> list[list[Any]]:
-        """The "quotas.usage" RPC: one list per tracked sensor, fields as USAGE_FIELDS."""
+        """The "quotas.usage" RPC: one UsageRowWire per tracked sensor."""
         return usage_to_wire(self.manager.usage(self._clock_ms()))
 
 
 def usage_to_wire(rows: Sequence[QuotaUsage]) -> list[list[Any]]:
-    return [
-        [
-            row.quota_key,
-            row.user,
-            row.client_id,
-            [list(component) for component in row.entity.components],
-            row.quota,
-            row.rate,
-            row.throttle_time_total_ms,
-        ]
-        for row in rows
-    ]
+    wire: list[list[Any]] = USAGE_CODEC.to_wire(
+        tuple(
+            UsageRowWire(
+                row.quota_key,
+                row.user,
+                row.client_id,
+                row.entity.components,
+                row.quota,
+                row.rate,
+                row.throttle_time_total_ms,
+            )
+            for row in rows
+        ),
+        UsageWire,
+    )
+    return wire
 
 
 def _usable_table(quotas: Any) -> dict[QuotaEntity, dict[str, float]]:

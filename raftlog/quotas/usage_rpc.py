@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from raftlog.net.rpc import PeerClient
-from raftlog.quotas.broker_hook import USAGE_FIELDS
+from raftlog.quotas.broker_hook import USAGE_CODEC, UsageWire
 from raftlog.quotas.entity import QuotaEntity
 
 USAGE_METHOD = "quotas.usage"
@@ -34,27 +34,22 @@ class UsageRow:
     throttle_time_total_ms: int
 
 
-def rows_from_wire(node_id: int, wire: list[list[Any]]) -> list[UsageRow]:
-    """Decode the RPC answer; raises ValueError on a row of the wrong shape."""
-    rows = []
-    for item in wire:
-        if not isinstance(item, list | tuple) or len(item) != len(USAGE_FIELDS):
-            raise ValueError(f"quota usage row of the wrong shape: {item!r}")
-        fields = dict(zip(USAGE_FIELDS, item, strict=True))
-        entity = QuotaEntity.of(tuple(component) for component in fields["entity"])
-        rows.append(
-            UsageRow(
-                node_id=node_id,
-                quota_key=str(fields["quota_key"]),
-                user=str(fields["user"]),
-                client_id=str(fields["client_id"]),
-                entity=entity,
-                quota=float(fields["quota"]),
-                rate=float(fields["rate"]),
-                throttle_time_total_ms=int(fields["throttle_time_total_ms"]),
-            )
+def rows_from_wire(node_id: int, wire: Any) -> list[UsageRow]:
+    """Decode the RPC answer; raises DecodeError (a ValueError) on a row of the wrong shape."""
+    rows: UsageWire = USAGE_CODEC.from_wire(UsageWire, wire)
+    return [
+        UsageRow(
+            node_id=node_id,
+            quota_key=row.quota_key,
+            user=row.user,
+            client_id=row.client_id,
+            entity=QuotaEntity.of(row.entity),
+            quota=row.quota,
+            rate=row.rate,
+            throttle_time_total_ms=row.throttle_time_total_ms,
         )
-    return rows
+        for row in rows
+    ]
 
 
 async def fetch_usage(node_id: int, host: str, port: int, timeout_s: float = 5.0) -> list[UsageRow]:

@@ -3,6 +3,7 @@ the per-fetch cap, mutation outcomes and the msgpack-able "quotas.usage" rows.""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import SimpleNamespace
 
 import msgpack
@@ -12,8 +13,8 @@ from raftlog.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaEntity, 
 from raftlog.quotas.broker_hook import (
     MIN_FETCH_QUOTA_MAX_BYTES,
     SMALLEST_QUOTA,
-    USAGE_FIELDS,
     BrokerQuotas,
+    UsageRowWire,
 )
 
 
@@ -96,7 +97,7 @@ async def test_usage_rows_survive_msgpack() -> None:
     clock.now_ms = 1000
     rows = msgpack.unpackb(msgpack.packb(await hook.usage_rows(None)))
     assert len(rows) == 1
-    row = dict(zip(USAGE_FIELDS, rows[0], strict=True))
+    row = dict(zip([f.name for f in fields(UsageRowWire)], rows[0], strict=True))
     assert row["quota_key"] == PRODUCER_BYTE_RATE
     assert (row["user"], row["client_id"]) == ("ANONYMOUS", "")
     assert row["entity"] == [["user", None]]
