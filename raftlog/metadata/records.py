@@ -47,7 +47,9 @@ __all__ = [
     "RemoveTopic",
     "Topic",
     "UnfenceBroker",
+    "decode_entry",
     "decode_record",
+    "encode_entry",
     "encode_record",
 ]
 
@@ -257,6 +259,12 @@ AnyRecord = (
 CODEC = Codec()
 
 
+# One Raft entry of the metadata log: the encoded records of one controller result, which
+# are applied together (docs/metadata.md).
+EncodedRecord = Annotated[bytes, MaxLen(MAX_RECORD_BYTES)]
+EntryRecords = tuple[EncodedRecord, ...]
+
+
 def encode_record(record: Record) -> bytes:
     """Encode one record as msgpack ``[type_id, version, fields...]``."""
     return CODEC.encode(record, AnyRecord)
@@ -289,3 +297,23 @@ def decode_record(data: bytes) -> Record:
     except DecodeError as exc:
         raise RecordDecodeError(str(exc)) from None
     return record
+
+
+def encode_entry(records: tuple[Record, ...] | list[Record]) -> bytes:
+    """One Raft entry holding a controller result's records (applied atomically)."""
+    return CODEC.encode(tuple(encode_record(rec) for rec in records), EntryRecords)
+
+
+def decode_entry(data: bytes) -> list[Record]:
+    """The records of one entry; a RecordDecodeError says which record (index) is bad."""
+    try:
+        items: EntryRecords = CODEC.decode(EntryRecords, data)
+    except DecodeError as exc:
+        raise RecordDecodeError(f"metadata entry is not a list of encoded records: {exc}") from None
+    records = []
+    for index, item in enumerate(items):
+        try:
+            records.append(decode_record(item))
+        except RecordDecodeError as exc:
+            raise RecordDecodeError(f"record {index} of {len(items)}: {exc.message}") from None
+    return records

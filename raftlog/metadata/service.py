@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
 import trio
 
 from raftlog.config import NodeConfig
@@ -45,28 +44,6 @@ MAX_RECORDS_PER_ENTRY = 2_000
 ImageListener = Callable[[MetadataImage, MetadataDelta], None]
 
 
-def encode_entry(records: tuple[r.Record, ...] | list[r.Record]) -> bytes:
-    """One Raft entry holding a controller result's records (applied atomically)."""
-    return msgpack.packb([r.encode_record(rec) for rec in records], use_bin_type=True)
-
-
-def decode_entry(data: bytes) -> list[r.Record]:
-    """The records of one entry; a RecordDecodeError says which record (index) is bad."""
-    try:
-        items = msgpack.unpackb(data, use_list=True, raw=False)
-    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
-        raise r.RecordDecodeError(f"metadata entry is not valid msgpack: {exc}") from None
-    if not isinstance(items, list):
-        raise r.RecordDecodeError("metadata entry is not a list of records")
-    records = []
-    for index, item in enumerate(items):
-        try:
-            records.append(r.decode_record(item))
-        except r.RecordDecodeError as exc:
-            raise r.RecordDecodeError(f"record {index} of {len(items)}: {exc.message}") from None
-    return records
-
-
 class CommittedMetadataError(RaftlogError):
     """A committed metadata entry this node cannot decode or apply.
 
@@ -88,7 +65,7 @@ class _EntryBatch:
 
     def propose(self, quorum: QuorumDriver) -> None:
         try:
-            self.offset, self.epoch = quorum.propose(encode_entry(self.records))
+            self.offset, self.epoch = quorum.propose(r.encode_entry(self.records))
         except NotLeader as exc:
             self.not_leader = exc
         except Overloaded:
@@ -157,7 +134,7 @@ class MetadataService:
                 self._on_epoch_start(entry)
                 continue
             try:
-                pending.extend(decode_entry(entry.data))
+                pending.extend(r.decode_entry(entry.data))
             except r.RecordDecodeError as exc:
                 # A committed entry this node cannot read is a version skew or a bug; applying
                 # the rest would diverge the image, so stop applying loudly.

@@ -8,7 +8,7 @@ Layout (big-endian):
     epoch      i32      Raft epoch of that offset
     body_len   u32      bytes of body
     crc32c     u32      CRC32C of everything above (without this field) and the body
-    body       msgpack  [cluster_id, [encoded record, ...]]
+    body       msgpack  [cluster_id, [encoded record, ...]]   (SnapshotBody)
 
 Records rather than a dump of the image's internals: the record format is already versioned
 and decoded with checks, and replaying records through `MetadataImage.apply` means a snapshot
@@ -18,10 +18,12 @@ can only produce an image the log could also have produced.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 import crc32c
-import msgpack
 
+from raftlog.codec import Array, MaxLen
 from raftlog.errors import CorruptRecordError
 from raftlog.metadata import records as r
 from raftlog.metadata.image import MetadataApplyError, MetadataImage
@@ -41,6 +43,16 @@ _HEADER = struct.Struct(">4sHqiI")  # magic, version, offset, epoch, body_len
 _CRC = struct.Struct(">I")
 # Bounds what a damaged length field can make us allocate or parse.
 MAX_SNAPSHOT_BYTES = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotBody:
+    __wire__: ClassVar[Array] = Array()
+    cluster_id: str
+    # A record takes more than one byte, so the body's size bounds their number.
+    records: Annotated[
+        tuple[Annotated[bytes, MaxLen(r.MAX_RECORD_BYTES)], ...], MaxLen(MAX_SNAPSHOT_BYTES)
+    ]
 
 
 class SnapshotCorruptError(CorruptRecordError):
@@ -92,9 +104,8 @@ def image_records(image: MetadataImage) -> list[r.Record]:
 
 
 def encode_snapshot(image: MetadataImage) -> bytes:
-    body = msgpack.packb(
-        [image.cluster_id, [r.encode_record(rec) for rec in image_records(image)]],
-        use_bin_type=True,
+    body = r.CODEC.encode(
+        SnapshotBody(image.cluster_id, tuple(r.encode_record(rec) for rec in image_records(image)))
     )
     header = _HEADER.pack(
         MAGIC, SNAPSHOT_VERSION, image.last_applied_offset, image.last_applied_epoch, len(body)
@@ -130,13 +141,11 @@ def decode_snapshot(data: bytes) -> MetadataImage:
             f"snapshot CRC32C mismatch: stored {stored_crc:#010x}, computed {actual_crc:#010x}"
         )
     try:
-        cluster_id, encoded = msgpack.unpackb(body, raw=False)
-        if not isinstance(cluster_id, str) or not isinstance(encoded, list):
-            raise ValueError("body must be [cluster_id, [records]]")
-        records = [r.decode_record(item) for item in encoded]
-        image, _ = MetadataImage.empty(cluster_id).apply(records, offset, epoch)
+        decoded: SnapshotBody = r.CODEC.decode(SnapshotBody, body)
+        records = [r.decode_record(item) for item in decoded.records]
+        image, _ = MetadataImage.empty(decoded.cluster_id).apply(records, offset, epoch)
     except CorruptRecordError as exc:  # its message without the error code's name
         raise SnapshotCorruptError(f"snapshot body is damaged: {exc.message}") from None
-    except (ValueError, TypeError, MetadataApplyError) as exc:
+    except (ValueError, MetadataApplyError) as exc:  # DecodeError is a ValueError
         raise SnapshotCorruptError(f"snapshot body is damaged: {exc}") from None
     return image

@@ -392,7 +392,7 @@ def write_metadata_dir(data_dir: Path) -> None:
     """A node's metadata directory as the code of today writes it: log, then a snapshot."""
     from raftlog.metadata.raft.log_store import MetadataLogStore
     from raftlog.metadata.raft.types import Snapshot
-    from raftlog.metadata.service import encode_entry
+    from raftlog.metadata.records import encode_entry
     from raftlog.metadata.snapshot import encode_snapshot
 
     store = MetadataLogStore(data_dir, now_ms=METADATA_NOW_MS)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from raftlog.metadata.raft.log_store import MetadataLogStore
-from raftlog.metadata.service import decode_entry
+from raftlog.metadata.records import decode_entry
 from raftlog.metadata.snapshot import decode_snapshot
 from tests.golden import samples
 

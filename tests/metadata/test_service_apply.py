@@ -9,7 +9,8 @@ from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import RaftConfig
-from raftlog.metadata.service import MetadataService, encode_entry
+from raftlog.metadata.records import encode_entry
+from raftlog.metadata.service import MetadataService
 
 NO_OP = RaftConfig().leader_change_payload
 

@@ -12,7 +12,8 @@ from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
 from raftlog.metadata import service as service_module
 from raftlog.metadata.raft.types import NotLeader
-from raftlog.metadata.service import MetadataService, NotControllerError, decode_entry
+from raftlog.metadata.records import decode_entry
+from raftlog.metadata.service import MetadataService, NotControllerError
 
 
 class FakeQuorum:
