@@ -295,7 +295,7 @@ class Cluster:
 
     async def create_topic(self) -> None:
         """Create the workload's topic; an existing one (a retry after a timeout) is fine."""
-        from raftlog.client.admin import Admin, NewTopic
+        from raftlog.client import Admin, NewTopic
         from raftlog.client.cluster import open_cluster
         from raftlog.errors import ErrorCode, KafkaError
 
@@ -303,7 +303,7 @@ class Cluster:
             self.opts.topic,
             self.opts.partitions,
             min(self.opts.replication_factor, self.opts.nodes),
-            self.opts.topic_configs(),
+            configs=self.opts.topic_configs(),
         )
         with trio.fail_after(ADMIN_TIMEOUT_S * 2):
             async with open_cluster(self._live_bootstrap()) as client:

@@ -9,6 +9,7 @@ finds it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,7 +33,6 @@ from raftlog.net.kafka.backend import (
     ConfigsResult,
     CreateTopicResult,
     DeleteTopicResult,
-    NewTopic,
     PartitionInfo,
     ProducerIdResult,
     QuorumInfo,
@@ -162,16 +162,13 @@ class BrokerBackend:
                 await self.metadata.wait_for_change()
 
     async def create_topics(
-        self, topics: Sequence[NewTopic], timeout_ms: int, validate_only: bool
+        self, topics: Sequence[cm.NewTopic], timeout_ms: int, validate_only: bool
     ) -> Sequence[CreateTopicResult]:
+        # A null config value (Kafka clients may send one) leaves the key at its default.
         request = cm.CreateTopics(
             tuple(
-                cm.NewTopic(
-                    t.name,
-                    t.num_partitions,
-                    t.replication_factor,
-                    {p: tuple(r) for p, r in t.assignments.items()} or None,
-                    {k: v for k, v in t.configs.items() if v is not None},
+                dataclasses.replace(
+                    t, configs={k: v for k, v in t.configs.items() if v is not None}
                 )
                 for t in topics
             ),

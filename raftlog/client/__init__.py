@@ -15,7 +15,6 @@ from raftlog.client.admin import (
     ClusterDescription,
     ConfigOp,
     ListedOffset,
-    NewTopic,
     QuotaMatch,
     ResourceType,
     TopicResult,
@@ -46,6 +45,7 @@ from raftlog.client.group_member import GroupMember
 from raftlog.client.member_state import GroupMemberError, MemberConfig
 from raftlog.client.producer import Producer, ProduceResult, murmur2, partition_for_key
 from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
+from raftlog.metadata.controller.messages import NewTopic
 
 __all__ = [
     "ACKS_ALL",

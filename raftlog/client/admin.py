@@ -17,6 +17,7 @@ from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
 from raftlog.client.protocol import error_of
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.quotas.entity import QuotaEntity, validate_alteration
 
 DEFAULT_ADMIN_TIMEOUT_MS = 30_000
@@ -41,14 +42,6 @@ class QuotaMatch(enum.IntEnum):
     EXACT = 0
     DEFAULT = 1
     ANY = 2
-
-
-@dataclass(frozen=True)
-class NewTopic:
-    name: str
-    num_partitions: int = -1  # -1: the broker's default
-    replication_factor: int = -1
-    configs: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,8 +92,11 @@ class Admin:
                     "name": t.name,
                     "num_partitions": t.num_partitions,
                     "replication_factor": t.replication_factor,
-                    "assignments": [],
-                    "configs": [{"name": k, "value": v} for k, v in (t.configs or {}).items()],
+                    "assignments": [
+                        {"partition_index": p, "broker_ids": list(r)}
+                        for p, r in (t.assignments or {}).items()
+                    ],
+                    "configs": [{"name": k, "value": v} for k, v in t.configs.items()],
                 }
                 for t in topics
             ],
@@ -383,7 +379,6 @@ __all__ = [
     "ClusterDescription",
     "ConfigOp",
     "ListedOffset",
-    "NewTopic",
     "PartitionInfo",
     "QuotaMatch",
     "ResourceType",

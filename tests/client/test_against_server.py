@@ -55,7 +55,7 @@ async def cluster(backend: MemoryBackend) -> AsyncIterator[Cluster]:
 async def test_topic_admin_round_trip(cluster: Cluster) -> None:
     admin = Admin(cluster)
     created = await admin.create_topics(
-        [NewTopic("events", 3, 1, {"retention.ms": "1000"}), NewTopic("logs", 1, 1)]
+        [NewTopic("events", 3, 1, configs={"retention.ms": "1000"}), NewTopic("logs", 1, 1)]
     )
     assert {name: r.error for name, r in created.items()} == {
         "events": ErrorCode.none,

@@ -12,7 +12,7 @@ import trio
 from jepsen.checker import check
 from jepsen.history import ASSIGN, CRASH, FINAL_POLL, POLL, SEND, Recorder
 from jepsen.workload import Workload, WorkloadOptions
-from raftlog.client.admin import Admin, NewTopic
+from raftlog.client import Admin, NewTopic
 from raftlog.client.cluster import open_cluster
 from tests.kafka.conftest import start_broker
 

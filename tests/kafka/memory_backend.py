@@ -20,6 +20,7 @@ import trio
 
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.backend import (
     AlterConfigOp,
     BrokerInfo,
@@ -34,7 +35,6 @@ from raftlog.net.kafka.backend import (
     IsolationLevel,
     LeaderHint,
     ListOffsetsResult,
-    NewTopic,
     PartitionInfo,
     ProduceResult,
     ProducerIdResult,

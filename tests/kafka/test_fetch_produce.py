@@ -73,7 +73,7 @@ def fetch_request(version: int, topic: str, offset: int, max_wait_ms=0, min_byte
 
 
 async def create_topic(broker: Broker, name: str) -> None:
-    from raftlog.net.kafka.backend import NewTopic
+    from raftlog.metadata.controller.messages import NewTopic
 
     await broker.backend.create_topics([NewTopic(name, 1)], 1000, False)
 

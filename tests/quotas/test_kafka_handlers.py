@@ -13,8 +13,8 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.apis import ApiKey
-from raftlog.net.kafka.backend import NewTopic
 from raftlog.net.kafka.codec import build, request_class
 from raftlog.net.kafka.handlers_util import to_ms
 from raftlog.net.kafka.server import serve

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.storage.segment import FileRegion
 
 # Kafka's special ListOffsets timestamps.
@@ -146,15 +147,6 @@ class EpochEndOffset:
 
 
 # ------------------------------------------------------------------------------ admin
-@dataclass(frozen=True)
-class NewTopic:
-    name: str
-    num_partitions: int = -1  # -1: broker default
-    replication_factor: int = -1  # -1: broker default
-    assignments: dict[int, list[int]] = field(default_factory=dict)  # partition -> replicas
-    configs: dict[str, str | None] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class ConfigEntry:
     name: str

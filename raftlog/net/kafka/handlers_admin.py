@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.backend import (
     AlterConfigOp,
     ConfigEntry,
@@ -14,7 +15,6 @@ from raftlog.net.kafka.backend import (
     ConfigsResult,
     CreateTopicResult,
     DeleteTopicResult,
-    NewTopic,
 )
 from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_util import guarded, log, to_ms
@@ -66,7 +66,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
             name=t.name,
             num_partitions=t.num_partitions,
             replication_factor=t.replication_factor,
-            assignments={a.partition_index: list(a.broker_ids) for a in t.assignments},
+            assignments={a.partition_index: tuple(a.broker_ids) for a in t.assignments} or None,
             configs={c.name: c.value for c in t.configs},
         )
         for t in request.topics
@@ -75,7 +75,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
     throttled = []
     admitted = []
     for t in new_topics:
-        partitions = len(t.assignments) or (
+        partitions = len(t.assignments or ()) or (
             t.num_partitions if t.num_partitions > 0 else ctx.config.num_partitions
         )
         if _partition_count(ctx, t.name):

@@ -8,8 +8,8 @@ from typing import Any
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.backend import (
-    NewTopic,
     ProduceResult,
     ProducerIdResult,
     ProducerInfo,
