@@ -19,6 +19,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import trio
 
@@ -29,7 +30,7 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.executor import execute_ready
 from raftlog.metadata.raft.log_store import MetadataLogStore
-from raftlog.metadata.raft.messages import Entry, Message, message_from_wire
+from raftlog.metadata.raft.messages import CODEC, AnyMessage, Entry, Message, RaftCast
 from raftlog.metadata.raft.types import (
     NotLeader,
     ProtocolViolation,
@@ -151,14 +152,14 @@ class QuorumDriver:
 
     # ---------------------------------------------------------------- inputs
     def receive(self, sender_id: int, body: list) -> None:
-        """RPC cast "raft": [message wire, reply host, reply port]."""
+        """RPC cast "raft": a RaftCast, [message wire, reply host, reply port]."""
         try:
-            wire, host, port = body
-            message = message_from_wire(wire)
-            reply_address = (str(host), int(port))
-        except (DecodeError, TypeError, ValueError) as exc:
+            received: RaftCast = CODEC.from_wire(RaftCast, body)
+        except DecodeError as exc:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
+        message = received.message
+        reply_address = (received.reply_host, received.reply_port)
         if sender_id not in self.voters:
             if sender_id not in self._observers and len(self._observers) >= MAX_OBSERVER_COUNT:
                 log.warning(
@@ -287,7 +288,8 @@ class QuorumDriver:
         if address is None:
             return
         host, port = self._internal_address
-        self.peers.peer(to_id, *address).cast("raft", [message.to_wire(), host, port])
+        wire = CODEC.to_wire(RaftCast(cast(AnyMessage, message), host, port))
+        self.peers.peer(to_id, *address).cast("raft", wire)
 
     def apply(self, committed: list[Entry], high_watermark: int) -> None:
         if committed:

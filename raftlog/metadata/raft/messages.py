@@ -14,13 +14,14 @@ the sender's current epoch, ``leader_id`` is the leader the sender knows for tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self
 
-from raftlog.codec import Array, Codec, Epoch, Int16, NodeId, Offset, Size
+from raftlog.codec import Array, Codec, Epoch, Int16, MaxLen, NodeId, Offset, Port, Size
 from raftlog.epochs import DivergingEpoch
 from raftlog.errors import ErrorCode
 
 __all__ = [
+    "AnyMessage",
     "BeginQuorumEpoch",
     "BeginQuorumEpochResponse",
     "DivergingEpoch",
@@ -32,6 +33,7 @@ __all__ = [
     "FetchSnapshot",
     "FetchSnapshotResponse",
     "Message",
+    "RaftCast",
     "SnapshotId",
     "Vote",
     "VoteResponse",
@@ -210,6 +212,17 @@ AnyMessage = (
     | FetchSnapshot
     | FetchSnapshotResponse
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RaftCast:
+    """The body of the "raft" RPC cast: a message and the internal address to answer at
+    (the only way a leader learns a non-voter's address)."""
+
+    __wire__: ClassVar[Array] = Array()
+    message: AnyMessage
+    reply_host: Annotated[str, MaxLen(255)]  # a DNS name has at most 253 characters
+    reply_port: Port
 
 
 def message_from_wire(wire: Any) -> Message:
