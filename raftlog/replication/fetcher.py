@@ -248,12 +248,18 @@ class ReplicaFetcher:
         return await flush_partitions(self.pool.flusher, appended) if appended else True
 
     def _unflushed(self) -> list[HostedPartition]:
-        """Followed partitions whose log holds unflushed data (a flush failed earlier)."""
+        """Followed partitions whose log holds unflushed data (a flush failed earlier), but
+        none whose log a truncation is cutting in a worker thread."""
         out = []
         for key in sorted(self.keys):
             hosted = self.pool.hosted(key)
             follower = None if hosted is None else hosted.replica.follower
-            if hosted is not None and follower is not None and follower.awaiting_flush:
+            if (
+                hosted is not None
+                and follower is not None
+                and follower.awaiting_flush
+                and not follower.awaiting_truncation
+            ):
                 out.append(hosted)
         return out
 

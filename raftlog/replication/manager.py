@@ -224,14 +224,18 @@ class ReplicaManager:
         replicas = self.replicas
 
         async def truncate() -> None:
-            # A snapshot write or a compaction in the directory finishes first.
-            async with hosted.producers.lock, hosted.disk_lock:
-                if not plog.closed:  # removed meanwhile: its directory is going
-                    await hosted.cut_log(functools.partial(self.work.run_sync, cut))
-            if hosted.replica.follower is follower:
-                follower.on_truncated(now_ms=replicas.clock_ms())
-            if must_reload:
-                replicas.spawn(self.reload_producers, hosted)
+            try:
+                # A snapshot write or a compaction in the directory finishes first.
+                async with hosted.producers.lock, hosted.disk_lock:
+                    if not plog.closed:  # removed meanwhile: its directory is going
+                        await hosted.cut_log(functools.partial(self.work.run_sync, cut))
+            finally:
+                # Even after an unexpected failure: the follower and the table must not wait
+                # for a cut that will never be reported.
+                if hosted.replica.follower is follower:
+                    follower.on_truncated(now_ms=replicas.clock_ms())
+                if must_reload:
+                    replicas.spawn(self.reload_producers, hosted)
 
         self.work.submit(hosted.key, "truncating the log", truncate)
 

@@ -8,6 +8,7 @@ conditions with deadlines; they never sleep for state.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ from raftlog.metadata.controller.messages import (
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.records import iter_batches
 from raftlog.replication.manager import ReplicaManager
-from raftlog.storage import LogManager
+from raftlog.storage import LogManager, PartitionLog
 from tests.storage.helpers import batch
 from tests.waiting import wait_until
 
@@ -348,7 +349,18 @@ async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) 
         await cluster.stop_all()
 
 
-async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_path: Path) -> None:
+async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Truncation is the driver's disk work: it must run in a worker thread, never on the loop.
+    truncation_threads: list[bool] = []
+    truncate_to = PartitionLog.truncate_to
+
+    def recording_truncate_to(self: PartitionLog, offset: int) -> None:
+        truncation_threads.append(threading.current_thread() is threading.main_thread())
+        truncate_to(self, offset)
+
+    monkeypatch.setattr(PartitionLog, "truncate_to", recording_truncate_to)
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
         await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
@@ -391,6 +403,7 @@ async def test_leader_change_truncates_the_old_leaders_unreplicated_tail(tmp_pat
         assert final.startswith(acknowledged)
         assert all(cluster.log_bytes(b) == final for b in BROKERS)
         await cluster.stop_all()
+    assert truncation_threads and not any(truncation_threads)
 
 
 async def test_deleted_topic_removes_replicas_and_data(tmp_path: Path) -> None:
