@@ -268,6 +268,29 @@ def _quota_usage_read(data: bytes) -> list[QuotaUsage]:
     ]
 
 
+# The RPC envelope around every body: (kind, correlation id, sender id, method, body).
+RPC_FRAMES: dict[str, tuple[int, int, int, str, Any]] = {
+    "raft_cast": (0, 0, 1, "raft", [[7, 2, 7, 120, 6, 500, 0], "localhost", 19093]),
+    "request": (1, 42, 2, "replica.fetch", {"replica_id": 2, "partitions": []}),
+    "response": (2, 42, 0, "controller", ["ok", b"\xc7\x01\x03\x00"]),
+    "error": (3, 2**40, 0, "quorum.describe", "ValueError: bad thing"),
+    "external_sender": (1, 1, -1, "quotas.usage", None),
+}
+
+
+def _rpc_frame_write(frame: tuple[int, int, int, str, Any]) -> bytes:
+    from raftlog.net.rpc import _encode
+
+    return _encode(*frame)
+
+
+def _rpc_frame_read(data: bytes) -> tuple[int, int, int, str, Any]:
+    from raftlog.net.rpc import _decode
+
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    return _decode(data[4:])
+
+
 def _describe_quorum_wire(info: QuorumInfo | None) -> bytes:
     from raftlog.node import _quorum_to_wire
 
@@ -309,6 +332,12 @@ def families() -> list[Family]:
             lambda b: fw.decode_response(_unpack(b)),
         ),
         Family("describe_quorum", DESCRIBE_QUORUM, _describe_quorum_wire, _describe_quorum_read),
+        Family(
+            "rpc_frames",
+            RPC_FRAMES,
+            _rpc_frame_write,
+            _rpc_frame_read,
+        ),
         Family(
             "quota_usage",
             QUOTA_USAGE,
