@@ -19,6 +19,8 @@ How a class sits on the wire is its ``__wire__`` layout:
 - ``Map()``: ``{"field": value, ...}`` in declaration order; a field with a default may be
   absent, and keys of no field are ignored (a newer peer may send more).
 - ``NamedExt(code)``: extension ``code`` holding ``[class name, [field0, ...]]``.
+A field annotated ``Annotated[Any, Opaque()]`` passes through as it is, for a later step to
+decode with its own declaration.
 UUIDs travel as extension UUID_EXT (16 bytes). An ``ErrorCode`` travels as extension
 ERROR_CODE_EXT in a codec made with ``error_code_ext=True``, else as a plain integer.
 """
@@ -61,6 +63,7 @@ __all__ = [
     "NamedExt",
     "NodeId",
     "Offset",
+    "Opaque",
     "Port",
     "Range",
     "Size",
@@ -123,6 +126,12 @@ class UnknownAs:
     """An enum field reads a value outside the enum as this member instead of refusing it."""
 
     member: enum.Enum
+
+
+@dataclass(frozen=True, slots=True)
+class Opaque:
+    """``Annotated[Any, Opaque()]``: a value this layer passes through untouched, for a later
+    step to decode with its own declaration (an RPC body, by the method it names)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +238,9 @@ class Codec:
         return layout
 
     def _compile_encoder(self, tp: Any) -> Encoder | None:
-        base, _ = _split_annotated(tp)
+        base, meta = _split_annotated(tp)
+        if any(isinstance(m, Opaque) for m in meta):
+            return None
         origin = typing.get_origin(base)
         if base in (int, bool, float, str, bytes, type(None)):
             return None
@@ -309,6 +320,8 @@ class Codec:
         base, meta = _split_annotated(tp)
         origin = typing.get_origin(base)
         max_len = next((m.count for m in meta if isinstance(m, MaxLen)), None)
+        if any(isinstance(m, Opaque) for m in meta):
+            return _opaque
         if base is bool:
             return _decode_bool
         if base is int:
@@ -453,6 +466,10 @@ def _build(cls: type, names: list[str], decoders: list[Decoder], values: Any) ->
             except DecodeError as exc:
                 raise DecodeError(f"{cls.__name__}.{name} has an invalid value: {exc}") from None
         raise
+
+
+def _opaque(wire: Any) -> Any:
+    return wire
 
 
 def _decode_bool(wire: Any) -> bool:

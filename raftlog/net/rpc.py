@@ -5,8 +5,8 @@ Two kinds of traffic share one connection per peer:
   core tolerates loss, so a full send queue drops the cast instead of blocking the caller.
 - calls: request/response with a correlation id (controller requests, partition fetches).
 
-Every frame is msgpack of a list: [kind, correlation_id, sender_id, method, body]. Bodies are
-plain msgpack values; no pickle ever crosses a socket.
+Every frame is msgpack of a list: [kind, correlation_id, sender_id, method, body], declared
+through raftlog.codec; each method declares its body. No pickle ever crosses a socket.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-import msgpack
 import trio
 
+from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Range, Size
+from raftlog.errors import RemoteError
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
 
 log = logging.getLogger("raftlog.rpc")
@@ -29,6 +30,8 @@ KIND_CAST = 0
 KIND_REQUEST = 1
 KIND_RESPONSE = 2
 KIND_ERROR = 3
+# Method names are short constants ("raft", "replica.fetch"); a longer one is garbage.
+MAX_METHOD_CHARS = 64
 
 Handler = Callable[[int, str, Any], Awaitable[Any]]
 """handler(sender_id, method, body) -> response body (ignored for casts)."""
@@ -36,7 +39,7 @@ UnreachableListener = Callable[[int], None]
 """listener(peer_id): a connection attempt to that peer just failed."""
 
 
-class RpcError(Exception):
+class RpcError(RemoteError):
     """A call failed: the peer was unreachable, closed the connection, timed out or raised."""
 
 
@@ -53,23 +56,35 @@ class RpcLimits:
     reconnect_backoff_max_s: float = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    """Every frame: [kind, correlation_id, sender_id, method, body]."""
+
+    __wire__: ClassVar[Array] = Array()
+    kind: Annotated[int, Range(KIND_CAST, KIND_ERROR)]
+    correlation_id: Size  # 0 for a cast
+    sender_id: NodeId  # -1: a client that is not a node (the CLI)
+    method: Annotated[str, MaxLen(MAX_METHOD_CHARS)]
+    body: Annotated[Any, Opaque()]  # decoded by the method's own declaration
+
+
+_CODEC = Codec()
+
+
 def _encode(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> bytes:
-    return frame(msgpack.packb([kind, correlation_id, sender_id, method, body], use_bin_type=True))
+    return frame(_CODEC.encode(_Envelope(kind, correlation_id, sender_id, method, body)))
 
 
 def _decode(payload: bytes) -> tuple[int, int, int, str, Any]:
-    value = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    if not isinstance(value, list) or len(value) != 5:
-        raise ValueError("frame is not a 5-element envelope")
-    kind, correlation_id, sender_id, method, body = value
-    if not (
-        isinstance(kind, int)
-        and isinstance(correlation_id, int)
-        and isinstance(sender_id, int)
-        and isinstance(method, str)
-    ):
-        raise ValueError("envelope fields have the wrong types")
-    return kind, correlation_id, sender_id, method, body
+    """Raises DecodeError (a ValueError) for anything but a well-formed envelope."""
+    envelope: _Envelope = _CODEC.decode(_Envelope, payload)
+    return (
+        envelope.kind,
+        envelope.correlation_id,
+        envelope.sender_id,
+        envelope.method,
+        envelope.body,
+    )
 
 
 async def serve_rpc(
@@ -170,7 +185,7 @@ async def _read_requests(
             return
         try:
             kind, correlation_id, sender_id, method, body = _decode(payload)
-        except (ValueError, msgpack.UnpackException) as exc:
+        except DecodeError as exc:
             log.warning("closing internal connection from %s: malformed frame (%s)", peer, exc)
             return
         if kind not in (KIND_CAST, KIND_REQUEST):
@@ -357,8 +372,7 @@ class PeerClient:
             trio.ClosedResourceError,
             OSError,
             FrameTooLarge,
-            ValueError,
-            msgpack.UnpackException,
+            ValueError,  # DecodeError: a malformed frame
         ) as group:
             log.info(
                 "connection to node %s at %s:%s lost: %s",
