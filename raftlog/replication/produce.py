@@ -120,7 +120,7 @@ class ProducePath:
         deadline_ms = now_ms + max(0, min(timeout_ms, replicas.config.request_timeout_ms))
         waiter = DelayedProduce(key, required_offset, deadline_ms, min_isr, pending, wait)
         try:
-            completion = replicas.purgatory.add_produce(waiter, leader.progress())
+            completion = replicas.purgatory.add_produce(waiter=waiter, progress=leader.progress())
         except PurgatoryFullError as exc:
             return ProduceResult(ErrorCode.request_timed_out, error_message=str(exc))
         if completion is not None:

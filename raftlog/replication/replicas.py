@@ -160,7 +160,11 @@ class Replicas:
             return
         if effects.alter_partition is not None:
             self.spawn(self._send_alter_partition, hosted, leader, effects.alter_partition)
-        self.complete(self.purgatory.on_progress(hosted.key, leader.progress(), _no_bytes))
+        self.complete(
+            self.purgatory.on_progress(
+                key=hosted.key, progress=leader.progress(), bytes_between=_no_bytes
+            )
+        )
         if effects.high_watermark_advanced:
             self.hw_dirty = True
             self.signal_data(hosted.key)
@@ -176,7 +180,9 @@ class Replicas:
 
     def fail_waiters(self, key: TopicPartition) -> None:
         """Leadership of `key` ended: answer its parked produces NOT_LEADER_OR_FOLLOWER."""
-        self.complete(self.purgatory.fail_partition(key, ErrorCode.not_leader_or_follower))
+        self.complete(
+            self.purgatory.fail_partition(key=key, error=ErrorCode.not_leader_or_follower)
+        )
 
     def after_leader_append(self, hosted: HostedPartition, now_ms: int) -> None:
         """Bookkeeping after a leader append (the produce path calls it, no await)."""
@@ -282,7 +288,9 @@ class Replicas:
             with trio.move_on_after(timeout_s):
                 await self._deadline_wakeup.wait()
             self._deadline_wakeup = trio.Event()
-            self.complete(self.purgatory.on_deadline(self.clock_ms(), self._progress_of))
+            self.complete(
+                self.purgatory.on_deadline(now_ms=self.clock_ms(), progress_of=self._progress_of)
+            )
 
     def _progress_of(self, key: Any) -> PartitionProgress | None:
         hosted = self.partitions.get(key)

@@ -36,10 +36,10 @@ def produce(required: int, deadline: int = 1000, token: str = "p", **kw) -> Dela
 
 def test_acks_all_completes_when_hw_covers_the_batch() -> None:
     purgatory = Purgatory()
-    assert purgatory.add_produce(produce(5), progress(2, 5)) is None
-    assert purgatory.on_progress(KEY, progress(4, 5), size) == []
-    assert purgatory.on_progress(("other", 0), progress(9), size) == []
-    done = purgatory.on_progress(KEY, progress(5), size)
+    assert purgatory.add_produce(waiter=produce(5), progress=progress(2, 5)) is None
+    assert purgatory.on_progress(key=KEY, progress=progress(4, 5), bytes_between=size) == []
+    assert purgatory.on_progress(key=("other", 0), progress=progress(9), bytes_between=size) == []
+    done = purgatory.on_progress(key=KEY, progress=progress(5), bytes_between=size)
     assert done == [ProduceCompletion("p", ErrorCode.none)]
     assert len(purgatory) == 0
     assert purgatory.next_deadline_ms() is None
@@ -47,36 +47,38 @@ def test_acks_all_completes_when_hw_covers_the_batch() -> None:
 
 def test_isr_below_min_insync_when_hw_arrives_is_an_error() -> None:
     purgatory = Purgatory()
-    purgatory.add_produce(produce(5), progress(2, 5))
-    done = purgatory.on_progress(KEY, progress(5, isr=1), size)
+    purgatory.add_produce(waiter=produce(5), progress=progress(2, 5))
+    done = purgatory.on_progress(key=KEY, progress=progress(5, isr=1), bytes_between=size)
     assert done == [ProduceCompletion("p", ErrorCode.not_enough_replicas_after_append)]
 
 
 def test_already_covered_produce_completes_at_once() -> None:
     purgatory = Purgatory()
-    assert purgatory.add_produce(produce(5), progress(6)) == ProduceCompletion("p", ErrorCode.none)
+    assert purgatory.add_produce(waiter=produce(5), progress=progress(6)) == ProduceCompletion(
+        "p", ErrorCode.none
+    )
 
 
 def test_acks_one_waits_for_the_local_flush() -> None:
     purgatory = Purgatory()
     waiter = produce(5, wait_for=ProduceWait.FLUSHED)
-    assert purgatory.add_produce(waiter, progress(0, 5, flushed=3)) is None
-    assert purgatory.on_progress(KEY, progress(0, 5, flushed=5), size) == [
-        ProduceCompletion("p", ErrorCode.none)
-    ]
+    assert purgatory.add_produce(waiter=waiter, progress=progress(0, 5, flushed=3)) is None
+    assert purgatory.on_progress(
+        key=KEY, progress=progress(0, 5, flushed=5), bytes_between=size
+    ) == [ProduceCompletion("p", ErrorCode.none)]
 
 
 def test_deadline_times_out_produce_and_answers_fetch_with_what_is_readable() -> None:
     purgatory = Purgatory()
-    purgatory.add_produce(produce(5, deadline=100, token="slow"), progress(0, 5))
+    purgatory.add_produce(waiter=produce(5, deadline=100, token="slow"), progress=progress(0, 5))
     fetch = DelayedFetch(KEY, 2, 1000, 150, "f")
-    assert purgatory.add_fetch(fetch, progress(3, 5), size) is None
+    assert purgatory.add_fetch(waiter=fetch, progress=progress(3, 5), bytes_between=size) is None
     assert purgatory.next_deadline_ms() == 100
-    assert purgatory.on_deadline(99, lambda key: progress(3, 5)) == []
-    assert purgatory.on_deadline(100, lambda key: progress(3, 5)) == [
+    assert purgatory.on_deadline(now_ms=99, progress_of=lambda key: progress(3, 5)) == []
+    assert purgatory.on_deadline(now_ms=100, progress_of=lambda key: progress(3, 5)) == [
         ProduceCompletion("slow", ErrorCode.request_timed_out)
     ]
-    assert purgatory.on_deadline(200, lambda key: progress(4, 5)) == [
+    assert purgatory.on_deadline(now_ms=200, progress_of=lambda key: progress(4, 5)) == [
         FetchCompletion("f", ErrorCode.none, 4)
     ]
     assert len(purgatory) == 0
@@ -85,9 +87,9 @@ def test_deadline_times_out_produce_and_answers_fetch_with_what_is_readable() ->
 def test_consumer_fetch_sees_only_data_below_hw_and_waits_for_min_bytes() -> None:
     purgatory = Purgatory()
     fetch = DelayedFetch(KEY, 10, 3 * BYTES_PER_OFFSET, 500, "c")
-    assert purgatory.add_fetch(fetch, progress(10, 20), size) is None
-    assert purgatory.on_progress(KEY, progress(12, 20), size) == []
-    assert purgatory.on_progress(KEY, progress(13, 20), size) == [
+    assert purgatory.add_fetch(waiter=fetch, progress=progress(10, 20), bytes_between=size) is None
+    assert purgatory.on_progress(key=KEY, progress=progress(12, 20), bytes_between=size) == []
+    assert purgatory.on_progress(key=KEY, progress=progress(13, 20), bytes_between=size) == [
         FetchCompletion("c", ErrorCode.none, 13)
     ]
 
@@ -95,19 +97,21 @@ def test_consumer_fetch_sees_only_data_below_hw_and_waits_for_min_bytes() -> Non
 def test_replica_fetch_waits_for_leo() -> None:
     purgatory = Purgatory()
     fetch = DelayedFetch(KEY, 10, 1, 500, "r", isolation=FetchIsolation.LOG_END)
-    assert purgatory.add_fetch(fetch, progress(5, 10), size) is None
-    assert purgatory.on_progress(KEY, progress(5, 11), size) == [
+    assert purgatory.add_fetch(waiter=fetch, progress=progress(5, 10), bytes_between=size) is None
+    assert purgatory.on_progress(key=KEY, progress=progress(5, 11), bytes_between=size) == [
         FetchCompletion("r", ErrorCode.none, 11)
     ]
 
 
 def test_leadership_loss_fails_everything_and_limit_is_enforced() -> None:
     purgatory = Purgatory(max_waiters=2)
-    purgatory.add_produce(produce(5, token="a"), progress(0, 5))
-    purgatory.add_fetch(DelayedFetch(KEY, 5, 1, 500, "b"), progress(5, 5), size)
+    purgatory.add_produce(waiter=produce(5, token="a"), progress=progress(0, 5))
+    purgatory.add_fetch(
+        waiter=DelayedFetch(KEY, 5, 1, 500, "b"), progress=progress(5, 5), bytes_between=size
+    )
     with pytest.raises(PurgatoryFullError):
-        purgatory.add_produce(produce(6, token="c"), progress(0, 6))
-    done = purgatory.fail_partition(KEY, ErrorCode.not_leader_or_follower)
+        purgatory.add_produce(waiter=produce(6, token="c"), progress=progress(0, 6))
+    done = purgatory.fail_partition(key=KEY, error=ErrorCode.not_leader_or_follower)
     assert done == [
         ProduceCompletion("a", ErrorCode.not_leader_or_follower),
         FetchCompletion("b", ErrorCode.not_leader_or_follower, -1),
@@ -127,8 +131,8 @@ def test_produce_answer_rules() -> None:
 def test_consumer_fetch_deadline_is_max_wait() -> None:
     purgatory = Purgatory()
     fetch = DelayedFetch.for_consumer(KEY, 0, 10 * BYTES_PER_OFFSET, 500, 1000, "c")
-    assert purgatory.add_fetch(fetch, progress(3, 20), size) is None
+    assert purgatory.add_fetch(waiter=fetch, progress=progress(3, 20), bytes_between=size) is None
     assert purgatory.next_deadline_ms() == 1500
-    assert purgatory.on_deadline(1500, lambda key: progress(4, 20)) == [
+    assert purgatory.on_deadline(now_ms=1500, progress_of=lambda key: progress(4, 20)) == [
         FetchCompletion("c", ErrorCode.none, 4)
     ]

@@ -247,7 +247,7 @@ class PartitionSim:
             if leader is not None:
                 self._leader_effects(broker, leader.on_tick(now_ms=self.now_ms))
             completions = broker.purgatory.on_deadline(
-                self.now_ms, lambda key: self._progress(broker)
+                now_ms=self.now_ms, progress_of=lambda key: self._progress(broker)
             )
             self._dispatch(broker, completions)
             self._drive_follower(broker)
@@ -260,7 +260,9 @@ class PartitionSim:
     def _apply_metadata(self, broker: SimBroker, state: LeaderAndIsr) -> None:
         result = broker.partition.apply_metadata(now_ms=self.now_ms, state=state)
         if result.lost_leadership:
-            failed = broker.purgatory.fail_partition(PARTITION, ErrorCode.not_leader_or_follower)
+            failed = broker.purgatory.fail_partition(
+                key=PARTITION, error=ErrorCode.not_leader_or_follower
+            )
             self._dispatch(broker, failed)
         if result.transition is Transition.BECAME_LEADER:
             self.checker.on_become_leader(broker.broker_id, state.leader_epoch)
@@ -280,7 +282,9 @@ class PartitionSim:
                 broker.incarnation,
                 effects.alter_partition,
             )
-        completions = broker.purgatory.on_progress(PARTITION, leader.progress(), _bytes_between)
+        completions = broker.purgatory.on_progress(
+            key=PARTITION, progress=leader.progress(), bytes_between=_bytes_between
+        )
         self._dispatch(broker, completions)
 
     def _controller_alter(self, broker_id: int, incarnation: int, request) -> None:
@@ -363,7 +367,9 @@ class PartitionSim:
                 ("fetch", request),
                 FetchIsolation.LOG_END,
             )
-            done = broker.purgatory.add_fetch(waiter, leader.progress(), _bytes_between)
+            done = broker.purgatory.add_fetch(
+                waiter=waiter, progress=leader.progress(), bytes_between=_bytes_between
+            )
             if done is not None:
                 self._dispatch(broker, [done])
         else:
@@ -452,7 +458,7 @@ class PartitionSim:
             ("produce", producer, seq, payload, first),
             wait,
         )
-        done = broker.purgatory.add_produce(waiter, leader.progress())
+        done = broker.purgatory.add_produce(waiter=waiter, progress=leader.progress())
         if done is not None:
             self._dispatch(broker, [done])
         self._leader_effects(broker, leader.on_local_append(now_ms=self.now_ms))
@@ -522,7 +528,9 @@ class PartitionSim:
             self.now_ms,
             ("consume", consumer, position),
         )
-        done = broker.purgatory.add_fetch(waiter, leader.progress(), _bytes_between)
+        done = broker.purgatory.add_fetch(
+            waiter=waiter, progress=leader.progress(), bytes_between=_bytes_between
+        )
         if done is not None:
             self._dispatch(broker, [done])
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, LocalError
 from raftlog.replication.core.types import PartitionProgress
 
 # Bytes between two offsets of a partition's log: (key, start_offset, end_offset) -> bytes.
@@ -103,7 +103,7 @@ class FetchCompletion:
 Completion = ProduceCompletion | FetchCompletion
 
 
-class PurgatoryFullError(Exception):
+class PurgatoryFullError(LocalError):
     """More waiters than max_waiters: the driver answers the request with an error instead."""
 
 
@@ -155,7 +155,7 @@ class Purgatory:
         self._count -= 1
 
     def add_produce(
-        self, waiter: DelayedProduce, progress: PartitionProgress
+        self, *, waiter: DelayedProduce, progress: PartitionProgress
     ) -> ProduceCompletion | None:
         """Park an appended produce, or complete it at once when progress already covers it."""
         error = produce_result(waiter, progress)
@@ -166,7 +166,7 @@ class Purgatory:
         return None
 
     def add_fetch(
-        self, waiter: DelayedFetch, progress: PartitionProgress, bytes_between: BytesBetween
+        self, *, waiter: DelayedFetch, progress: PartitionProgress, bytes_between: BytesBetween
     ) -> FetchCompletion | None:
         """Park a fetch that has less than min_bytes to read, or complete it at once."""
         end = readable_end(waiter, progress)
@@ -185,7 +185,7 @@ class Purgatory:
         return bytes_between(waiter.key, waiter.fetch_offset, end) >= waiter.min_bytes
 
     def on_progress(
-        self, key: Hashable, progress: PartitionProgress, bytes_between: BytesBetween
+        self, *, key: Hashable, progress: PartitionProgress, bytes_between: BytesBetween
     ) -> list[Completion]:
         """The partition's HW/LEO/flushed offset or ISR changed: complete what it covers."""
         completions: list[Completion] = []
@@ -221,7 +221,7 @@ class Purgatory:
             table.pop(key, None)
 
     def on_deadline(
-        self, now_ms: int, progress_of: Callable[[Hashable], PartitionProgress | None]
+        self, *, now_ms: int, progress_of: Callable[[Hashable], PartitionProgress | None]
     ) -> list[Completion]:
         """Expire waiters whose deadline is <= now_ms.
 
@@ -253,7 +253,7 @@ class Purgatory:
         waiters = table.get(waiter.key, [])
         self._store(table, waiter.key, [w for w in waiters if w is not waiter])
 
-    def fail_partition(self, key: Hashable, error: ErrorCode) -> list[Completion]:
+    def fail_partition(self, *, key: Hashable, error: ErrorCode) -> list[Completion]:
         """Leadership moved away: answer every waiter of the partition with `error`."""
         completions: list[Completion] = []
         for waiter in self._produces.pop(key, []):
