@@ -17,6 +17,14 @@ from typing import Any
 import msgpack
 
 from raftlog.errors import ErrorCode
+from raftlog.groups import offsets_format
+from raftlog.groups.offsets_format import (
+    CommittedOffset,
+    GroupKey,
+    GroupMetadataValue,
+    MemberMetadataValue,
+    OffsetKey,
+)
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.raft import messages as rm
@@ -268,6 +276,65 @@ def _quota_usage_read(data: bytes) -> list[QuotaUsage]:
     ]
 
 
+# __consumer_offsets records on disk: (key, value or None for a tombstone).
+CONSUMER_OFFSETS: dict[str, tuple[Any, Any]] = {
+    "offset_commit": (
+        OffsetKey("app", "orders", 3),
+        CommittedOffset(120, 7, "checkpoint", 1_700_000_000_000),
+    ),
+    "offset_commit_no_epoch": (
+        OffsetKey("g-é", "t", 0),
+        CommittedOffset(2**40, -1, "", 0),
+    ),
+    "offset_tombstone": (OffsetKey("app", "orders", 3), None),
+    "group_metadata": (
+        GroupKey("app"),
+        GroupMetadataValue(
+            "consumer",
+            4,
+            "range",
+            "m-1",
+            1_700_000_000_000,
+            (
+                MemberMetadataValue(
+                    "m-1", None, "c-1", "/127.0.0.1", 10000, 30000, b"\x00\x00sub", b"\x00\x00as"
+                ),
+                MemberMetadataValue("m-2", "static-2", "c-2", "/10.0.0.2", 45000, 60000, b"", b""),
+            ),
+        ),
+    ),
+    "group_metadata_empty": (GroupKey("empty"), GroupMetadataValue(None, 0, None, None, 5, ())),
+    "group_tombstone": (GroupKey("app"), None),
+}
+
+
+def _offsets_record_write(item: tuple[Any, Any]) -> bytes:
+    key, value = item
+    if isinstance(key, OffsetKey):
+        record = (
+            offsets_format.offset_tombstone(key)
+            if value is None
+            else offsets_format.offset_commit_record(key, value)
+        )
+    else:
+        record = (
+            offsets_format.group_tombstone(key.group_id)
+            if value is None
+            else offsets_format.group_metadata_record(key.group_id, value)
+        )
+    return _pack(list(record))
+
+
+def _offsets_record_read(data: bytes) -> tuple[Any, Any]:
+    key_bytes, value_bytes = _unpack(data)
+    key = offsets_format.decode_key(key_bytes)
+    if value_bytes is None:
+        return key, None
+    if isinstance(key, OffsetKey):
+        return key, offsets_format.decode_offset_value(value_bytes)
+    return key, offsets_format.decode_group_value(value_bytes)
+
+
 # The RPC envelope around every body: (kind, correlation id, sender id, method, body).
 RPC_FRAMES: dict[str, tuple[int, int, int, str, Any]] = {
     "raft_cast": (0, 0, 1, "raft", [[7, 2, 7, 120, 6, 500, 0], "localhost", 19093]),
@@ -337,6 +404,12 @@ def families() -> list[Family]:
             RPC_FRAMES,
             _rpc_frame_write,
             _rpc_frame_read,
+        ),
+        Family(
+            "consumer_offsets",
+            CONSUMER_OFFSETS,
+            _offsets_record_write,
+            _offsets_record_read,
         ),
         Family(
             "quota_usage",
