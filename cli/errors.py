@@ -11,7 +11,7 @@ import click
 import trio
 
 from raftlog.client.connection import ConnectionClosed, RequestTimeout, UnsupportedVersion
-from raftlog.errors import ConfigError, ErrorCode, KafkaError
+from raftlog.errors import ConfigError, ErrorCode, KafkaError, LocalError
 from raftlog.quotas.entity import QuotaValidationError
 
 # What a Kafka error code means to someone at a terminal.
@@ -38,7 +38,7 @@ _KAFKA_MESSAGES: dict[ErrorCode, str] = {
 }
 
 
-class CliError(click.ClickException):
+class CliError(click.ClickException, LocalError):
     """A failure the user can act on; printed as `error: <message>` with exit code 1."""
 
 

@@ -3,6 +3,11 @@
 Error codes come from kio's generated enum (the Kafka protocol's own table); this module only
 adds exceptions that carry one, so a layer deep in the broker can raise and the protocol layer
 can answer with the right code.
+
+Every exception raftlog defines derives from RaftlogError through exactly one of two bases, as
+h11 splits its errors: LocalError (this process misused itself, broke an invariant, found its
+own file damaged or its configuration wrong) and RemoteError (a peer or client sent something
+invalid or could not do what was asked). tests/test_errors.py keeps it so.
 """
 
 from __future__ import annotations

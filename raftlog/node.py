@@ -25,7 +25,13 @@ from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
 from raftlog.config import NodeConfig
-from raftlog.errors import ConfigError, ErrorCode, KafkaError, RaftlogError, exception_leaves
+from raftlog.errors import (
+    ConfigError,
+    ErrorCode,
+    KafkaError,
+    LocalError,
+    exception_leaves,
+)
 from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.raft.driver import QuorumDriver
@@ -55,7 +61,7 @@ REPLICA_FETCH_RPC_TIMEOUT_S = 10.0
 PARTITIONS_DIR = "logs"
 
 
-class DataDirError(RaftlogError):
+class DataDirError(LocalError):
     """The data directory belongs to another node or cluster, or cannot be read."""
 
 

@@ -33,7 +33,7 @@ from raftlog.client.protocol import (
     peek_correlation_id,
 )
 from raftlog.constants import MIB
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, RemoteError
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
 
 log = logging.getLogger(__name__)
@@ -54,15 +54,15 @@ class ConnectionLimits:
     connect_timeout_ms: int = 10_000
 
 
-class ConnectionClosed(Exception):
+class ConnectionClosed(RemoteError):
     """The connection is closed (by us, by the peer, or after an error); the request failed."""
 
 
-class RequestTimeout(Exception):
+class RequestTimeout(RemoteError):
     """No response within the request timeout; the connection has been closed."""
 
 
-class UnsupportedVersion(Exception):
+class UnsupportedVersion(RemoteError):
     """The broker supports no version of an API that this client also supports."""
 
 

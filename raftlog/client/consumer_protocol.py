@@ -52,6 +52,8 @@ from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
 
+from raftlog.errors import RemoteError
+
 CONSUMER_PROTOCOL_TYPE = "consumer"
 RANGE_ASSIGNOR = "range"
 # What this client writes: v0 of both, the layout every client reads (the eager "range"
@@ -70,7 +72,7 @@ _VERSION = struct.Struct(">h")
 TopicPartition = tuple[str, int]
 
 
-class ConsumerProtocolError(ValueError):
+class ConsumerProtocolError(RemoteError, ValueError):
     """Subscription or assignment bytes that do not decode; the message says which and why."""
 
 

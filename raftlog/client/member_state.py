@@ -10,7 +10,7 @@ from typing import Protocol
 
 from raftlog.client.consumer_protocol import TopicPartition
 from raftlog.client.groups import COORDINATOR_RETRIABLE
-from raftlog.errors import ErrorCode, KafkaError, RaftlogError
+from raftlog.errors import ErrorCode, KafkaError, RemoteError
 
 # Commit answers that mean this member's generation no longer owns the partitions.
 GENERATION_LOST_CODES = frozenset(
@@ -74,7 +74,7 @@ class MemberConfig:
             raise ValueError("request_slack_ms must be >= 0")
 
 
-class GroupMemberError(RaftlogError):
+class GroupMemberError(RemoteError):
     """The member could not (re)join its group within its bounds, or was refused for good."""
 
 

@@ -30,6 +30,7 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32, i32Timedelta, i64Timedelta
 
+from raftlog.errors import RemoteError
 from raftlog.kio_private import FieldShape, field_shape
 
 # API keys by name, from kio's own index (so a typo is a KeyError, not a wrong number).
@@ -57,7 +58,7 @@ CLIENT_API_VERSIONS: dict[str, tuple[int, int]] = {
 }
 
 
-class ProtocolError(Exception):
+class ProtocolError(RemoteError):
     """The broker sent something the client cannot make sense of."""
 
 

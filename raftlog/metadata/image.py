@@ -19,7 +19,7 @@ from typing import Any
 
 from raftlog.config_keys import parse_topic_config
 from raftlog.constants import NO_LEADER
-from raftlog.errors import RaftlogError
+from raftlog.errors import LocalError
 from raftlog.metadata import records as r
 
 __all__ = [
@@ -37,7 +37,7 @@ ConfigResource = tuple[str, str]
 QuotaEntity = tuple[tuple[str, str | None], ...]
 
 
-class MetadataApplyError(RaftlogError):
+class MetadataApplyError(LocalError):
     """A committed record does not fit the image (a controller bug or a damaged log)."""
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from raftlog.config import NodeConfig
-from raftlog.errors import ErrorCode, KafkaError, RaftlogError
+from raftlog.errors import ErrorCode, KafkaError, LocalError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.controller import Controller
 from raftlog.metadata.image import (
@@ -44,7 +44,7 @@ MAX_RECORDS_PER_ENTRY = 2_000
 ImageListener = Callable[[MetadataImage, MetadataDelta], None]
 
 
-class CommittedMetadataError(RaftlogError):
+class CommittedMetadataError(LocalError):
     """A committed metadata entry this node cannot decode or apply.
 
     Fatal by design, as in Kafka: skipping it would leave this node's image silently different

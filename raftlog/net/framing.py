@@ -11,12 +11,14 @@ import struct
 
 import trio
 
+from raftlog.errors import RemoteError
+
 _SIZE = struct.Struct(">i")
 # Receives shorter than this are appended to one buffer instead of kept as separate parts.
 SMALL_RECEIVE_BYTES = 4096
 
 
-class FrameTooLarge(Exception):
+class FrameTooLarge(RemoteError):
     """The peer announced a frame larger than the limit (or a negative size)."""
 
     def __init__(self, size_bytes: int, max_frame_bytes: int) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # ListOffsets sentinels, as in Spark's offset JSON: -2 earliest, -1 latest.
+from raftlog.errors import LocalError
+
 EARLIEST = -2
 LATEST = -1
 
@@ -28,7 +30,7 @@ DEFAULT_MAX_RETRIES = 15
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 
 
-class OptionError(ValueError):
+class OptionError(LocalError, ValueError):
     """An option is missing, unknown in value, or contradicts another one."""
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import trio
 
 from raftlog.client import Admin, Cluster, ClusterLimits, ConnectionLimits, open_cluster
-from raftlog.errors import ErrorCode, exception_leaves
+from raftlog.errors import ErrorCode, RemoteError, exception_leaves
 from raftlog.spark.options import EARLIEST, LATEST, OptionError, ReadOptions
 from raftlog.spark.ranges import OffsetRange, split_ranges
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 PLAN_MAX_CONCURRENT_REQUESTS = 16
 
 
-class DataLossError(RuntimeError):
+class DataLossError(RemoteError, RuntimeError):
     """Records a read asked for are gone (retention deleted them) and failOnDataLoss=true."""
 
 

@@ -23,14 +23,14 @@ from typing import Any
 import crc32c
 import msgpack
 
-from raftlog.errors import RaftlogError
+from raftlog.errors import LocalError
 
 CHECKPOINT_MAGIC = b"RLCK"
 CHECKPOINT_VERSION = 1
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024  # a checkpoint is small; anything bigger is garbage
 
 
-class CheckpointError(RaftlogError):
+class CheckpointError(LocalError):
     """A checkpoint file is missing, of the wrong kind or version, or fails its checksum."""
 
 

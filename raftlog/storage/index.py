@@ -19,11 +19,13 @@ import struct
 from array import array
 from pathlib import Path
 
+from raftlog.errors import LocalError
+
 _OFFSET_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">qI")
 
 
-class IndexMismatch(Exception):
+class IndexMismatch(LocalError):
     """An index file does not match its log; the caller rebuilds it."""
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from raftlog.config import NodeConfig
 from raftlog.config_keys import TOPIC_CONFIGS, validate_configs
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, RemoteError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.elections import Batch, eligible_fn, initial_state
 from raftlog.metadata.controller.messages import (
@@ -31,7 +31,7 @@ MAX_PARTITIONS_PER_TOPIC = 100_000
 MAX_REPLICATION_FACTOR = 32
 
 
-class TopicError(Exception):
+class TopicError(RemoteError):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code

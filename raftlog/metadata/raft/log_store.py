@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from raftlog.constants import MIB
-from raftlog.errors import RaftlogError
+from raftlog.errors import LocalError
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import QuorumState, Snapshot, SnapshotCheck
 from raftlog.records import Record, build_batch, iter_batches, iter_records
@@ -42,7 +42,7 @@ METADATA_SEGMENT_BYTES = 8 * MIB
 LOAD_READ_BYTES = 4 * MIB
 
 
-class MetadataRecoveryError(RaftlogError):
+class MetadataRecoveryError(LocalError):
     """The local metadata replica cannot be rebuilt from this node's own disk."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from raftlog.errors import RaftlogError
+from raftlog.errors import LocalError
 from raftlog.metadata.raft.types import QuorumState
 
 __all__ = [
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-class IllegalTransition(RaftlogError):
+class IllegalTransition(LocalError):
     """The core tried a role change the protocol forbids: a bug, never a network condition."""
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raftlog.errors import RaftlogError
+from raftlog.errors import LocalError, RemoteError
 from raftlog.metadata.raft.messages import Entry, Message
 
 __all__ = [
@@ -28,15 +28,15 @@ __all__ = [
 ]
 
 
-class ProtocolViolation(RaftlogError):
+class ProtocolViolation(RemoteError):
     """A peer sent a message no correct node sends (bad offsets, entries out of order)."""
 
 
-class Overloaded(RaftlogError):
+class Overloaded(LocalError):
     """propose() on a leader whose uncommitted backlog is at max_uncommitted_entries."""
 
 
-class NotLeader(RaftlogError):
+class NotLeader(LocalError):
     """propose()/read_index() on a node that is not the leader; says whom to ask instead."""
 
     def __init__(self, leader_id: int | None, epoch: int) -> None:

@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 
+from raftlog.errors import RemoteError
 from raftlog.kio_private import field_shape
 from raftlog.net.kafka.tagged_fields import strip_unknown_tags
 from raftlog.storage.segment import FileRegion
@@ -41,7 +42,7 @@ _FRAME_SIZE = struct.Struct(">i")
 log = logging.getLogger("raftlog.kafka")
 
 
-class MalformedRequest(Exception):
+class MalformedRequest(RemoteError):
     """A frame that kio cannot parse as the request it claims to be."""
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from raftlog.config import NodeConfig
-from raftlog.errors import ErrorCode, KafkaError
+from raftlog.errors import ErrorCode, KafkaError, RemoteError
 from raftlog.net.framing import FrameReader, FrameTooLarge
 from raftlog.net.kafka import codec
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry, ApiSpec, default_registry
@@ -39,7 +39,7 @@ log = logging.getLogger("raftlog.kafka")
 ANONYMOUS_USER = "ANONYMOUS"
 
 
-class _CloseConnection(Exception):
+class _CloseConnection(RemoteError):
     """The request cannot be answered; Kafka closes the connection in this case."""
 
 

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from raftlog.constants import NO_LEADER
 from raftlog.epochs import DivergingEpoch
-from raftlog.errors import ErrorCode, RaftlogError
+from raftlog.errors import ErrorCode, LocalError
 
 # Kafka's sentinel: an offset nobody knows yet.
 UNKNOWN_OFFSET = -1
@@ -50,7 +50,7 @@ class ReplicaLogView(Protocol):
         ...
 
 
-class ReplicationStateError(RaftlogError):
+class ReplicationStateError(LocalError):
     """An illegal transition; the message carries the full state so the bug can be found."""
 
 
