@@ -318,9 +318,7 @@ class ReplicaAssignment:
         if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
             follower = hosted.replica.follower
             self.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
-            hosted.wake_waiters()
-            replicas.signal_data(hosted.key)
-            replicas.hw_dirty = True
+            replicas.role_changed(hosted)
             log.info(
                 "%s-%d: %s at leader epoch %d (leader %d, ISR %s)",
                 topic,

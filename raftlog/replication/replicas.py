@@ -134,6 +134,13 @@ class Replicas:
             # A topic re-created under this name must not start from the old one's HW.
             self.checkpointed_hws.pop(key, None)
 
+    def role_changed(self, hosted: HostedPartition) -> None:
+        """The replica became leader or follower: parked fetches and consumers look again,
+        and the next checkpoint records its HW."""
+        hosted.wake_waiters()
+        self.signal_data(hosted.key)
+        self.hw_dirty = True
+
     # ------------------------------------------------------------------ the image
     def leader_hint(self, topic: str, partition: int) -> LeaderHint | None:
         info = self.image.topic(topic)
