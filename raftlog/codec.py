@@ -16,8 +16,9 @@ are trusted: encoding does not check them again.
 How a class sits on the wire is its ``__wire__`` layout:
 - ``Array(header=("TAG",))``: ``[header..., field0, field1, ...]``; the header is the class's
   own constants and picks the class when several can arrive in one place (a union).
-- ``Map()``: ``{"field": value, ...}`` in declaration order; a field with a default may be
-  absent, and keys of no field are ignored (a newer peer may send more).
+- ``Map(header=(("v", "VERSION"),))``: ``{"v": VERSION, "field": value, ...}`` in declaration
+  order; a field with a default may be absent, and keys of no field are ignored (a newer peer
+  may send more).
 - ``NamedExt(code)``: extension ``code`` holding ``[class name, [field0, ...]]``.
 A field annotated ``Annotated[Any, Opaque()]`` passes through as it is, for a later step to
 decode with its own declaration.
@@ -143,7 +144,13 @@ class Array:
 
 @dataclass(frozen=True, slots=True)
 class Map:
-    """``{field name: value}``; fields with defaults may be absent when decoding."""
+    """``{field name: value}``; fields with defaults may be absent when decoding.
+
+    header: (key, class constant) pairs written first, e.g. (("v", "VERSION"),); a value
+    whose header differs is refused (a format version this node does not read).
+    """
+
+    header: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +304,8 @@ class Codec:
         if isinstance(layout, Array):
             return lambda obj: [*header, *values(obj)]
         if isinstance(layout, Map):
-            return lambda obj: dict(zip(names, values(obj), strict=True))
+            constants = {key: getattr(cls, attr) for key, attr in layout.header}
+            return lambda obj: {**constants, **dict(zip(names, values(obj), strict=True))}
         code, name = layout.code, cls.__name__
         return lambda obj: msgpack.ExtType(
             code, msgpack.packb([name, list(values(obj))], use_bin_type=True)
@@ -366,7 +374,8 @@ class Codec:
             header = tuple(getattr(cls, attr) for attr in layout.header)
             return _array_decoder(cls, header, names, decoders)
         if isinstance(layout, Map):
-            return _map_decoder(cls, names, decoders)
+            header = tuple((key, getattr(cls, attr)) for key, attr in layout.header)
+            return _map_decoder(cls, header, names, decoders)
         return _named_ext_decoder(cls, layout.code, names, decoders)
 
     def _union_decoder(self, arms: tuple[Any, ...]) -> Decoder:
@@ -598,7 +607,9 @@ def _array_decoder(
     return decode
 
 
-def _map_decoder(cls: type, names: list[str], decoders: list[Decoder]) -> Decoder:
+def _map_decoder(
+    cls: type, header: tuple[tuple[str, Any], ...], names: list[str], decoders: list[Decoder]
+) -> Decoder:
     what = cls.__name__
     required = {
         f.name
@@ -610,6 +621,13 @@ def _map_decoder(cls: type, names: list[str], decoders: list[Decoder]) -> Decode
     def decode(wire: Any) -> Any:
         if not isinstance(wire, dict):
             raise DecodeError(f"{what}: expected a map, got {_show(wire)}")
+        for key, constant in header:
+            found = wire.get(key)
+            if type(found) is not type(constant) or found != constant:
+                raise DecodeError(
+                    f"{what}: unsupported version {_show(found)} in {key!r}; "
+                    f"this node reads {constant!r}"
+                )
         kwargs = {}
         for name, dec in pairs:
             if name in wire:
