@@ -168,3 +168,20 @@ def test_out_of_range_resets_to_leader_log_start_and_errors_back_off() -> None:
     assert step.action is FollowerAction.BACKOFF
     assert follower.fetch_request(now_ms=4) is None
     assert follower.fetch_request(now_ms=53) is not None
+
+
+def test_a_failed_reset_backs_off_even_when_the_log_is_shorter_than_the_target() -> None:
+    log = MemoryLog()
+    log.append(1, ["a"])
+    log.flush_to(1)
+    follower = make_follower(log)
+    request = follower.fetch_request(now_ms=0)
+    follower.on_fetch_response(
+        now_ms=1,
+        response=answer(
+            request.request_id, error=ErrorCode.offset_out_of_range, log_start_offset=50
+        ),
+    )
+    follower.on_truncated(now_ms=10)  # the log still ends at 1, not at 50: the reset failed
+    assert follower.fetch_request(now_ms=59) is None
+    assert follower.fetch_request(now_ms=60).fetch_offset == 1

@@ -93,8 +93,8 @@ class FollowerState:
         self.in_flight: FetchRequest | None = None
         self._in_flight_since_ms = 0
         self._backoff_until_ms = 0
-        # The log end a TRUNCATE/RESET step asked for, until the driver reports it done.
-        self._truncation_target: int | None = None
+        # The step out for the driver (TRUNCATE or RESET) and the log end it asked for.
+        self._truncation: tuple[FollowerAction, int] | None = None
 
     @property
     def leader_id(self) -> int:
@@ -127,7 +127,7 @@ class FollowerState:
     @property
     def awaiting_truncation(self) -> bool:
         """A TRUNCATE/RESET step is out: our offsets are not the ones to fetch from yet."""
-        return self._truncation_target is not None
+        return self._truncation is not None
 
     def fetch_request(self, *, now_ms: int) -> FetchRequest | None:
         """The next fetch to send, or None (one in flight, unflushed data, a truncation not
@@ -160,9 +160,14 @@ class FollowerState:
         A log still longer than the step asked means the cut failed; the next fetch then
         waits the backoff and meets the same divergence, which asks for the cut again.
         """
-        target = self._truncation_target
-        self._truncation_target = None
-        if target is not None and self.log.log_end_offset > target:
+        truncation, self._truncation = self._truncation, None
+        if truncation is None:
+            return
+        action, target = truncation
+        end = self.log.log_end_offset
+        # A cut drops whole batches, so it may end below its target; a reset ends exactly on it.
+        failed = end != target if action is FollowerAction.RESET else end > target
+        if failed:
             self._backoff_until_ms = now_ms + self.settings.replica_fetch_backoff_ms
 
     def on_fetch_response(self, *, now_ms: int, response: FetchResponse) -> FollowerStep:
@@ -173,7 +178,7 @@ class FollowerState:
         if response.error == ErrorCode.offset_out_of_range:
             # Our offset is not in the leader's log (below its start, or past its end with no
             # epoch to compare): drop everything and restart at the leader's log start.
-            self._truncation_target = response.log_start_offset
+            self._truncation = (FollowerAction.RESET, response.log_start_offset)
             return FollowerStep(
                 FollowerAction.RESET,
                 error=response.error,
@@ -185,7 +190,7 @@ class FollowerState:
             return FollowerStep(FollowerAction.BACKOFF, error=response.error)
         if response.diverging_epoch is not None:
             offset = self.truncation_offset(response.diverging_epoch)
-            self._truncation_target = offset
+            self._truncation = (FollowerAction.TRUNCATE, offset)
             return FollowerStep(FollowerAction.TRUNCATE, truncate_to_offset=offset)
         # A valid answer: our log matches the leader's up to request.fetch_offset.
         self._leader_high_watermark = response.high_watermark
