@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import operator
 import types
 import typing
@@ -41,7 +40,33 @@ from typing import Annotated, Any, TypeVar, Union
 
 import msgpack
 
-from raftlog.errors import ErrorCode, RemoteError
+from raftlog.codec_checks import (
+    ERROR_CODE_EXT,
+    I64_MAX,
+    I64_MIN,
+    UUID_EXT,
+    DecodeError,
+    Decoder,
+    array_decoder,
+    bytes_decoder,
+    decode_bool,
+    decode_float,
+    decode_none,
+    decode_uuid,
+    enum_decoder,
+    ext_class_name,
+    fixed_tuple_decoder,
+    int_decoder,
+    map_decoder,
+    mapping_decoder,
+    named_ext_decoder,
+    opaque,
+    show,
+    str_decoder,
+    tuple_decoder,
+    unpack,
+)
+from raftlog.errors import ErrorCode
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -69,30 +94,17 @@ __all__ = [
     "Range",
     "Size",
     "UnknownAs",
+    "unpack",
 ]
 
 T = TypeVar("T")
 
-I64_MIN = -(2**63)
-I64_MAX = 2**63 - 1
 I32_MAX = 2**31 - 1
-UUID_EXT = 1
-ERROR_CODE_EXT = 2
 # Limits of an unannotated value. The frame size (RpcLimits.max_frame_bytes) already bounds a
 # message; these bound what one field may make a decoder build or hold.
 DEFAULT_MAX_STR_CHARS = 1024 * 1024
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_ITEMS = 1024 * 1024
-
-
-class DecodeError(RemoteError, ValueError):
-    """Bytes or a wire value from a peer or a file are not a valid message.
-
-    A remote error: the data came from outside this process (another node, a file on disk),
-    so the caller drops it, refuses it or answers with an error, and never builds an object
-    from it. It is a ValueError too, which is what a caller that checks any bad input
-    catches.
-    """
 
 
 # ---------------------------------------------------------------- declarations
@@ -162,8 +174,6 @@ class NamedExt:
 
 Layout = Array | Map | NamedExt
 Encoder = Callable[[Any], Any]
-Decoder = Callable[[Any], Any]
-_NUMBERS = (int, float)
 
 
 # ---------------------------------------------------------------- the codec
@@ -329,36 +339,36 @@ class Codec:
         origin = typing.get_origin(base)
         max_len = next((m.count for m in meta if isinstance(m, MaxLen)), None)
         if any(isinstance(m, Opaque) for m in meta):
-            return _opaque
+            return opaque
         if base is bool:
-            return _decode_bool
+            return decode_bool
         if base is int:
             bounds = next((m for m in meta if isinstance(m, Range)), Range(I64_MIN, I64_MAX))
-            return _int_decoder(bounds.min, bounds.max)
+            return int_decoder(bounds.min, bounds.max)
         if base is float:
-            return _decode_float
+            return decode_float
         if base is str:
-            return _str_decoder(max_len or DEFAULT_MAX_STR_CHARS)
+            return str_decoder(max_len or DEFAULT_MAX_STR_CHARS)
         if base is bytes:
-            return _bytes_decoder(max_len or DEFAULT_MAX_BYTES)
+            return bytes_decoder(max_len or DEFAULT_MAX_BYTES)
         if base is type(None):
-            return _decode_none
+            return decode_none
         if base is uuid.UUID:
-            return _decode_uuid
+            return decode_uuid
         if isinstance(base, type) and issubclass(base, enum.IntEnum):
             fallback = next((m.member for m in meta if isinstance(m, UnknownAs)), None)
             ext = base is ErrorCode and self.error_code_ext
-            return _enum_decoder(base, fallback, ext)
+            return enum_decoder(base, fallback, ext)
         if origin in (Union, types.UnionType):
             return self._union_decoder(typing.get_args(base))
         if origin is tuple:
             args = typing.get_args(base)
             if len(args) == 2 and args[1] is Ellipsis:
-                return _tuple_decoder(self.decoder(args[0]), max_len or DEFAULT_MAX_ITEMS)
-            return _fixed_tuple_decoder([self.decoder(a) for a in args])
+                return tuple_decoder(self.decoder(args[0]), max_len or DEFAULT_MAX_ITEMS)
+            return fixed_tuple_decoder([self.decoder(a) for a in args])
         if origin in (dict, Mapping):
             key_type, value_type = typing.get_args(base)
-            return _mapping_decoder(
+            return mapping_decoder(
                 self.decoder(key_type), self.decoder(value_type), max_len or DEFAULT_MAX_ITEMS
             )
         if isinstance(base, type) and dataclasses.is_dataclass(base):
@@ -372,11 +382,11 @@ class Codec:
         decoders = [self.decoder(ftp) for _, ftp in fields]
         if isinstance(layout, Array):
             header = tuple(getattr(cls, attr) for attr in layout.header)
-            return _array_decoder(cls, header, names, decoders)
+            return array_decoder(cls, header, names, decoders)
         if isinstance(layout, Map):
             header = tuple((key, getattr(cls, attr)) for key, attr in layout.header)
-            return _map_decoder(cls, header, names, decoders)
-        return _named_ext_decoder(cls, layout.code, names, decoders)
+            return map_decoder(cls, header, names, decoders)
+        return named_ext_decoder(cls, layout.code, names, decoders)
 
     def _union_decoder(self, arms: tuple[Any, ...]) -> Decoder:
         optional = type(None) in arms
@@ -401,14 +411,12 @@ class Codec:
                     return None
                 if not isinstance(wire, list | tuple) or len(wire) < width:
                     raise DecodeError(
-                        f"expected a list starting with {layout.header}, got {_show(wire)}"
+                        f"expected a list starting with {layout.header}, got {show(wire)}"
                     )
                 key = tuple(wire[:width])
                 dec = by_header.get(key) if all(type(k) is int for k in key) else None
                 if dec is None:
-                    raise DecodeError(
-                        f"unknown tag {_show(key)}; expected one of {_names(structs)}"
-                    )
+                    raise DecodeError(f"unknown tag {show(key)}; expected one of {_names(structs)}")
                 return dec(wire)
 
             return by_tag
@@ -419,10 +427,10 @@ class Codec:
             def by_name_in_ext(wire: Any) -> Any:
                 if wire is None and optional:
                     return None
-                name = _ext_class_name(wire, code)
+                name = ext_class_name(wire, code)
                 dec = by_name.get(name)
                 if dec is None:
-                    raise DecodeError(f"{_show(name)} is not one of {_names(structs)}")
+                    raise DecodeError(f"{show(name)} is not one of {_names(structs)}")
                 return dec(wire)
 
             return by_name_in_ext
@@ -430,14 +438,6 @@ class Codec:
 
 
 # ---------------------------------------------------------------- helpers
-def unpack(data: bytes) -> Any:
-    """MessagePack bytes to plain values; anything msgpack refuses is a DecodeError."""
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
-        raise DecodeError(f"not valid msgpack: {exc}") from None
-
-
 def _split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
     if typing.get_origin(tp) is Annotated:
         return tp.__origin__, tuple(tp.__metadata__)
@@ -457,214 +457,3 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
 
 def _names(classes: Any) -> str:
     return ", ".join(c.__name__ for c in classes)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 100 else text[:97] + "..."
-
-
-def _build(cls: type, names: list[str], decoders: list[Decoder], values: Any) -> Any:
-    """cls(*decoded values); a bad value's error names its field (found again only then)."""
-    try:
-        return cls(*[dec(x) for dec, x in zip(decoders, values)])  # noqa: B905 (arity checked)
-    except DecodeError:
-        for name, dec, x in zip(names, decoders, values):  # noqa: B905
-            try:
-                dec(x)
-            except DecodeError as exc:
-                raise DecodeError(f"{cls.__name__}.{name} has an invalid value: {exc}") from None
-        raise
-
-
-def _opaque(wire: Any) -> Any:
-    return wire
-
-
-def _decode_bool(wire: Any) -> bool:
-    if type(wire) is not bool:
-        raise DecodeError(f"expected a bool, got {_show(wire)}")
-    return wire
-
-
-def _int_decoder(low: int, high: int) -> Decoder:
-    def decode(wire: Any) -> int:
-        if type(wire) is not int:
-            raise DecodeError(f"expected an int, got {_show(wire)}")
-        if not low <= wire <= high:
-            raise DecodeError(f"{wire} is outside [{low}, {high}]")
-        return wire
-
-    return decode
-
-
-def _decode_float(wire: Any) -> float:
-    # A float that holds a whole number may arrive as an int.
-    if type(wire) not in _NUMBERS or not math.isfinite(wire):
-        raise DecodeError(f"expected a finite number, got {_show(wire)}")
-    return float(wire)
-
-
-def _str_decoder(max_chars: int) -> Decoder:
-    def decode(wire: Any) -> str:
-        if type(wire) is not str:
-            raise DecodeError(f"expected a str, got {_show(wire)}")
-        if len(wire) > max_chars:
-            raise DecodeError(f"a str of {len(wire)} characters, over {max_chars}")
-        return wire
-
-    return decode
-
-
-def _bytes_decoder(max_bytes: int) -> Decoder:
-    def decode(wire: Any) -> bytes:
-        if type(wire) is not bytes:
-            raise DecodeError(f"expected bytes, got {type(wire).__name__}")
-        if len(wire) > max_bytes:
-            raise DecodeError(f"{len(wire)} bytes, over {max_bytes}")
-        return wire
-
-    return decode
-
-
-def _decode_none(wire: Any) -> None:
-    if wire is not None:
-        raise DecodeError(f"expected nil, got {_show(wire)}")
-
-
-def _decode_uuid(wire: Any) -> uuid.UUID:
-    if not isinstance(wire, msgpack.ExtType) or wire.code != UUID_EXT or len(wire.data) != 16:
-        raise DecodeError(f"expected a UUID (extension {UUID_EXT}, 16 bytes), got {_show(wire)}")
-    return uuid.UUID(bytes=wire.data)
-
-
-def _enum_decoder(cls: type[enum.IntEnum], fallback: Any, ext: bool) -> Decoder:
-    read_int = _int_decoder(I64_MIN, I64_MAX)
-
-    def decode(wire: Any) -> Any:
-        if ext:
-            if not isinstance(wire, msgpack.ExtType) or wire.code != ERROR_CODE_EXT:
-                raise DecodeError(f"expected extension {ERROR_CODE_EXT}, got {_show(wire)}")
-            wire = unpack(wire.data)
-        value = read_int(wire)
-        try:
-            return cls(value)
-        except ValueError:
-            if fallback is None:
-                raise DecodeError(f"{value} is not a {cls.__name__}") from None
-            return fallback
-
-    return decode
-
-
-def _tuple_decoder(item: Decoder, max_items: int) -> Decoder:
-    def decode(wire: Any) -> tuple[Any, ...]:
-        if not isinstance(wire, list | tuple):
-            raise DecodeError(f"expected a list, got {_show(wire)}")
-        if len(wire) > max_items:
-            raise DecodeError(f"a list of {len(wire)} items, over {max_items}")
-        return tuple(item(x) for x in wire)
-
-    return decode
-
-
-def _fixed_tuple_decoder(items: list[Decoder]) -> Decoder:
-    def decode(wire: Any) -> tuple[Any, ...]:
-        if not isinstance(wire, list | tuple) or len(wire) != len(items):
-            raise DecodeError(f"expected a list of {len(items)} items, got {_show(wire)}")
-        return tuple(dec(x) for dec, x in zip(items, wire, strict=True))
-
-    return decode
-
-
-def _mapping_decoder(key: Decoder, value: Decoder, max_items: int) -> Decoder:
-    def decode(wire: Any) -> dict[Any, Any]:
-        if not isinstance(wire, dict):
-            raise DecodeError(f"expected a map, got {_show(wire)}")
-        if len(wire) > max_items:
-            raise DecodeError(f"a map of {len(wire)} items, over {max_items}")
-        return {key(k): value(v) for k, v in wire.items()}
-
-    return decode
-
-
-def _array_decoder(
-    cls: type, header: tuple[Any, ...], names: list[str], decoders: list[Decoder]
-) -> Decoder:
-    width = len(header)
-    arity = width + len(decoders)
-    what = cls.__name__
-
-    def decode(wire: Any) -> Any:
-        if not isinstance(wire, list | tuple):
-            raise DecodeError(f"{what}: expected a list, got {_show(wire)}")
-        if len(wire) != arity:
-            raise DecodeError(f"{what} has {arity} items on the wire, got {len(wire)}")
-        if width and tuple(wire[:width]) != header:
-            raise DecodeError(f"{what}: header {_show(tuple(wire[:width]))} != {header}")
-        return _build(cls, names, decoders, wire[width:] if width else wire)
-
-    return decode
-
-
-def _map_decoder(
-    cls: type, header: tuple[tuple[str, Any], ...], names: list[str], decoders: list[Decoder]
-) -> Decoder:
-    what = cls.__name__
-    required = {
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    }
-    pairs = list(zip(names, decoders, strict=True))
-
-    def decode(wire: Any) -> Any:
-        if not isinstance(wire, dict):
-            raise DecodeError(f"{what}: expected a map, got {_show(wire)}")
-        for key, constant in header:
-            found = wire.get(key)
-            if type(found) is not type(constant) or found != constant:
-                raise DecodeError(
-                    f"{what}: unsupported version {_show(found)} in {key!r}; "
-                    f"this node reads {constant!r}"
-                )
-        kwargs = {}
-        for name, dec in pairs:
-            if name in wire:
-                try:
-                    kwargs[name] = dec(wire[name])
-                except DecodeError as exc:
-                    raise DecodeError(f"{what}.{name} has an invalid value: {exc}") from None
-            elif name in required:
-                raise DecodeError(f"{what}: the field {name!r} is missing")
-        return cls(**kwargs)
-
-    return decode
-
-
-def _ext_class_name(wire: Any, code: int) -> Any:
-    if not isinstance(wire, msgpack.ExtType) or wire.code != code:
-        raise DecodeError(f"expected extension {code}, got {_show(wire)}")
-    inner = unpack(wire.data)
-    if not isinstance(inner, list) or len(inner) != 2 or not isinstance(inner[1], list):
-        raise DecodeError(f"extension {code} must hold [name, [fields]], got {_show(inner)}")
-    return inner[0]
-
-
-def _named_ext_decoder(cls: type, code: int, names: list[str], decoders: list[Decoder]) -> Decoder:
-    what = cls.__name__
-
-    def decode(wire: Any) -> Any:
-        if not isinstance(wire, msgpack.ExtType) or wire.code != code:
-            raise DecodeError(f"{what}: expected extension {code}, got {_show(wire)}")
-        inner = unpack(wire.data)
-        if not isinstance(inner, list) or len(inner) != 2 or not isinstance(inner[1], list):
-            raise DecodeError(f"{what}: extension {code} must hold [name, [fields]]")
-        name, values = inner
-        if name != what:
-            raise DecodeError(f"expected a {what}, got {_show(name)}")
-        if len(values) != len(decoders):
-            raise DecodeError(f"{what} has {len(decoders)} fields, the wire value {len(values)}")
-        return _build(cls, names, decoders, values)
-
-    return decode

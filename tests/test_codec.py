@@ -20,6 +20,7 @@ from raftlog.codec import (
     Map,
     MaxLen,
     NamedExt,
+    Opaque,
     Range,
     UnknownAs,
 )
@@ -270,3 +271,32 @@ def test_undeclarable_types_are_refused_at_compile_time():
 def test_encoding_a_class_outside_the_union_is_a_local_error():
     with pytest.raises(TypeError):
         codec.to_wire(Keyed("t", ErrorCode.none), Message)
+
+
+@dataclass(frozen=True)
+class Versioned:
+    __wire__: ClassVar = Map(header=(("v", "VERSION"),))
+    VERSION: ClassVar[int] = 2
+    name: str
+
+
+@dataclass(frozen=True)
+class Envelope:
+    __wire__: ClassVar = Array()
+    method: Annotated[str, MaxLen(8)]
+    body: Annotated[Any, Opaque()]
+
+
+def test_map_header_is_written_first_and_checked():
+    assert codec.to_wire(Versioned("a")) == {"v": 2, "name": "a"}
+    assert list(codec.to_wire(Versioned("a"))) == ["v", "name"]
+    assert codec.from_wire(Versioned, {"v": 2, "name": "a"}) == Versioned("a")
+    for wire in ({"name": "a"}, {"v": 1, "name": "a"}, {"v": True, "name": "a"}):
+        _bad(Versioned, wire, "unsupported version")
+
+
+def test_opaque_fields_pass_through_for_a_later_declaration():
+    body = {"anything": [1, b"x", None]}
+    assert codec.to_wire(Envelope("m", body)) == ["m", body]
+    assert codec.from_wire(Envelope, ["m", body]) == Envelope("m", body)
+    _bad(Envelope, ["m" * 9, None], "Envelope.method")
