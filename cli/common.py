@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -125,7 +124,3 @@ def parse_key_values(items: tuple[str, ...], what: str) -> dict[str, str]:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=what)
         out[key.strip()] = value.strip()
     return out
-
-
-def stdout_is_terminal() -> bool:
-    return sys.stdout.isatty()

@@ -42,10 +42,6 @@ class CliError(click.ClickException, LocalError):
     """A failure the user can act on; printed as `error: <message>` with exit code 1."""
 
 
-class ClusterUnreachable(CliError):
-    """No broker answered at the bootstrap address."""
-
-
 def leaf_exception(exc: BaseException) -> BaseException:
     """The first real exception inside (nested) exception groups that trio nurseries raise."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:

@@ -16,7 +16,6 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import trio
@@ -426,13 +425,3 @@ def run_node(config: NodeConfig, *, log_level: str = "INFO") -> int:
     except* KeyboardInterrupt:
         exit_code = 130
     return exit_code
-
-
-def data_dir_layout(config: NodeConfig) -> dict[str, Path]:
-    """Where things live under data_dir (docs/operations.md describes the same)."""
-    root = config.data_path
-    return {
-        "meta": root / META_FILE,
-        "metadata_log": root / "__cluster_metadata-0",
-        "partitions": root / "logs",
-    }

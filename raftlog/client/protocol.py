@@ -66,10 +66,6 @@ def api_name(api_key: int) -> str:
     return api_key_map[api_key]
 
 
-def request_header_version(api_key: int, api_version: int) -> int:
-    return 2 if load_request_schema(api_key, api_version).__flexible__ else 1
-
-
 def response_header_version(api_key: int, api_version: int) -> int:
     if api_key == API_VERSIONS_KEY:
         return 0

@@ -145,10 +145,6 @@ class GroupCoordinator:
     def partition_for(self, group_id: str) -> int:
         return partition_for_group(group_id, self.config.offsets_topic_num_partitions)
 
-    @property
-    def owned_partitions(self) -> frozenset[int]:
-        return frozenset(self._owned)
-
     def epoch_of(self, partition: int) -> int:
         """Changes on every begin_load and resign of `partition`."""
         return self._epochs.get(partition, 0)

@@ -121,9 +121,6 @@ class Group:
     def is_empty(self) -> bool:
         return not self.members and not self.pending_members
 
-    def has_member(self, member_id: str) -> bool:
-        return member_id in self.members
-
     def rebalance_timeout_ms(self) -> int:
         return max_rebalance_timeout_ms(self.members)
 

@@ -100,9 +100,6 @@ class LogManager:
     def topic_id(self, topic: str, partition: int) -> uuid.UUID | None:
         return self.topic_ids.get((topic, partition))
 
-    def log_config(self, overrides: dict[str, str]) -> LogConfig:
-        return LogConfig.from_node_config(self.node_config, overrides)
-
     def create_log(
         self,
         topic: str,

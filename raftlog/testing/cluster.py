@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,9 +258,3 @@ class ProcessCluster:
             return True
 
         self.wait_for(ready, f"brokers {sorted(running)} to be up and unfenced", timeout_s)
-
-
-@contextlib.contextmanager
-def process_cluster(root: Path, size: int = 3, **overrides: Any) -> Iterator[ProcessCluster]:
-    with ProcessCluster(root, size, overrides) as cluster:
-        yield cluster

@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from raftlog.config import NodeConfig
 from raftlog.net.kafka.apis import ApiKey
 from raftlog.net.kafka.codec import build, request_class
+from raftlog.net.kafka.context import NoQuotas
 from raftlog.net.kafka.handlers_util import to_ms
 from raftlog.net.kafka.server import serve
 from tests.kafka.conftest import Broker
@@ -74,15 +75,9 @@ async def test_metadata_auto_creates_topics(broker: Broker) -> None:
     assert response.topics[0].error_code == ErrorCode.unknown_topic_or_partition
 
 
-class FixedThrottle:
+class FixedThrottle(NoQuotas):
     def __init__(self, throttle_ms: int) -> None:
         self.throttle_ms = throttle_ms
-
-    def record_produce(self, client_id: str, user: str, produced_bytes: int) -> int:
-        return 0
-
-    def record_fetch(self, client_id: str, user: str, fetched_bytes: int) -> int:
-        return 0
 
     def record_request(self, client_id: str, user: str, handler_time_ms: float) -> int:
         return self.throttle_ms

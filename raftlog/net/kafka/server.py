@@ -11,9 +11,6 @@ unknown API) closes that connection with a log line; the listener keeps serving 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +178,7 @@ class Connection:
     async def _handle(self, spec: ApiSpec, ctx: RequestContext, body: Any, slot: _Slot) -> None:
         response_cls = codec.response_class(ctx.api_key, ctx.api_version)
         try:
-            with _request_timer(self._state.quotas) as handler_time_ms:
+            with self._state.quotas.request_timer() as handler_time_ms:
                 result = await spec.handler(ctx, body)
             ctx.throttle(
                 self._state.quotas.record_request(ctx.client_id, self.user, handler_time_ms())
@@ -264,24 +261,6 @@ class Connection:
             log.info("cannot write to %s: %s", self.peer, exc)
         # A writer that stops (peer gone) ends the connection.
         cancel_scope.cancel()
-
-
-def _request_timer(quotas: QuotaHook) -> AbstractContextManager[Callable[[], float]]:
-    timer = getattr(quotas, "request_timer", None)
-    if timer is not None:
-        return timer()
-    # A hook from before request_timer existed: charge wall time, as it always was.
-    return _wall_timer()
-
-
-@contextmanager
-def _wall_timer() -> Iterator[Callable[[], float]]:
-    started = time.monotonic()
-    ended: list[float] = []
-    try:
-        yield lambda: ((ended[0] if ended else time.monotonic()) - started) * 1000
-    finally:
-        ended.append(time.monotonic())
 
 
 def _peer_name(stream: Any) -> str:
