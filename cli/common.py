@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import click
 import trio
+from raftlog_cli.cluster_local import CLUSTER_FILE
 from raftlog_cli.errors import CliError, explain, one_line
 from raftlog_cli.render import Renderer
 
@@ -27,7 +28,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_CLUSTER_DIR = ".raftlog"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-CLUSTER_FILE = "cluster.json"
 # A CLI command should fail fast when nothing answers, not sit in 30 s connect timeouts.
 CLI_CONNECT_TIMEOUT_MS = 3_000
 CLI_REQUEST_TIMEOUT_MS = 30_000

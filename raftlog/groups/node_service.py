@@ -20,7 +20,7 @@ from raftlog.groups.coordinator_shell import GroupCoordinatorShell
 from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.offsets_format import Record as OffsetsRecord
 from raftlog.groups.service import CoordinatorLocation
-from raftlog.groups.settings import GroupConfig
+from raftlog.groups.settings import OFFSETS_TOPIC, GroupConfig
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
@@ -30,7 +30,6 @@ from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.groups")
 
-OFFSETS_TOPIC = "__consumer_offsets"
 # Bytes read per step (on the event loop) when a new coordinator replays its offsets
 # partition: small enough that one step stays a few milliseconds of loop time.
 LOAD_READ_BYTES = 256 * 1024

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 import trio
 
-MS_PER_S = 1000.0
+from raftlog.quotas.rate import MS_PER_S
 
 
 class _Account:
