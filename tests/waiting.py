@@ -1,7 +1,7 @@
 """Waiting on a condition with a deadline, never a bare sleep (DESIGN.md rule 8).
 
 The synchronous twin, for harnesses that drive real node processes from plain threads, is
-`raftlog.testing.cluster.LocalCluster.wait_for`.
+`raftlog.testing.cluster.ProcessCluster.wait_for`.
 """
 
 from __future__ import annotations
