@@ -213,6 +213,10 @@ def map_decoder(
                     f"{what}: unsupported version {show(found)} in {key!r}; "
                     f"this node reads {constant!r}"
                 )
+        try:  # the common case: every field is there and valid
+            return cls(*[dec(wire[name]) for name, dec in pairs])
+        except (KeyError, DecodeError):
+            pass
         kwargs = {}
         for name, dec in pairs:
             if name in wire:
