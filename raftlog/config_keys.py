@@ -17,6 +17,7 @@ from typing import Any
 from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
 from raftlog.constants import MIB
 from raftlog.errors import RemoteError
+from raftlog.records import HEADER_SIZE_BYTES
 
 __all__ = [
     "BROKER_CONFIGS",
@@ -129,16 +130,20 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     ),
     "file.delete.delay.ms": ConfigKey(_int(0, INT64_MAX)),
     "flush.messages": ConfigKey(_int(1, INT64_MAX)),
+    # At least 1: an interval flusher wakes every flush.ms.
     "flush.ms": ConfigKey(
-        _int(0, INT64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
+        _int(1, INT64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
     ),
     "flush.policy": ConfigKey(_choice(*FLUSH_POLICIES), lambda c: c.flush_policy, "flush_policy"),
     "index.interval.bytes": ConfigKey(
         _int(0, INT32_MAX), lambda c: str(c.index_interval_bytes), "index_interval_bytes"
     ),
     "max.compaction.lag.ms": ConfigKey(_int(1, INT64_MAX)),
+    # Nothing smaller than a batch header can be appended (nor fill a segment).
     "max.message.bytes": ConfigKey(
-        _int(0, INT32_MAX), lambda c: str(DEFAULT_MAX_MESSAGE_BYTES), "max_message_bytes"
+        _int(HEADER_SIZE_BYTES, INT32_MAX),
+        lambda c: str(DEFAULT_MAX_MESSAGE_BYTES),
+        "max_message_bytes",
     ),
     # No node-level log.message.timestamp.type: every topic defaults to what LogConfig does.
     "message.timestamp.type": ConfigKey(
@@ -156,7 +161,7 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     ),
     "retention.ms": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_ms), "retention_ms"),
     "segment.bytes": ConfigKey(
-        _int(14, INT32_MAX), lambda c: str(c.segment_bytes), "segment_bytes"
+        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(c.segment_bytes), "segment_bytes"
     ),
     "segment.index.bytes": ConfigKey(_int(4, INT32_MAX), log_field=""),
     "segment.jitter.ms": ConfigKey(_int(0, INT64_MAX)),
@@ -182,8 +187,12 @@ BROKER_CONFIGS: Mapping[str, ConfigKey] = {
     "log.cleanup.policy": ConfigKey(_CLEANUP, lambda c: c.cleanup_policy),
     "log.retention.bytes": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_bytes)),
     "log.retention.ms": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_ms)),
-    "log.segment.bytes": ConfigKey(_int(14, INT32_MAX), lambda c: str(c.segment_bytes)),
-    "message.max.bytes": ConfigKey(_int(0, INT32_MAX), lambda c: str(DEFAULT_MAX_MESSAGE_BYTES)),
+    "log.segment.bytes": ConfigKey(
+        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(c.segment_bytes)
+    ),
+    "message.max.bytes": ConfigKey(
+        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(DEFAULT_MAX_MESSAGE_BYTES)
+    ),
     "min.insync.replicas": ConfigKey(_int(1, INT32_MAX), lambda c: str(c.min_insync_replicas)),
     "num.partitions": ConfigKey(_int(1, 100_000), lambda c: str(c.num_partitions)),
     "unclean.leader.election.enable": ConfigKey(

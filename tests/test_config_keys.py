@@ -12,6 +12,7 @@ from raftlog.config_keys import (
     ConfigValueError,
     log_overrides,
     parse_topic_config,
+    validate_configs,
 )
 from raftlog.errors import ConfigError, ErrorCode, RemoteError
 from raftlog.metadata.controller import messages as m
@@ -64,3 +65,28 @@ def test_parse_errors_are_remote_value_errors():
         parse_topic_config("retention.ms", "soon")
     assert isinstance(info.value, RemoteError) and isinstance(info.value, ValueError)
     assert parse_topic_config("x.custom", "raw") == "raw"
+
+
+EDGE_VALUES = ("-2", "-1", "0", "1", "13", "14", "60", "61", str(2**31 - 1), str(2**31), "x", "")
+
+
+@pytest.mark.parametrize("key", sorted(LOG_CONFIG_KEYS))
+def test_storage_accepts_exactly_the_values_the_controller_accepts(key):
+    # A value the controller commits must never be refused by a broker creating the log.
+    candidates = [*EDGE_VALUES, "delete", "compact", "compact,delete", "always", "interval"]
+    for text in candidates:
+        accepted = validate_configs(TOPIC_CONFIGS, {key: text}) is None
+        try:
+            LogConfig.from_node_config(NodeConfig(), {key: text})
+            stored = True
+        except ConfigError:
+            stored = False
+        assert accepted == stored, (key, text, accepted, stored)
+
+
+def test_compact_and_delete_together_keep_both_policies():
+    config = LogConfig.from_node_config(NodeConfig(), {"cleanup.policy": "delete, compact"})
+    assert config.cleanup_policy == "compact,delete"
+    assert config.compact and config.delete
+    assert LogConfig(cleanup_policy="compact").delete is False
+    assert LogConfig().compact is False

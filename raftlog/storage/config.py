@@ -5,18 +5,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
+from raftlog.config import NodeConfig
 from raftlog.config_keys import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MESSAGE_TIMESTAMP_TYPE,
-    MESSAGE_TIMESTAMP_TYPES,
     TOPIC_CONFIGS,
+    ConfigValueError,
 )
 from raftlog.constants import MIB
 from raftlog.errors import ConfigError
 
-# LogConfig fields taken as text (the rest are integers); __post_init__ checks them.
-_TEXT_FIELDS = frozenset({"cleanup_policy", "flush_policy", "message_timestamp_type"})
+# LogConfig field -> the topic key that sets it: every field is checked with the key's own
+# parser, so a value the controller accepts is a value storage accepts, and the reverse.
+_FIELD_KEYS = {spec.log_field: key for key, spec in TOPIC_CONFIGS.items() if spec.log_field}
 
 
 @dataclass(frozen=True)
@@ -34,37 +35,28 @@ class LogConfig:
     message_timestamp_type: str = DEFAULT_MESSAGE_TIMESTAMP_TYPE
 
     def __post_init__(self) -> None:
-        if self.segment_bytes < 61:
-            raise ConfigError(f"segment.bytes = {self.segment_bytes} is below one batch header")
-        if self.segment_bytes > 2**31 - 1:
-            # index positions are u32 relative to the segment; keep well inside that.
-            raise ConfigError(f"segment.bytes = {self.segment_bytes} is above 2 GiB - 1")
-        if self.segment_ms < 1 or self.flush_interval_ms < 1:
-            raise ConfigError("segment.ms and flush.ms must be at least 1")
-        if self.index_interval_bytes < 0 or self.delete_retention_ms < 0:
-            raise ConfigError("index.interval.bytes and delete.retention.ms must be >= 0")
-        if self.retention_ms < -1 or self.retention_bytes < -1:
-            raise ConfigError("retention.ms and retention.bytes must be >= -1")
-        if self.max_message_bytes < 61:
-            raise ConfigError(f"max.message.bytes = {self.max_message_bytes} is too small")
-        if self.cleanup_policy not in CLEANUP_POLICIES:
-            raise ConfigError(
-                f"cleanup.policy must be one of {list(CLEANUP_POLICIES)}, "
-                f"got {self.cleanup_policy!r}"
-            )
-        if self.flush_policy not in FLUSH_POLICIES:
-            raise ConfigError(
-                f"flush.policy must be one of {list(FLUSH_POLICIES)}, got {self.flush_policy!r}"
-            )
-        if self.message_timestamp_type not in MESSAGE_TIMESTAMP_TYPES:
-            raise ConfigError(
-                f"message.timestamp.type must be one of {list(MESSAGE_TIMESTAMP_TYPES)}, "
-                f"got {self.message_timestamp_type!r}"
-            )
+        for field in dataclasses.fields(self):
+            key = _FIELD_KEYS[field.name]
+            try:
+                parsed = TOPIC_CONFIGS[key].parse(str(getattr(self, field.name)))
+            except ConfigValueError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            if isinstance(parsed, list):  # cleanup.policy: keep one spelling of the set
+                object.__setattr__(self, field.name, ",".join(sorted(set(parsed))))
+
+    @property
+    def cleanup_policies(self) -> frozenset[str]:
+        return frozenset(self.cleanup_policy.split(","))
 
     @property
     def compact(self) -> bool:
-        return self.cleanup_policy == "compact"
+        """cleanup.policy includes compact: the cleaner keeps the newest record per key."""
+        return "compact" in self.cleanup_policies
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention removes old segments."""
+        return "delete" in self.cleanup_policies
 
     @classmethod
     def from_node_config(
@@ -77,14 +69,11 @@ class LogConfig:
             spec = TOPIC_CONFIGS.get(key)
             if spec is None or spec.log_field is None:
                 raise ConfigError(f"unknown topic config {key!r}")
-            name = spec.log_field
-            if not name:
-                continue
-            if name in _TEXT_FIELDS:
-                values[name] = text.strip()
-                continue
             try:
-                values[name] = int(text)
-            except ValueError:
-                raise ConfigError(f"topic config {key} must be an integer, got {text!r}") from None
+                parsed = spec.parse(text)
+            except ConfigValueError as exc:
+                raise ConfigError(f"topic config {key}: {exc}") from None
+            if not spec.log_field:
+                continue
+            values[spec.log_field] = ",".join(parsed) if isinstance(parsed, list) else parsed
         return cls(**values)  # type: ignore[arg-type]

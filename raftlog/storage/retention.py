@@ -12,7 +12,7 @@ log = logging.getLogger("raftlog.storage")
 def retention_target(partition_log: PartitionLog, now_ms: int) -> int:
     """The log start offset retention allows: the base of the first segment to keep."""
     config = partition_log.config
-    if config.cleanup_policy != "delete":
+    if not config.delete:
         return partition_log.log_start_offset
     segments = partition_log.segments
     keep_from = 0

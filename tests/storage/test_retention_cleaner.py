@@ -32,6 +32,15 @@ def test_time_retention_deletes_old_segments_never_active(tmp_path: Path) -> Non
     assert _all(lg)[-1].offset == 79
 
 
+def test_retention_runs_for_compact_and_delete_and_not_for_compact_alone(tmp_path: Path) -> None:
+    for policy, expect_deleted in (("compact,delete", True), ("compact", False)):
+        config = LogConfig(segment_bytes=1000, retention_ms=10_000, cleanup_policy=policy)
+        lg = PartitionLog.open(tmp_path / f"{policy}-0", config, now_ms=0)
+        for i in range(40):
+            lg.append_as_leader(batch(2, ts_ms=i * 1000), leader_epoch=1, now_ms=0)
+        assert (apply_retention(lg, now_ms=20_000) > 0) is expect_deleted, policy
+
+
 def test_size_retention_keeps_at_most_retention_bytes(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=1000, retention_bytes=2500, retention_ms=-1)
     lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
