@@ -8,6 +8,9 @@ async with open_cluster("127.0.0.1:9092") as cluster:
 
 A consumer-group member: `async with open_group_consumer(cluster, "group", ["events"])`
 (raftlog.client.group_consumer; the protocol itself is raftlog.client.group_member).
+
+Rules of this package: the client speaks only the Kafka protocol (through kio) to any
+Kafka-compatible broker; it imports no server-side module beyond shared vocabulary.
 """
 
 from raftlog.client.admin import (

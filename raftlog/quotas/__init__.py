@@ -1,4 +1,9 @@
-"""Client quotas: entities and precedence, windowed rates, per-broker throttling (sans-IO)."""
+"""Client quotas: entities and precedence, windowed rates, per-broker throttling (sans-IO).
+
+Rules of this package (docs/quotas.md): entity, rate and manager are sans-IO and take the
+time as an argument; broker_hook.py and usage_rpc.py connect them to the node. Quota keys
+and precedence are Kafka's.
+"""
 
 from raftlog.quotas.entity import (
     CLIENT_ID,
