@@ -102,6 +102,8 @@ class ReplicaAssignment:
         # Open logs whose stored topic id differs from the image's, left alone until the
         # stray check (which runs on a caught-up image) decides which one is old.
         self._held: set[TopicPartition] = set()
+        # Replicas whose metadata waits for a truncation cutting their log (see _apply_state).
+        self._after_cut: set[TopicPartition] = set()
         self.strays_checked = False
 
     # ------------------------------------------------------------------ apply
@@ -292,6 +294,12 @@ class ReplicaAssignment:
         return hosted
 
     def _apply_state(self, hosted: HostedPartition, image_state: ImagePartitionState) -> None:
+        if hosted.log_cut is not None:
+            # A worker thread is cutting the log: a role built now would read its end and
+            # epochs half-cut (a leader would start its epoch and HW past the cut), and the
+            # cut belongs to the follower state it was asked for. Apply after it.
+            self._apply_after_cut(hosted)
+            return
         replicas = self.replicas
         topic, index = hosted.key
         state = LeaderAndIsr(
@@ -333,6 +341,33 @@ class ReplicaAssignment:
             replicas.request_leader_flush(hosted.key)
         if result.effects is not None:
             replicas.handle_effects(hosted, result.effects)
+
+    def _apply_after_cut(self, hosted: HostedPartition) -> None:
+        """Apply the image's newest state of the replica once the running truncation is done.
+
+        The truncation is the job running for this key, so a job queued now runs right after
+        it; it reads the image then, so one job covers every change that arrives meanwhile.
+        """
+        key = hosted.key
+        if key in self._after_cut:
+            return
+        self._after_cut.add(key)
+        replicas = self.replicas
+
+        async def apply() -> None:
+            self._after_cut.discard(key)
+            if replicas.partitions.get(key) is not hosted:
+                return  # removed or replaced meanwhile: that path applied its own state
+            info = replicas.image.topics_by_id.get(hosted.topic_id)
+            state = None if info is None else info.partitions.get(hosted.partition)
+            if state is None or replicas.node_id not in state.replicas:
+                return  # a removal is on its way
+            try:
+                self._apply_state(hosted, state)
+            except ReplicationStateError:
+                log.exception("%s-%d: metadata not applied", *key)
+
+        self.work.submit(key, "applying metadata after the truncation", apply)
 
     # ------------------------------------------------------------------ removal
     def _remove_replica(self, topic_id: uuid.UUID, index: int) -> None:

@@ -205,9 +205,10 @@ class ReplicaManager:
     ) -> None:
         """Cut the follower's log as `step` asks, in a worker thread, then rebuild its table.
 
-        Invalidating the producer table first is what holds the log still: leader produces
-        wait for it, the fetchers skip the partition and cleanup skips it, whatever role the
-        replica takes meanwhile; reads of the log on the event loop wait for `log_cut`. The
+        Invalidating the producer table first is what holds the log still: the fetchers skip
+        the partition and cleanup skips it; a role change waits until the cut is done
+        (ReplicaAssignment defers it while `log_cut` is set), so the cut only ever runs on a
+        follower's log and no leader reads a half-cut one. The
         fetch that asked for the cut was sent while the table was loaded and only this path
         invalidates a followed replica's table, so no reload is running: the one spawned
         after the cut reads the cut log.
@@ -227,7 +228,11 @@ class ReplicaManager:
             try:
                 # A snapshot write or a compaction in the directory finishes first.
                 async with hosted.producers.lock, hosted.disk_lock:
-                    if not plog.closed:  # removed meanwhile: its directory is going
+                    # Removed meanwhile: its directory is going. A new role meanwhile (another
+                    # epoch's follower, or the leader): the cut was computed for a follower
+                    # state that no longer exists, and a leader's log is never cut; the new
+                    # follower finds any divergence again on its first fetch.
+                    if not plog.closed and hosted.replica.follower is follower:
                         await hosted.cut_log(functools.partial(self.work.run_sync, cut))
             finally:
                 # Even after an unexpected failure: the follower and the table must not wait
