@@ -39,7 +39,8 @@ class HostedPartition:
     # write lands in the renamed directory or in one re-created under the old name.
     disk_lock: trio.Lock = field(default_factory=trio.Lock)
     # Set while a follower truncation cuts the log in a worker thread. Appends are held back
-    # by the producer-state gate; reads of the log on the event loop wait for this.
+    # by the producer-state gate, and metadata waits for it before it changes the role, so
+    # only a follower's log is ever cut; code reading a log it does not lead waits for it.
     log_cut: trio.Event | None = None
 
     @property

@@ -63,14 +63,12 @@ class ReadPaths:
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
 
-    async def _leader_for(
+    def _leader_for(
         self, topic: str, partition: int, current_leader_epoch: int
     ) -> tuple[HostedPartition | None, LeaderState | None, ErrorCode]:
         key = (topic, partition)
+        # A leader's log is never cut (only a follower's, and a role change waits for the cut).
         hosted = self.replicas.partitions.get(key)
-        if hosted is not None and hosted.log_cut is not None:
-            await hosted.wait_for_log_cut()  # a truncation is cutting the log in a thread
-            hosted = self.replicas.partitions.get(key)
         leader = None if hosted is None else hosted.replica.leader
         if hosted is None or leader is None:
             return None, None, self.replicas.not_leader_error(topic, partition)
@@ -87,7 +85,7 @@ class ReadPaths:
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> FetchResult:
         """Whole batches from fetch_offset, never past the HW (no transactions: LSO = HW)."""
-        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             hint = self.replicas.leader_hint(topic, partition) if leader is None else None
             return FetchResult(error, current_leader=hint)
@@ -135,7 +133,7 @@ class ReadPaths:
         current_leader_epoch: int,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> ListOffsetsResult:
-        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             return ListOffsetsResult(error)
         partition_log = hosted.log
@@ -164,7 +162,7 @@ class ReadPaths:
         leader_epoch: int,
     ) -> EpochEndOffset:
         """KIP-279/320: the largest epoch <= leader_epoch and where it ends in our log."""
-        hosted, leader, error = await self._leader_for(topic, partition, current_leader_epoch)
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             return EpochEndOffset(error)
         epoch, end_offset = hosted.log.end_offset_for_epoch(leader_epoch)
@@ -245,7 +243,6 @@ class ReadPaths:
         )
         for item, hosted, leader in reads:
             key = (item.topic, item.partition)
-            await hosted.wait_for_log_cut()
             # The leadership this fetch was validated against may have ended while it was parked.
             if (
                 self.replicas.partitions.get(key) is not hosted
