@@ -58,8 +58,13 @@ class HostedPartition:
         event = self.log_cut = trio.Event()
         try:
             await run_cut()
-        except (OSError, KafkaError) as exc:
-            log.error("%s-%d: truncation failed: %r", self.topic, self.partition, exc)
+        except (OSError, ValueError, KafkaError) as exc:
+            if self.log.closed:
+                # Removed meanwhile (ValueError: a file closed under the thread); its
+                # directory is going, so the cut does not matter any more.
+                log.info("%s-%d: truncation stopped by removal", self.topic, self.partition)
+            else:
+                log.error("%s-%d: truncation failed: %r", self.topic, self.partition, exc)
         finally:
             self.log_cut = None
             event.set()

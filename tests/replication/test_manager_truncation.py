@@ -8,6 +8,7 @@ the replica whose log is being cut can be made leader.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import DeleteTopics
 from raftlog.storage import PartitionLog
 from tests.replication.test_manager import (
     TOPIC,
@@ -70,6 +72,10 @@ def elect_unclean(cluster: Cluster, broker_id: int) -> None:
     for other in sorted(set(cluster.managers) - {broker_id}):
         cluster.heartbeat(other, want_fence=True)
     assert cluster.leader_id == broker_id, cluster.partition()
+
+
+def topic_dirs(root: Path, broker_id: int) -> list[str]:
+    return sorted(p.name for p in root.glob(f"broker-{broker_id}/{TOPIC}-*"))
 
 
 def assert_leader_consistent(cluster: Cluster, broker_id: int) -> None:
@@ -142,3 +148,26 @@ async def test_a_cut_still_queued_when_the_replica_becomes_leader_is_dropped(
         result = await produce(cluster, acks=1, leader=old_leader)
         assert result.error == ErrorCode.none and result.base_offset == TAIL_END, result
         await cluster.stop_all()
+
+
+async def test_deleting_the_topic_while_its_log_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    held = HeldTruncation(monkeypatch)
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        old_leader = await diverge_old_leader(cluster)
+        cluster.paused.clear()
+        await wait_until("the cut to start in its thread", held.entered.is_set)
+        try:
+            reply = cluster.handle(DeleteTopics(names=(TOPIC,)))
+            assert reply.results[0].error_code == ErrorCode.none, reply
+            assert (TOPIC, 0) not in cluster.managers[old_leader].replicas.partitions
+        finally:
+            held.release.set()
+        await cluster.settle()
+        assert not topic_dirs(tmp_path, old_leader)
+        await cluster.stop_all()
+    # Removal closes the log under the cut: that is no failure worth an error line.
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
