@@ -8,6 +8,7 @@ the replica whose log is being cut can be made leader.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from pathlib import Path
@@ -171,3 +172,32 @@ async def test_deleting_the_topic_while_its_log_is_cut(
     # Removal closes the log under the cut: that is no failure worth an error line.
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, errors
+
+
+async def test_a_failed_cut_is_asked_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures = [OSError(errno.ENOSPC, "No space left on device")]
+    truncate_to = PartitionLog.truncate_to
+
+    def failing_truncate_to(plog: PartitionLog, offset: int) -> None:
+        if failures:
+            raise failures.pop()
+        truncate_to(plog, offset)
+
+    monkeypatch.setattr(PartitionLog, "truncate_to", failing_truncate_to)
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        old_leader = await diverge_old_leader(cluster)
+        cluster.paused.clear()
+        # The follower backs off, meets the divergence again and cuts: no wake-up is lost.
+        await wait_until(
+            "the old leader to truncate",
+            lambda: cluster.status(old_leader).log_end_offset == ACKNOWLEDGED_END,
+        )
+        assert not failures
+        await wait_until("the ISR to expand", lambda: len(cluster.partition().isr) == 3)
+        result = await produce(cluster)
+        assert result.error == ErrorCode.none and result.base_offset == ACKNOWLEDGED_END, result
+        await wait_until("replicas in sync", cluster.in_sync)
+        await cluster.stop_all()
