@@ -324,6 +324,7 @@ class ReplicaAssignment:
         if result.lost_leadership:
             replicas.fail_waiters(hosted.key)
         if result.transition in (Transition.BECAME_LEADER, Transition.BECAME_FOLLOWER):
+            hosted.drop_queued_cut()
             follower = hosted.replica.follower
             self.fetchers.assign(hosted.key, None if follower is None else follower.leader_id)
             replicas.role_changed(hosted)

@@ -42,6 +42,11 @@ class HostedPartition:
     # by the producer-state gate, and metadata waits for it before it changes the role, so
     # only a follower's log is ever cut; code reading a log it does not lead waits for it.
     log_cut: trio.Event | None = None
+    # Set while a follower truncation waits for producers.lock and disk_lock (a snapshot
+    # write or a compaction may hold them for long). A role change cancels the wait: the cut
+    # belongs to the follower state that asked for it, and the new role must not wait for
+    # the directory before its producer state is rebuilt.
+    cut_wait: trio.CancelScope | None = None
 
     @property
     def key(self) -> TopicPartition:
@@ -68,6 +73,11 @@ class HostedPartition:
         finally:
             self.log_cut = None
             event.set()
+
+    def drop_queued_cut(self) -> None:
+        """The role changed: a truncation still waiting for its locks will not cut."""
+        if self.cut_wait is not None:
+            self.cut_wait.cancel()
 
     async def wait_for_log_cut(self) -> None:
         """Return once no truncation is cutting the log."""

@@ -18,6 +18,7 @@ docs/replication.md ("The driver") explains the flows.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
@@ -206,12 +207,12 @@ class ReplicaManager:
         """Cut the follower's log as `step` asks, in a worker thread, then rebuild its table.
 
         Invalidating the producer table first is what holds the log still: the fetchers skip
-        the partition and cleanup skips it; a role change waits until the cut is done
-        (ReplicaAssignment defers it while `log_cut` is set), so the cut only ever runs on a
-        follower's log and no leader reads a half-cut one. The
-        fetch that asked for the cut was sent while the table was loaded and only this path
-        invalidates a followed replica's table, so no reload is running: the one spawned
-        after the cut reads the cut log.
+        the partition and cleanup skips it. A role change waits until a running cut is done
+        (ReplicaAssignment defers it while `log_cut` is set) and drops a cut still waiting for
+        its locks (`cut_wait`), so the cut only ever runs on a follower's log and no leader
+        reads a half-cut one. The fetch that asked for the cut was sent while the table was
+        loaded and only this path invalidates a followed replica's table, so no reload is
+        running: the one spawned after the cut reads the cut log.
         """
         reset = step.action is FollowerAction.RESET
         plog = hosted.log
@@ -225,16 +226,30 @@ class ReplicaManager:
         replicas = self.replicas
 
         async def truncate() -> None:
+            waiting = hosted.cut_wait = trio.CancelScope()
             try:
-                # A snapshot write or a compaction in the directory finishes first.
-                async with hosted.producers.lock, hosted.disk_lock:
+                async with contextlib.AsyncExitStack() as locks:
+                    # A snapshot write or a compaction in the directory finishes first, unless
+                    # the role changes meanwhile (drop_queued_cut).
+                    with waiting:
+                        if hosted.replica.follower is not follower:
+                            waiting.cancel()  # the role changed while the job was queued
+                        await locks.enter_async_context(hosted.producers.lock)
+                        await locks.enter_async_context(hosted.disk_lock)
+                    hosted.cut_wait = None
                     # Removed meanwhile: its directory is going. A new role meanwhile (another
                     # epoch's follower, or the leader): the cut was computed for a follower
                     # state that no longer exists, and a leader's log is never cut; the new
                     # follower finds any divergence again on its first fetch.
-                    if not plog.closed and hosted.replica.follower is follower:
+                    if (
+                        not waiting.cancelled_caught
+                        and not plog.closed
+                        and hosted.replica.follower is follower
+                    ):
                         await hosted.cut_log(functools.partial(self.work.run_sync, cut))
             finally:
+                if hosted.cut_wait is waiting:
+                    hosted.cut_wait = None
                 # Even after an unexpected failure: the follower and the table must not wait
                 # for a cut that will never be reported.
                 if hosted.replica.follower is follower:
