@@ -54,7 +54,7 @@ def create_topic(
     async def run() -> None:
         async with open_cluster(bootstrap) as cluster:
             result = await Admin(cluster).create_topics(
-                [NewTopic(name, partitions, 3, configs=configs)]
+                [NewTopic(name, partitions, 3, configs=configs or {})]
             )
             assert result[name].error == ErrorCode.none, result
 
