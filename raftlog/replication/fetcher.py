@@ -190,7 +190,9 @@ class ReplicaFetcher:
             try:
                 if step.action is FollowerAction.APPEND:
                     # Storage time is wall-clock (segment.ms); now_ms here is monotonic.
-                    partition_log.append_as_follower(records)
+                    partition_log.append_as_follower(
+                        records, max_leader_epoch=follower.leader_epoch
+                    )
                     appended.append(hosted)
                     self._update_producers(hosted, records)
                     self._follow_log_start(hosted, follower, response.log_start_offset)
@@ -216,10 +218,17 @@ class ReplicaFetcher:
                 elif step.action is FollowerAction.BACKOFF:
                     failed = True
             except KafkaError as exc:
-                # A batch the log refuses (bad CRC, offset gap): fetch again after a pause
-                # rather than stop replicating the partition.
+                # A batch the log refuses (bad CRC, an impossible epoch, an offset gap):
+                # nothing of the answer was stored; fetch it again after a pause rather than
+                # stop replicating the partition.
                 log.warning(
-                    "%s-%d: follower append failed: %s", hosted.topic, hosted.partition, exc
+                    "%s-%d: refused the batches fetched from broker %d at offset %d, "
+                    "fetching them again: %s",
+                    hosted.topic,
+                    hosted.partition,
+                    self.leader_id,
+                    fetch.fetch_offset,
+                    exc,
                 )
                 failed = True
         return appended, failed

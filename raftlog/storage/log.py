@@ -182,13 +182,32 @@ class PartitionLog:
             self._checkpoint_due = True
         return info
 
-    def append_as_follower(self, batches: bytes, now_ms: int | None = None) -> AppendInfo:
-        """Append batches whose offsets and epochs the leader set; must continue at LEO."""
+    def append_as_follower(
+        self, batches: bytes, now_ms: int | None = None, *, max_leader_epoch: int | None = None
+    ) -> AppendInfo:
+        """Append batches whose offsets and epochs the leader set; must continue at LEO.
+
+        Every batch's CRC is checked before anything is written (a byte damaged on the
+        leader's disk or on the way is never stored). baseOffset and partitionLeaderEpoch are
+        outside the CRC, so they get sanity checks instead: offsets continue the log, and with
+        `max_leader_epoch` (the epoch of the leader we fetch from) epochs never go back and
+        never pass that leader's own epoch.
+        """
         self._check_open()
         buf = bytearray(batches)
         headers = self._validate(buf, as_leader=False)
         expected = self._leo
+        previous_epoch = self.epoch_cache.latest_epoch()
         for pos, header in headers:
+            if max_leader_epoch is not None and not (
+                max(previous_epoch, 0) <= header.partition_leader_epoch <= max_leader_epoch
+            ):
+                raise CorruptRecordError(
+                    f"follower append: batch at byte {pos} has leader epoch "
+                    f"{header.partition_leader_epoch}, outside [{max(previous_epoch, 0)}, "
+                    f"{max_leader_epoch}]"
+                )
+            previous_epoch = header.partition_leader_epoch
             # Gaps are legitimate only in compacted logs (the leader's cleaner removed
             # whole batches); anywhere else they mean a lost or misplaced write.
             ok = header.base_offset == expected or (
