@@ -35,6 +35,7 @@ from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
+from raftlog.metadata.raft.types import RoleChange
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
@@ -142,6 +143,7 @@ class Node:
                 functools.partial(MetadataLogStore, config.data_path, now_ms=wall_clock_ms())
             )
             self.metadata = MetadataService(config, self.cluster_id)
+            self.controller_client = ControllerClient(config, peers, self.metadata)
             self.quorum = QuorumDriver(
                 config,
                 store,
@@ -149,10 +151,9 @@ class Node:
                 peers,
                 on_commit=self.metadata.on_commit,
                 on_snapshot=self.metadata.on_snapshot,
-                on_role_change=self.metadata.on_role_change,
+                on_role_change=self._on_role_change,
             )
             self.metadata.attach(self.quorum)
-            self.controller_client = ControllerClient(config, peers, self.metadata)
             self._rpc_methods["controller"] = self.controller_client.serve
             self._rpc_methods["quorum.describe"] = self._describe_quorum_locally
 
@@ -178,6 +179,12 @@ class Node:
             )
             self.ready.set()
             task_status.started(self)
+
+    def _on_role_change(self, change: RoleChange) -> None:
+        assert self.metadata is not None and self.controller_client is not None
+        self.metadata.on_role_change(change)
+        # Controller requests in flight to a former leader go to the new one at once.
+        self.controller_client.leader_changed(change.leader_id)
 
     async def _start_broker(self, nursery: trio.Nursery, flusher: Any) -> None:
         config = self.config

@@ -28,13 +28,39 @@ CONTROLLED_SHUTDOWN_HEARTBEAT_TIMEOUT_MS = 3000
 CONTROLLER_CONNECT_TIMEOUT_MS = 300
 
 
+class ControllerMovedError(NotControllerError):
+    """A request in flight to one controller was abandoned: the quorum elected another."""
+
+
 class ControllerClient:
-    """Sends controller requests to whichever voter is the active controller, retrying."""
+    """Sends controller requests to whichever voter is the active controller, retrying.
+
+    A request in flight to a remote controller is abandoned as soon as the local metadata
+    quorum learns of another leader (`leader_changed`) and sent again to that one: a paused
+    or partitioned old controller keeps its connection open, so waiting for the reply or
+    the request's timeout would keep heartbeats from the new controller for a whole broker
+    session and get live brokers fenced.
+    """
 
     def __init__(self, config: NodeConfig, peers: PeerSet, metadata: MetadataService) -> None:
         self.config = config
         self.peers = peers
         self.metadata = metadata
+        # Cancel scope of each request in flight to a remote controller -> that node's id.
+        self._inflight: dict[trio.CancelScope, int] = {}
+        self.abandoned_requests = 0
+
+    def leader_changed(self, leader_id: int | None) -> None:
+        """The metadata quorum's leader is now `leader_id` (None: not known yet).
+
+        Requests in flight to any other node are abandoned and re-sent. An unknown leader
+        abandons nothing: the old one may still answer, and the next known leader decides.
+        """
+        if leader_id is None:
+            return
+        for scope, target_id in self._inflight.items():
+            if target_id != leader_id:
+                scope.cancel()
 
     async def call(self, request: Any, *, timeout_ms: int | None = None) -> Any:
         """The reply from the active controller, or KafkaError(REQUEST_TIMED_OUT)."""
@@ -44,6 +70,10 @@ class ControllerClient:
             while True:
                 try:
                     return await self._call_once(request, timeout_ms)
+                except ControllerMovedError as exc:
+                    # The new leader is known: send there at once, no backoff.
+                    log.info("controller request %s re-sent: %s", type(request).__name__, exc)
+                    continue
                 except (NotControllerError, RpcError) as exc:
                     log.debug("controller request %s retried: %s", type(request).__name__, exc)
                 await trio.sleep(backoff_ms / 1000)
@@ -63,12 +93,7 @@ class ControllerClient:
         address = self.config.voters.get(leader)
         if address is None:
             raise NotControllerError(leader)
-        answer = await self.peers.peer(leader, *address).call(
-            "controller",
-            cm.CODEC.encode(request, cm.ControllerRequest),
-            timeout_s=timeout_ms / 1000,
-            connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
-        )
+        answer = await self._call_remote(leader, address, request, timeout_ms)
         try:
             status, body = answer
             reply = cm.CODEC.decode(cm.ControllerReply, body) if status == "ok" else None
@@ -83,6 +108,28 @@ class ControllerClient:
         if status != "ok":
             raise KafkaError(ErrorCode.unknown_server_error, f"controller answered {status}")
         return reply
+
+    async def _call_remote(
+        self, leader: int, address: tuple[str, int], request: Any, timeout_ms: int
+    ) -> Any:
+        """The raw answer of `leader`; raises ControllerMovedError if another node is
+        elected while the request is in flight."""
+        scope = trio.CancelScope()
+        self._inflight[scope] = leader
+        try:
+            with scope:
+                return await self.peers.peer(leader, *address).call(
+                    "controller",
+                    cm.CODEC.encode(request, cm.ControllerRequest),
+                    timeout_s=timeout_ms / 1000,
+                    connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
+                )
+        finally:
+            del self._inflight[scope]
+        # Only leader_changed cancels this scope, and only for another leader.
+        self.abandoned_requests += 1
+        quorum = self.metadata.quorum
+        raise ControllerMovedError(quorum.core.leader_id if quorum is not None else None)
 
     async def serve(self, body: bytes) -> list[Any]:
         """The internal RPC method "controller" on this node."""
