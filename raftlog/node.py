@@ -124,6 +124,9 @@ class Node:
         self.rpc_port = 0
         self.kafka_port = 0
         self._rpc_methods: dict[str, Any] = {}
+        # Methods whose handler acts for the node the connection speaks for: handler(node
+        # id bound to the connection, body).
+        self._rpc_node_methods: dict[str, Any] = {}
 
     async def run(self, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
@@ -211,7 +214,7 @@ class Node:
             incarnation_id=self.lifecycle.incarnation_id,
         )
         await nursery.start(self.replicas.run)
-        self._rpc_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch
+        self._rpc_node_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch
         self.metadata.add_listener(self.replicas.apply_metadata)
         self.quotas = BrokerQuotas(QuotaLimits.from_node_config(config), clock_ms)
         self.metadata.add_listener(self.quotas.on_metadata)
@@ -299,6 +302,9 @@ class Node:
             assert self.quorum is not None
             self.quorum.receive(sender_id, body)
             return None
+        node_handler = self._rpc_node_methods.get(method)
+        if node_handler is not None:
+            return await node_handler(sender_id, body)
         handler = self._rpc_methods.get(method)
         if handler is None:
             raise ValueError(f"unknown internal method {method!r}")

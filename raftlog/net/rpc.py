@@ -7,6 +7,12 @@ Two kinds of traffic share one connection per peer:
 
 Every frame is msgpack of a list: [kind, correlation_id, sender_id, method, body], declared
 through raftlog.codec; each method declares its body. No pickle ever crosses a socket.
+
+A server-side connection speaks for one node id only (its `PeerIdentity`): the id is bound at
+the first frame, a later frame claiming another id closes the connection, and handlers get the
+bound id, never a per-frame claim. A handler that finds a body naming another node raises
+`IdentityMismatch`, which also closes the connection. Errors answered to a peer carry the
+exception's type only; the detail goes to this node's log.
 """
 
 from __future__ import annotations
@@ -41,6 +47,35 @@ UnreachableListener = Callable[[int], None]
 
 class RpcError(RemoteError):
     """A call failed: the peer was unreachable, closed the connection, timed out or raised."""
+
+
+class IdentityMismatch(RemoteError):
+    """A message names a node other than the one its connection speaks for.
+
+    Raised by a handler (a replica fetch naming another replica id, a heartbeat naming another
+    broker); the server logs it and closes the connection instead of answering.
+    """
+
+
+class PeerIdentity:
+    """The node id one incoming connection speaks for.
+
+    Without authentication the id is bound from the first frame's sender id; an authenticated
+    listener creates it already bound (`PeerIdentity(node_id)`) to the identity the peer proved,
+    and every later check stays the same. -1 is bound like any other id: a client that is not a
+    node cannot become one later on the same connection.
+    """
+
+    __slots__ = ("node_id",)
+
+    def __init__(self, node_id: int | None = None) -> None:
+        self.node_id = node_id
+
+    def admit(self, claimed_id: int) -> bool:
+        """Bind on first use; afterwards True only for the bound id."""
+        if self.node_id is None:
+            self.node_id = claimed_id
+        return claimed_id == self.node_id
 
 
 @dataclass(frozen=True)
@@ -105,8 +140,14 @@ async def serve_rpc(
     await trio.serve_listeners(serve_one, listeners)
 
 
-async def _serve_connection(stream: trio.abc.Stream, handler: Handler, limits: RpcLimits) -> None:
+async def _serve_connection(
+    stream: trio.abc.Stream,
+    handler: Handler,
+    limits: RpcLimits,
+    identity: PeerIdentity | None = None,
+) -> None:
     peer = _peer_name(stream)
+    identity = identity if identity is not None else PeerIdentity()
     reader = FrameReader(stream, limits.max_frame_bytes)
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
     # Responses go through one writer task that coalesces whatever is queued; the channel
@@ -127,11 +168,22 @@ async def _serve_connection(stream: trio.abc.Stream, handler: Handler, limits: R
                 if kind != KIND_REQUEST:
                     return
                 out = _encode(KIND_RESPONSE, correlation_id, 0, method, result)
+            except IdentityMismatch as exc:
+                log.warning(
+                    "closing internal connection from %s (node %s): %s %s",
+                    peer,
+                    sender_id,
+                    method,
+                    exc,
+                )
+                nursery.cancel_scope.cancel()
+                return
             except Exception as exc:  # a bad request must not kill the connection or the node
                 log.exception("rpc %s from %s (node %s) failed", method, peer, sender_id)
                 if kind != KIND_REQUEST:
                     return
-                out = _encode(KIND_ERROR, correlation_id, 0, method, f"{type(exc).__name__}: {exc}")
+                # The type only: the message may hold internal state (epochs, ids, paths).
+                out = _encode(KIND_ERROR, correlation_id, 0, method, type(exc).__name__)
             await responses_in.send(out)
         finally:
             inflight.release()
@@ -145,7 +197,7 @@ async def _serve_connection(stream: trio.abc.Stream, handler: Handler, limits: R
     async with trio.open_nursery() as nursery:
         nursery.start_soon(write_responses)
         try:
-            await _read_requests(reader, peer, inflight, nursery, answer)
+            await _read_requests(reader, peer, identity, inflight, nursery, answer)
         except FrameTooLarge as exc:
             log.warning("closing internal connection from %s: %s", peer, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -175,6 +227,7 @@ async def _send_coalesced(
 async def _read_requests(
     reader: FrameReader,
     peer: str,
+    identity: PeerIdentity,
     inflight: trio.Semaphore,
     nursery: trio.Nursery,
     answer: Callable[..., Awaitable[None]],
@@ -190,6 +243,15 @@ async def _read_requests(
             return
         if kind not in (KIND_CAST, KIND_REQUEST):
             log.warning("closing internal connection from %s: unexpected kind %s", peer, kind)
+            return
+        if not identity.admit(sender_id):
+            log.warning(
+                "closing internal connection from %s: it speaks for node %s, a %s names node %s",
+                peer,
+                identity.node_id,
+                method,
+                sender_id,
+            )
             return
         await inflight.acquire()
         nursery.start_soon(answer, kind, correlation_id, sender_id, method, body)

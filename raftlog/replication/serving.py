@@ -20,6 +20,7 @@ from raftlog.net.kafka.backend import (
     IsolationLevel,
     ListOffsetsResult,
 )
+from raftlog.net.rpc import IdentityMismatch
 from raftlog.replication.core.leader import LeaderState
 from raftlog.replication.core.types import FetchDecision, FetchOutcome
 from raftlog.replication.fetch_wire import (
@@ -169,9 +170,16 @@ class ReadPaths:
         return EpochEndOffset(leader_epoch=epoch, end_offset=end_offset)
 
     # ------------------------------------------------------------------ replicas
-    async def handle_replica_fetch(self, body: dict) -> dict:
-        """The leader side of replica.fetch: validate, maybe park, answer with records."""
+    async def handle_replica_fetch(self, sender_id: int, body: dict) -> dict:
+        """The leader side of replica.fetch: validate, maybe park, answer with records.
+
+        sender_id is the node the connection speaks for: a fetch is an acknowledgement (it
+        keeps a follower in the ISR and moves the HW), so it counts only for that node. A
+        fetch naming any other replica is refused before anything is recorded; one from a
+        broker that is not a replica of a partition gets NOT_LEADER_OR_FOLLOWER for it."""
         request = decode_request(body)
+        if request.replica_id != sender_id:
+            raise IdentityMismatch("a replica fetch names another replica")
         now_ms = self.replicas.clock_ms()
         answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
         reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]] = []

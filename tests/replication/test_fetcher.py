@@ -153,12 +153,12 @@ async def test_leader_refuses_fetches_from_a_broker_that_is_not_a_replica(tmp_pa
         )
         with trio.fail_after(5):  # refusals answer at once, they never park
             reply = decode_response(
-                await leader.reads.handle_replica_fetch(encode_request(request))
+                await leader.reads.handle_replica_fetch(99, encode_request(request))
             )
         assert [a.error for a in reply] == [
             ErrorCode.not_leader_or_follower,
             ErrorCode.unknown_topic_or_partition,
         ]
         with pytest.raises(ValueError):
-            await leader.reads.handle_replica_fetch({"partitions": 3})
+            await leader.reads.handle_replica_fetch(99, {"partitions": 3})
         await cluster.stop_all()

@@ -115,7 +115,7 @@ class Cluster:
             target = self.managers.get(leader_id)
             if source in self.paused or target is None:
                 raise ConnectionError(f"broker {source} cannot reach broker {leader_id}")
-            reply = await target.reads.handle_replica_fetch(_wire(body))
+            reply = await target.reads.handle_replica_fetch(source, _wire(body))
             if source in self.paused:  # cut while the fetch was parked: the answer is lost
                 raise ConnectionError(f"broker {source} lost the answer of broker {leader_id}")
             return _wire(reply)
