@@ -157,7 +157,7 @@ class Node:
                 on_role_change=self._on_role_change,
             )
             self.metadata.attach(self.quorum)
-            self._rpc_methods["controller"] = self.controller_client.serve
+            self._rpc_node_methods["controller"] = self.controller_client.serve
             self._rpc_methods["quorum.describe"] = self._describe_quorum_locally
 
             host, port = config.internal_address

@@ -20,6 +20,12 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, LocalError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.controller import Controller
+from raftlog.metadata.controller.messages import (
+    AllocateProducerIds,
+    AlterPartition,
+    BrokerHeartbeat,
+    RegisterBroker,
+)
 from raftlog.metadata.image import (
     MetadataApplyError,
     MetadataDelta,
@@ -30,6 +36,7 @@ from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import NotLeader, Overloaded, RoleChange, Snapshot
 from raftlog.metadata.snapshot import encode_snapshot, image_records
+from raftlog.net.rpc import IdentityMismatch
 
 log = logging.getLogger("raftlog.metadata")
 
@@ -42,6 +49,8 @@ CONTROLLER_COMMIT_TIMEOUT_MS = 30_000
 MAX_RECORDS_PER_ENTRY = 2_000
 
 ImageListener = Callable[[MetadataImage, MetadataDelta], None]
+# Requests a broker makes for itself: they name it (broker_id), and only it may send them.
+BROKER_SCOPED_REQUESTS = (RegisterBroker, BrokerHeartbeat, AllocateProducerIds, AlterPartition)
 
 
 class CommittedMetadataError(LocalError):
@@ -256,15 +265,40 @@ class MetadataService:
         except KafkaError as exc:
             log.info("controller change not committed: %s", exc)
 
-    async def handle(self, request: Any) -> Any:
-        """Serve one controller request on the active controller; raises NotControllerError."""
+    async def handle(self, request: Any, *, sender_id: int | None = None) -> Any:
+        """Serve one controller request on the active controller; raises NotControllerError.
+
+        sender_id is the node the request's connection speaks for (None: this node's own
+        request). Raises IdentityMismatch, which closes that connection, for a request that
+        speaks for another broker or comes from no known node."""
         controller = self.controller
         if controller is None or self.quorum is None:
             raise NotControllerError(self.quorum.core.leader_id if self.quorum else None)
+        if sender_id is not None:
+            self._check_sender(controller, request, sender_id)
         result = controller.handle(request, self.quorum.now_ms())
+        if result.error_code != ErrorCode.none and isinstance(request, BROKER_SCOPED_REQUESTS):
+            # The reply names no epoch (the peer may be a forger): the detail stays here.
+            registration = controller.image.brokers.get(request.broker_id)
+            log.info(
+                "controller refused %r from node %s: %s (registered broker epoch %s)",
+                request,
+                sender_id if sender_id is not None else self.config.node_id,
+                result.error_code.name,
+                registration.epoch if registration is not None else None,
+            )
         if result.records:
             await self._append(result.records)
         return result.reply
+
+    def _check_sender(self, controller: Controller, request: Any, sender_id: int) -> None:
+        """A broker's own requests (registration, heartbeats, ISR changes, producer ids) come
+        from that broker; any other request from a voter or a registered broker."""
+        if isinstance(request, BROKER_SCOPED_REQUESTS):
+            if request.broker_id != sender_id:
+                raise IdentityMismatch(f"{type(request).__name__} names another broker")
+        elif sender_id not in self.config.voters and sender_id not in controller.image.brokers:
+            raise IdentityMismatch(f"{type(request).__name__} from a node that is not known")
 
     async def _append(self, records: tuple[r.Record, ...]) -> None:
         """Append a controller result and wait until it commits.

@@ -131,11 +131,12 @@ class ControllerClient:
         quorum = self.metadata.quorum
         raise ControllerMovedError(quorum.core.leader_id if quorum is not None else None)
 
-    async def serve(self, body: bytes) -> list[Any]:
-        """The internal RPC method "controller" on this node."""
+    async def serve(self, sender_id: int, body: bytes) -> list[Any]:
+        """The internal RPC method "controller" on this node, for the node the connection
+        speaks for (sender_id)."""
         request: Any = cm.CODEC.decode(cm.ControllerRequest, body)
         try:
-            reply = await self.metadata.handle(request)
+            reply = await self.metadata.handle(request, sender_id=sender_id)
         except NotControllerError as exc:
             return ["not_controller", exc.leader_id]
         return ["ok", cm.CODEC.encode(reply, cm.ControllerReply)]

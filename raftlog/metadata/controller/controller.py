@@ -68,6 +68,10 @@ __all__ = ["PREFERRED_LEADER_CHECK_INTERVAL_MS", "PRODUCER_ID_BLOCK_SIZE", "Cont
 PREFERRED_LEADER_CHECK_INTERVAL_MS = 300_000
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_PRODUCER_ID = 2**63 - 1
+# Refusals go back to the peer that sent the request: they never echo the current broker
+# epoch (knowing it is all a forged heartbeat would need); the service logs the detail.
+NOT_REGISTERED_TEXT = "the broker is not registered"
+STALE_BROKER_EPOCH_TEXT = "the broker epoch is not the registered one"
 
 
 class Controller:
@@ -199,10 +203,10 @@ class Controller:
                 and not existing.fenced
             )
             if session_alive:
+                # The live incarnation's id stays out of the text: it is what a forger lacks.
                 return RegisterBrokerReply(
                     ErrorCode.duplicate_broker_registration,
-                    f"broker {req.broker_id} is registered by another live incarnation "
-                    f"{existing.incarnation_id}",
+                    "the broker id is registered by another live incarnation",
                 )
         epoch = existing.epoch + 1 if existing is not None else 1
         batch.add(
@@ -230,14 +234,9 @@ class Controller:
     def _heartbeat(self, batch: Batch, req: BrokerHeartbeat, now_ms: int) -> BrokerHeartbeatReply:
         reg = batch.image.brokers.get(req.broker_id)
         if reg is None:
-            return BrokerHeartbeatReply(
-                ErrorCode.broker_id_not_registered, f"broker {req.broker_id} is not registered"
-            )
+            return BrokerHeartbeatReply(ErrorCode.broker_id_not_registered, NOT_REGISTERED_TEXT)
         if reg.epoch != req.broker_epoch:
-            return BrokerHeartbeatReply(
-                ErrorCode.stale_broker_epoch,
-                f"broker {req.broker_id} epoch is {reg.epoch}, heartbeat has {req.broker_epoch}",
-            )
+            return BrokerHeartbeatReply(ErrorCode.stale_broker_epoch, STALE_BROKER_EPOCH_TEXT)
         self._last_contact_ms[req.broker_id] = now_ms
         self._heard_from.add(req.broker_id)
         caught_up = req.current_metadata_offset >= self.committed_offset
@@ -276,14 +275,9 @@ class Controller:
     ) -> AllocateProducerIdsReply:
         reg = batch.image.brokers.get(req.broker_id)
         if reg is None:
-            return AllocateProducerIdsReply(
-                ErrorCode.broker_id_not_registered, f"broker {req.broker_id} is not registered"
-            )
+            return AllocateProducerIdsReply(ErrorCode.broker_id_not_registered, NOT_REGISTERED_TEXT)
         if reg.epoch != req.broker_epoch:
-            return AllocateProducerIdsReply(
-                ErrorCode.stale_broker_epoch,
-                f"broker {req.broker_id} epoch is {reg.epoch}, request has {req.broker_epoch}",
-            )
+            return AllocateProducerIdsReply(ErrorCode.stale_broker_epoch, STALE_BROKER_EPOCH_TEXT)
         start = batch.image.next_producer_id
         if start > MAX_PRODUCER_ID - PRODUCER_ID_BLOCK_SIZE:
             return AllocateProducerIdsReply(

@@ -184,12 +184,9 @@ def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
 
     reg = image.brokers.get(req.broker_id)
     if reg is None:
-        return refuse(ErrorCode.broker_id_not_registered, f"broker {req.broker_id} unknown")
+        return refuse(ErrorCode.broker_id_not_registered, "the broker is not registered")
     if reg.epoch != req.broker_epoch:
-        return refuse(
-            ErrorCode.stale_broker_epoch,
-            f"broker {req.broker_id} epoch is {reg.epoch}, request has {req.broker_epoch}",
-        )
+        return refuse(ErrorCode.stale_broker_epoch, "the broker epoch is not the registered one")
     topic = image.topics_by_id.get(req.topic_id)
     if topic is None:
         return refuse(ErrorCode.unknown_topic_id, f"no topic with id {req.topic_id}")
@@ -199,10 +196,9 @@ def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
             ErrorCode.unknown_topic_or_partition, f"{topic.name} has no partition {req.partition}"
         )
     if req.leader_epoch != state.leader_epoch:
-        return refuse(
-            ErrorCode.fenced_leader_epoch,
-            f"leader epoch is {state.leader_epoch}, request has {req.leader_epoch}",
-        )
+        # Refusals never echo the current epochs (the peer may be a forger); the service
+        # logs the detail.
+        return refuse(ErrorCode.fenced_leader_epoch, "the leader epoch is not the current one")
     if req.broker_id != state.leader:
         return refuse(
             ErrorCode.invalid_request,
@@ -210,8 +206,7 @@ def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
         )
     if req.partition_epoch != state.partition_epoch:
         return refuse(
-            ErrorCode.invalid_update_version,
-            f"partition epoch is {state.partition_epoch}, request has {req.partition_epoch}",
+            ErrorCode.invalid_update_version, "the partition epoch is not the current one"
         )
     new_isr = tuple(req.new_isr)
     if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(state.replicas):
