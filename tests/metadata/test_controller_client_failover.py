@@ -16,7 +16,7 @@ import trio.testing
 from raftlog.config import NodeConfig
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import ControllerClient
-from raftlog.net.rpc import PeerSet, serve_rpc
+from raftlog.net.rpc import PeerSet, RpcLimits, serve_rpc
 
 # Far longer than any wait of these tests: a reply that comes at all came from re-sending.
 REQUEST_TIMEOUT_MS = 60_000
@@ -140,3 +140,43 @@ async def test_only_requests_to_other_nodes_are_abandoned():
     client._inflight.update({to_2: 2, to_3: 3})
     client.leader_changed(3)
     assert to_2.cancel_called and not to_3.cancel_called
+
+
+async def test_requests_waiting_for_a_commit_leave_room_for_the_raft_fetch_that_commits_them():
+    # After a failover a broker asks the controller to change the ISR of every partition it
+    # leads, at once. Each request waits for its metadata entry to commit, which takes this
+    # node's next Raft fetch, sent as a cast on the same connection. The controller reads a
+    # connection in order with at most RpcLimits.max_inflight_per_connection requests in
+    # flight: had the broker sent more than that, the Raft fetch would wait behind them.
+    requests = 3 * RpcLimits().max_inflight_per_connection
+    committed = trio.Event()
+
+    async def controller(sender_id, method, body):
+        if method == "raft":
+            committed.set()  # the follower's fetch: the pending entry commits
+            return None
+        await committed.wait()
+        reply = cm.BrokerHeartbeatReply(is_caught_up=True, is_fenced=False)
+        return ["ok", cm.CODEC.encode(reply, cm.ControllerReply)]
+
+    async with trio.open_nursery() as nursery:
+        port_2 = await _start_controller(nursery, controller)
+        peers = PeerSet(1)
+        await nursery.start(peers.run)
+        config = _config({1: 1, 2: port_2})
+        client = ControllerClient(config, peers, SimpleNamespace(quorum=_Quorum(leader_id=2)))
+        answered = 0
+
+        async def request() -> None:
+            nonlocal answered
+            await client.call(_heartbeat(), timeout_ms=REQUEST_TIMEOUT_MS)
+            answered += 1
+
+        with trio.fail_after(FOLLOW_DEADLINE_S):
+            async with trio.open_nursery() as requests_nursery:
+                for _ in range(requests):
+                    requests_nursery.start_soon(request)
+                await trio.testing.wait_all_tasks_blocked()
+                assert peers.peer(2, *config.voters[2]).cast("raft", None)
+        assert answered == requests
+        nursery.cancel_scope.cancel()

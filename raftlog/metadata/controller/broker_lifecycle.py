@@ -26,6 +26,13 @@ CONTROLLED_SHUTDOWN_HEARTBEAT_TIMEOUT_MS = 3000
 # A controller we cannot connect to this fast is treated as gone; the next try re-reads who
 # leads (a new election usually takes about one election timeout).
 CONTROLLER_CONNECT_TIMEOUT_MS = 300
+# Controller requests this node has in flight to a remote controller at once. They share one
+# connection with this node's Raft messages, and the controller reads a connection's frames
+# in order with a bounded number of requests in flight (RpcLimits.max_inflight_per_connection,
+# 64): requests that wait for a metadata commit (AlterPartition for every partition this
+# broker leads, after a failover) must never fill that window, or the Raft fetch that would
+# commit them waits behind them until the controller resigns for want of a quorum.
+MAX_CONTROLLER_REQUESTS_IN_FLIGHT = 16
 
 
 class ControllerMovedError(NotControllerError):
@@ -48,6 +55,7 @@ class ControllerClient:
         self.metadata = metadata
         # Cancel scope of each request in flight to a remote controller -> that node's id.
         self._inflight: dict[trio.CancelScope, int] = {}
+        self._slots = trio.Semaphore(MAX_CONTROLLER_REQUESTS_IN_FLIGHT)
         self.abandoned_requests = 0
 
     def leader_changed(self, leader_id: int | None) -> None:
@@ -118,12 +126,13 @@ class ControllerClient:
         self._inflight[scope] = leader
         try:
             with scope:
-                return await self.peers.peer(leader, *address).call(
-                    "controller",
-                    cm.CODEC.encode(request, cm.ControllerRequest),
-                    timeout_s=timeout_ms / 1000,
-                    connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
-                )
+                async with self._slots:
+                    return await self.peers.peer(leader, *address).call(
+                        "controller",
+                        cm.CODEC.encode(request, cm.ControllerRequest),
+                        timeout_s=timeout_ms / 1000,
+                        connect_timeout_s=CONTROLLER_CONNECT_TIMEOUT_MS / 1000,
+                    )
         finally:
             del self._inflight[scope]
         # Only leader_changed cancels this scope, and only for another leader.
