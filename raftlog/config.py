@@ -168,6 +168,13 @@ class NodeConfig:
     flush_interval_ms: int = _key(
         1000, "fsync interval under flush_policy='interval'.", lo=1, hi=2**31 - 1
     )
+    log_scrub_bytes_per_s: int = _key(
+        4 * MIB,
+        "Rate at which the background scrubber re-reads segments to verify every batch's "
+        "CRC (0 turns it off).",
+        lo=0,
+        hi=2**40,
+    )
     # -- topics and replication
     num_partitions: int = _key(1, "Partitions of auto-created topics.", lo=1, hi=100_000)
     default_replication_factor: int = _key(

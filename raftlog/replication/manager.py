@@ -38,6 +38,7 @@ from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS
 from raftlog.replication.log_work import LogWork
 from raftlog.replication.produce import ProducePath
 from raftlog.replication.replicas import AlterPartitionFn, Replicas
+from raftlog.replication.scrub import Scrubber
 from raftlog.replication.serving import ReadPaths
 from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager
@@ -111,6 +112,12 @@ class ReplicaManager:
             truncate=self._truncate_follower,
             rebuild_producers=self._rebuild_producers,
         )
+        # Verifies every hosted log's batches in the background (off when the rate is 0).
+        self.scrubber = Scrubber(
+            partitions=self.replicas.partitions,
+            bytes_per_s=max(1, config.log_scrub_bytes_per_s),
+            truncate=self._truncate_follower,
+        )
         self.reads = ReadPaths(self.replicas)
         self.writes = ProducePath(self.replicas)
         # incarnation_id: this process's broker registration (BrokerLifecycle); its unfencing
@@ -139,6 +146,8 @@ class ReplicaManager:
             nursery.start_soon(self._checkpoint_loop)
             nursery.start_soon(self._cleanup_loop)
             nursery.start_soon(self._producer_snapshot_loop)
+            if self.config.log_scrub_bytes_per_s > 0:
+                nursery.start_soon(self.scrubber.run)
             self.fetchers.start(nursery)
             replicas.attach(nursery)
             task_status.started()

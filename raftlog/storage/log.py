@@ -103,6 +103,9 @@ class PartitionLog:
         self._directory_dirty = False
         self._checkpoint_due = False
         self.closed = False
+        # [from, to): offsets the scrubber found damaged in this log and that reads refuse
+        # with KAFKA_STORAGE_ERROR until a truncation removes them (a leader's damage).
+        self.damaged_range: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -116,6 +119,11 @@ class PartitionLog:
     @property
     def flushed_offset(self) -> int:
         return self._flushed
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every truncation: work prepared against the old log must not count."""
+        return self._generation
 
     @property
     def size_bytes(self) -> int:
@@ -305,6 +313,15 @@ class PartitionLog:
                 f"of {self.directory.name}"
             )
         limit = self._leo if max_offset is None else min(max_offset, self._leo)
+        if self.damaged_range is not None:
+            damaged_from, damaged_to = self.damaged_range
+            if damaged_from <= start_offset < damaged_to:
+                raise KafkaError(
+                    ErrorCode.kafka_storage_error,
+                    f"offset {start_offset} of {self.directory.name} is in a damaged range",
+                )
+            if start_offset < damaged_from:
+                limit = min(limit, damaged_from)
         empty = ReadResult([], self._log_start, self._leo)
         i = self._segment_index(start_offset)
         while i < len(self.segments) and start_offset < limit:
@@ -355,6 +372,19 @@ class PartitionLog:
                         return record.offset, ts
         return None
 
+    # ------------------------------------------------------------------ damage
+    def mark_damaged(self, offset: int) -> None:
+        """The batch holding `offset` failed verification: refuse reads from it to the
+        current end (nothing past a damaged batch can be located reliably) until a
+        truncation at or below `offset` removes it."""
+        if self.damaged_range is not None:
+            offset = min(offset, self.damaged_range[0])
+        self.damaged_range = (offset, max(self._leo, offset + 1))
+
+    def _clear_damage_from(self, offset: int) -> None:
+        if self.damaged_range is not None and offset <= self.damaged_range[0]:
+            self.damaged_range = None
+
     # ------------------------------------------------------------------ truncation
     def truncate_to(self, offset: int) -> None:
         """Drop offsets >= offset (whole batches: a batch holding `offset` goes entirely)."""
@@ -372,6 +402,7 @@ class PartitionLog:
         self._dirty_segments = [s for s in self._dirty_segments if s in self.segments]
         old_leo = self._leo
         self._leo = segment.next_offset
+        self._clear_damage_from(self._leo)
         self.epoch_cache.truncate_from_end(self._leo)
         self._after_truncation()
         log.info("%s: truncated from %d to %d", self.directory.name, old_leo, self._leo)
@@ -384,6 +415,7 @@ class PartitionLog:
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes)]
         self._dirty_segments = []
         self._log_start = self._leo = offset
+        self.damaged_range = None
         self.epoch_cache.clear()
         self._after_truncation()
         fsync_dir(self.directory)

@@ -11,7 +11,14 @@ import pytest
 import trio
 
 from raftlog.errors import ErrorCode
-from tests.replication.test_manager import followers, produce, start_cluster
+from tests.replication.test_manager import (
+    TOPIC,
+    followers,
+    last_offsets,
+    produce,
+    read_consumer,
+    start_cluster,
+)
 from tests.waiting import wait_until
 
 
@@ -45,4 +52,88 @@ async def test_follower_refuses_a_damaged_fetch_answer_and_fetches_it_again(
         assert cluster.log_bytes(victim) == cluster.log_bytes(cluster.leader_id)
         refusals = [r for r in caplog.records if "refused the batches fetched" in r.message]
         assert len(refusals) == 3 and "CRC" in refusals[0].message
+        await cluster.stop_all()
+
+
+def flip_byte_in_segment(segment_file: Path, batch_index: int) -> None:
+    """Flip the last record byte of the `batch_index`th batch of a segment file on disk."""
+    data = segment_file.read_bytes()
+    position = 0
+    for _ in range(batch_index):
+        position += 12 + int.from_bytes(data[position + 8 : position + 12], "big")
+    end = position + 12 + int.from_bytes(data[position + 8 : position + 12], "big")
+    with open(segment_file, "r+b") as f:
+        f.seek(end - 2)
+        f.write(bytes([data[end - 2] ^ 0x08]))
+
+
+def segment_file(root: Path, broker_id: int) -> Path:
+    return root / f"broker-{broker_id}" / f"{TOPIC}-0" / f"{0:020d}.log"
+
+
+async def produce_values(cluster: Any, count: int) -> None:
+    for _ in range(count):
+        assert (await produce(cluster)).error == ErrorCode.none
+
+
+async def test_scrubber_repairs_a_followers_committed_batch_damaged_while_it_was_stopped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "raftlog")
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        # Enough batches for an offset-index entry: recovery then trusts the segment's
+        # batches before it without reading them.
+        await produce_values(cluster, 40)
+        await wait_until("replicas in sync", cluster.in_sync)
+        leader_id = cluster.leader_id
+        expected = cluster.log_bytes(leader_id)
+        victim = followers(cluster)[0]
+        await cluster.stop(victim)
+        # Below the recovery point a clean shutdown wrote: recovery trusts this segment.
+        flip_byte_in_segment(segment_file(tmp_path, victim), 4)
+        manager = await cluster.start(victim)
+        manager.scrubber.schedule.pass_interval_s = 0.05
+        await wait_until("the scrubber to find it", lambda: manager.scrubber.damage_found >= 1)
+        await wait_until("the repair", lambda: cluster.in_sync() and manager.scrubber.damaged == {})
+        assert cluster.log_bytes(victim) == expected
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("found a damaged batch at offset 12" in m for m in messages)
+        assert any("truncating to 12 to fetch the damaged batches again" in m for m in messages)
+        # The next pass finds nothing more.
+        passes = manager.scrubber.schedule.passes
+        await wait_until("another pass", lambda: manager.scrubber.schedule.passes > passes + 1)
+        assert manager.scrubber.damage_found == 1
+        await cluster.stop_all()
+
+
+async def test_a_damaged_leader_refuses_the_range_and_repairs_once_another_replica_leads(
+    tmp_path: Path,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        await produce_values(cluster, 10)
+        await wait_until("replicas in sync", cluster.in_sync)
+        leader_id = cluster.leader_id
+        expected = cluster.log_bytes(leader_id)
+        # The running leader's segment file is damaged (the page cache holds the flip).
+        flip_byte_in_segment(segment_file(tmp_path, leader_id), 4)
+        leader = cluster.managers[leader_id]
+        leader.scrubber.schedule.pass_interval_s = 0.05
+        await wait_until("the scrubber to find it", lambda: leader.scrubber.damage_found >= 1)
+        result, data = await read_consumer(leader)
+        assert result.error == ErrorCode.none and last_offsets(data)[-1] == 11
+        result, _ = await read_consumer(leader, 12)
+        assert result.error == ErrorCode.kafka_storage_error
+        # Leadership moves (here: the broker is fenced); the old leader fetches the range again.
+        cluster.heartbeat(leader_id, want_fence=True)
+        assert cluster.leader_id != leader_id
+        await wait_until("the repair", lambda: leader.scrubber.damaged == {})
+        await wait_until(
+            "the old leader to catch up", lambda: cluster.log_bytes(leader_id) == expected
+        )
+        _, data = await read_consumer(cluster.managers[cluster.leader_id])
+        assert data == expected
         await cluster.stop_all()

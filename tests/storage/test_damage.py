@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.errors import CorruptRecordError
+from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import set_offset_and_epoch
 from raftlog.storage import LogConfig, PartitionLog
+from raftlog.storage.scrubber import ScrubResult, ScrubSchedule, SegmentExtent, verify_range
 from tests.storage.helpers import batch
 
 SMALL = LogConfig(segment_bytes=2000, index_interval_bytes=200)
@@ -51,3 +52,119 @@ def test_follower_refuses_a_leader_epoch_outside_the_crc_that_cannot_be_right(
     assert follower.log_end_offset == 6
     follower.append_as_follower(leader.read(6, 10**6).read_bytes(), max_leader_epoch=3)
     assert follower.log_end_offset == leader.log_end_offset
+
+
+# ------------------------------------------------------------------ the scrubber's steps
+def scrub_all(lg: PartitionLog, schedule: ScrubSchedule) -> list[ScrubResult]:
+    """One pass over `lg` with the pacing ignored (time jumps to each ready time)."""
+    results = []
+    now_s = 0.0
+    while schedule.passes == 0:
+        step = schedule.next_step(
+            now_s=now_s,
+            keys=[("t", 0)],
+            segments_of=lambda key: [
+                SegmentExtent(s.base_offset, s.size_bytes) for s in lg.segments
+            ],
+        )
+        assert step is not None
+        if schedule.passes:
+            break
+        if isinstance(step, float):
+            now_s = step
+            continue
+        segment = next(s for s in lg.segments if s.base_offset == step.base_offset)
+        result = verify_range(segment, step, allow_gaps=False)
+        schedule.on_verified(now_s=now_s, step=step, result=result)
+        results.append(result)
+    return results
+
+
+def flip_byte_on_disk(lg: PartitionLog, offset: int, *, from_end: int = 5) -> Path:
+    """Flip a record byte of the batch holding `offset`, in the segment file itself."""
+    segment = next(s for s in reversed(lg.segments) if s.base_offset <= offset)
+    position = segment.locate(offset)
+    assert position is not None
+    header = segment.header_at(position)
+    at = position + header.size_bytes - from_end
+    with open(segment.log_path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x10]))
+    return segment.log_path
+
+
+def test_a_scrub_pass_verifies_every_byte_of_every_segment(tmp_path: Path) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=60)
+    assert len(lg.segments) > 3
+    schedule = ScrubSchedule(bytes_per_s=10_000, chunk_bytes=500)
+    results = scrub_all(lg, schedule)
+    assert all(r.damage is None for r in results)
+    assert schedule.bytes_verified == lg.size_bytes
+
+
+def test_the_scrubber_finds_a_flipped_byte_below_the_recovery_point(tmp_path: Path) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=60)
+    flip_byte_on_disk(lg, 100)
+    lg.close()
+    # A clean shutdown left the recovery point at the end: recovery trusts every segment.
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    assert lg.log_end_offset == 180
+    damaged = [r for r in scrub_all(lg, ScrubSchedule(bytes_per_s=10_000)) if r.damage]
+    assert len(damaged) == 1
+    assert damaged[0].next_offset == 99 and "CRC" in str(damaged[0].damage)  # batch 99..101
+
+
+def test_the_scrubber_finds_a_batch_cut_mid_way_and_a_damaged_length(tmp_path: Path) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=20)
+    lg.close()
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    segment = lg.segments[-1]
+    position = segment.locate(segment.next_offset - 1)
+    assert position is not None
+    # A length field that claims more than the segment holds.
+    with open(segment.log_path, "r+b") as f:
+        f.seek(position + 8)
+        f.write((10**6).to_bytes(4, "big"))
+    damaged = [r for r in scrub_all(lg, ScrubSchedule(bytes_per_s=10**6)) if r.damage]
+    assert len(damaged) == 1 and "past the segment" in str(damaged[0].damage)
+    assert damaged[0].next_offset == segment.next_offset - 3
+
+
+def test_scrub_pacing_never_exceeds_the_rate() -> None:
+    segments = [SegmentExtent(0, 10_000), SegmentExtent(100, 5_000)]
+    schedule = ScrubSchedule(bytes_per_s=1_000, chunk_bytes=4_000, pass_interval_s=20)
+    assert schedule.chunk_bytes == 1_000  # one step is at most a second's worth
+    now_s = 0.0
+    starts = []
+    while schedule.passes < 2:
+        step = schedule.next_step(now_s=now_s, keys=[("a", 0)], segments_of=lambda k: segments)
+        assert step is not None
+        if isinstance(step, float):
+            assert step > now_s
+            now_s = step
+            continue
+        starts.append((now_s, step.base_offset, step.start_position))
+        size = step.end_position - step.start_position
+        result = ScrubResult(step.end_position, 0, size)
+        schedule.on_verified(now_s=now_s, step=step, result=result)
+    # 15 steps of 1000 bytes a pass, one a second, then a new pass from the start once 20 s
+    # have passed since the first one started.
+    assert [s[0] for s in starts[:30]] == [float(i) for i in range(15)] + [
+        float(i) for i in range(20, 35)
+    ]
+    assert starts[10][1:] == (100, 0) and starts[15][1:] == (0, 0)
+
+
+def test_a_leader_log_refuses_reads_of_a_damaged_range_until_it_is_cut(tmp_path: Path) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=10)
+    lg.mark_damaged(9)
+    with pytest.raises(KafkaError) as info:
+        lg.read(10, 10**6)
+    assert info.value.code == ErrorCode.kafka_storage_error
+    assert lg.read(0, 10**6).next_offset == 9  # stops before the damaged batch
+    lg.append_as_leader(batch(3), leader_epoch=3, now_ms=0)
+    assert lg.read(30, 10**6).next_offset == 33  # appended after the damage: served
+    lg.truncate_to(9)
+    assert lg.damaged_range is None and lg.read(0, 10**6).next_offset == 9

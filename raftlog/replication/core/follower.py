@@ -170,6 +170,22 @@ class FollowerState:
         if failed:
             self._backoff_until_ms = now_ms + self.settings.replica_fetch_backoff_ms
 
+    def truncation_for_damage(self, *, offset: int) -> FollowerStep | None:
+        """The batch holding `offset` is damaged on our disk (the scrubber found it): cut the
+        log before it and fetch it again from the leader. None while another cut is out (the
+        next scrub pass finds the damage again if that cut left it).
+
+        A fetch in flight asked from the old end: its answer must not be appended after the
+        cut, so it is forgotten (its answer is then IGNORED).
+        """
+        if self._truncation is not None:
+            return None
+        log = self.log
+        target = max(log.log_start_offset, min(offset, log.log_end_offset))
+        self.in_flight = None
+        self._truncation = (FollowerAction.TRUNCATE, target)
+        return FollowerStep(FollowerAction.TRUNCATE, truncate_to_offset=target)
+
     def on_fetch_response(self, *, now_ms: int, response: FetchResponse) -> FollowerStep:
         request = self.in_flight
         if request is None or response.request_id != request.request_id:
