@@ -71,6 +71,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_ITEMS",
     "DEFAULT_MAX_STR_CHARS",
+    "EPOCH_MAX",
     "ERROR_CODE_EXT",
     "I32_MAX",
     "I64_MAX",
@@ -122,9 +123,15 @@ class MaxLen:
     count: int
 
 
+# The largest leader epoch any log can hold: a record batch stores it as its INT32
+# partitionLeaderEpoch, and the metadata log keeps the Raft epoch there. The one bound for
+# epochs on the wire (the Epoch kind below) and in the quorum-state file: a larger epoch is
+# refused at decode, never stored.
+EPOCH_MAX = I32_MAX
+
 # Integer kinds the message families share; -1 is the protocols' "none" or "unknown".
 NodeId = Annotated[int, Range(-1, I32_MAX)]
-Epoch = Annotated[int, Range(-1, I32_MAX)]
+Epoch = Annotated[int, Range(-1, EPOCH_MAX)]
 Offset = Annotated[int, Range(-1, I64_MAX)]
 Size = Annotated[int, Range(0, I64_MAX)]  # bytes, counts, positions, sequence numbers
 Millis = Annotated[int, Range(-1, I64_MAX)]  # timestamps and durations

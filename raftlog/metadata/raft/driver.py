@@ -16,8 +16,9 @@ image that vetting built is handed to the MetadataService, so a snapshot is deco
 from __future__ import annotations
 
 import logging
+import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -30,7 +31,18 @@ from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.executor import execute_ready
 from raftlog.metadata.raft.log_store import MetadataLogStore
-from raftlog.metadata.raft.messages import CODEC, AnyMessage, Entry, Message, RaftCast
+from raftlog.metadata.raft.messages import (
+    CODEC,
+    AnyMessage,
+    BeginQuorumEpoch,
+    EndQuorumEpoch,
+    Entry,
+    Fetch,
+    FetchSnapshot,
+    Message,
+    RaftCast,
+    Vote,
+)
 from raftlog.metadata.raft.types import (
     NotLeader,
     ProtocolViolation,
@@ -50,6 +62,28 @@ log = logging.getLogger("raftlog.quorum")
 # sender id, so the table (and the connections and per-replica leader state behind it) is
 # bounded; a cluster has far fewer brokers than this.
 MAX_OBSERVER_COUNT = 1024
+
+
+# Refused raft messages are logged at most once per this interval (the rest are counted).
+REFUSAL_LOG_INTERVAL_S = 10.0
+# Messages a node that is not a voter may send: an observer fetches, it never votes or leads.
+OBSERVER_MESSAGES = (Fetch, FetchSnapshot)
+
+
+def refusal_reason(message: Message, sender_id: int, voters: Mapping[int, object]) -> str | None:
+    """Why a message from sender_id (the connection's node id) must not reach the core, or
+    None. The ids a message names for its own sender must be that node."""
+    if sender_id not in voters and not isinstance(message, OBSERVER_MESSAGES):
+        return "the sender is not a voter"
+    if isinstance(message, Vote):
+        named = message.candidate_id
+    elif isinstance(message, BeginQuorumEpoch | EndQuorumEpoch):
+        named = message.leader_id
+    elif isinstance(message, Fetch | FetchSnapshot):
+        named = message.replica_id
+    else:
+        return None
+    return None if named == sender_id else "it speaks for another node"
 
 
 @dataclass
@@ -114,6 +148,8 @@ class QuorumDriver:
         self._flush_wanted = trio.Event()
         self._commit_waiters: dict[int, _CommitWaiter] = {}
         self._reads: dict[object, tuple[trio.Event, list[int | None]]] = {}
+        self._refusal_log_at_s = -math.inf
+        self._refusals_unlogged = 0
         peers.add_unreachable_listener(self._peer_unreachable)
         log.info(
             "metadata log loaded: start %d, end %d, snapshot %s, quorum state %s",
@@ -152,13 +188,23 @@ class QuorumDriver:
 
     # ---------------------------------------------------------------- inputs
     def receive(self, sender_id: int, body: list) -> None:
-        """RPC cast "raft": a RaftCast, [message wire, reply host, reply port]."""
+        """RPC cast "raft": a RaftCast, [message wire, reply host, reply port].
+
+        sender_id is the node id the connection is bound to (net/rpc.py) and the from_id the
+        core sees; no field of the message can change it. A message from a node that is not
+        a voter is refused here unless it is an observer's Fetch or FetchSnapshot, and so is
+        one naming another node as its candidate, leader or replica: neither reaches the
+        core, so a forged vote never moves this node's epoch."""
         try:
             received: RaftCast = CODEC.from_wire(RaftCast, body)
         except DecodeError as exc:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
         message = received.message
+        refusal = refusal_reason(message, sender_id, self.voters)
+        if refusal is not None:
+            self._log_refusal(message, sender_id, refusal)
+            return
         reply_address = (received.reply_host, received.reply_port)
         if sender_id not in self.voters:
             if sender_id not in self._observers and len(self._observers) >= MAX_OBSERVER_COUNT:
@@ -178,6 +224,23 @@ class QuorumDriver:
             )
             return
         self._wake.set()
+
+    def _log_refusal(self, message: Message, sender_id: int, reason: str) -> None:
+        # A flood of forged casts must not become a flood of log lines: one line per
+        # interval, with the count of those left out.
+        now_s = trio.current_time()
+        if now_s < self._refusal_log_at_s:
+            self._refusals_unlogged += 1
+            return
+        log.warning(
+            "refusing raft %s from node %s: %s (%d more refused since the last such line)",
+            type(message).__name__,
+            sender_id,
+            reason,
+            self._refusals_unlogged,
+        )
+        self._refusals_unlogged = 0
+        self._refusal_log_at_s = now_s + REFUSAL_LOG_INTERVAL_S
 
     def _peer_unreachable(self, peer_id: int) -> None:
         """A connect to peer_id was refused; if it is our leader, elect without waiting out

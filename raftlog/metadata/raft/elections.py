@@ -10,6 +10,7 @@ import dataclasses
 import random
 from typing import Any
 
+from raftlog.codec import EPOCH_MAX
 from raftlog.metadata.raft.majority import VoteResult, vote_result
 from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
@@ -143,6 +144,17 @@ class Elections:
             self._start_prospective(now_ms, None, None)
 
     def _start_prospective(self, now_ms: int, voted_for: int | None, leader: int | None) -> None:
+        if self.epoch >= EPOCH_MAX:
+            # No epoch is left to elect in: no log can hold a larger one. Real elections take
+            # decades to get here; a forged epoch can. Stay put (and wait before trying again)
+            # rather than persist an epoch that no node could load or append in.
+            role = self._role
+            deadline_ms = self._election_deadline(now_ms)
+            if isinstance(role, Follower):
+                self._role = dataclasses.replace(role, fetch_deadline_ms=deadline_ms)
+            elif not isinstance(role, Leader):
+                self._role = dataclasses.replace(role, election_deadline_ms=deadline_ms)
+            return
         self._become(
             Prospective(
                 self.epoch,

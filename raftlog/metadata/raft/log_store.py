@@ -14,8 +14,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, ClassVar
 
+from raftlog.codec import EPOCH_MAX, Codec, DecodeError, Map, NodeId, Range
 from raftlog.constants import MIB
 from raftlog.errors import LocalError
 from raftlog.metadata.raft.messages import Entry
@@ -46,6 +49,20 @@ class MetadataRecoveryError(LocalError):
     """The local metadata replica cannot be rebuilt from this node's own disk."""
 
 
+@dataclass(frozen=True, slots=True)
+class QuorumStateFile:
+    """The quorum-state file's payload, declared so that loading checks the same epoch bound
+    (EPOCH_MAX) as every Raft message: an epoch no log can hold is refused, not stored."""
+
+    __wire__: ClassVar[Map] = Map()
+    epoch: Annotated[int, Range(0, EPOCH_MAX)]
+    voted_for: NodeId | None
+    leader_id: NodeId | None
+
+
+_CODEC = Codec()
+
+
 _SNAPSHOT_NAME = re.compile(r"^\d{20}-\d{10}" + re.escape(SNAPSHOT_SUFFIX) + "$")
 
 
@@ -73,15 +90,23 @@ class MetadataLogStore:
         if not path.exists():
             return QuorumState()
         payload = read_checkpoint(path, "quorum-state")
-        return QuorumState(payload["epoch"], payload["voted_for"], payload["leader_id"])
+        try:
+            stored: QuorumStateFile = _CODEC.from_wire(QuorumStateFile, payload)
+        except DecodeError as exc:
+            raise MetadataRecoveryError(
+                f"{path}: quorum state out of range ({exc}); see docs/operations.md, "
+                f"'A quorum-state file that does not load'"
+            ) from None
+        return QuorumState(stored.epoch, stored.voted_for, stored.leader_id)
 
     def save_quorum_state(self, state: QuorumState) -> None:
         """Blocking (fsync): call from a worker thread."""
-        write_checkpoint(
-            self.directory / QUORUM_STATE_FILE,
-            "quorum-state",
-            {"epoch": state.epoch, "voted_for": state.voted_for, "leader_id": state.leader_id},
-        )
+        if not 0 <= state.epoch <= EPOCH_MAX:
+            # The core never goes past EPOCH_MAX; a file this node could not load again must
+            # never be written.
+            raise LocalError(f"refusing to persist quorum state {state}: epoch out of range")
+        stored = QuorumStateFile(state.epoch, state.voted_for, state.leader_id)
+        write_checkpoint(self.directory / QUORUM_STATE_FILE, "quorum-state", _CODEC.to_wire(stored))
 
     # ---------------------------------------------------------------- snapshots
     def _snapshot_paths(self) -> list[Path]:
