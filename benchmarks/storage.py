@@ -115,7 +115,7 @@ async def read_engine(lg: PartitionLog, sink, seconds: float, bar) -> int:
             offset = lg.log_start_offset
             continue
         for region in result.regions:
-            sent += await sink.sendfile(region.fd, region.position, region.length)
+            sent += await sink.sendfile(region.fd, region.position, region.length_bytes)
         offset = result.next_offset
         bar.tick()
     return sent
