@@ -90,6 +90,8 @@ class ReplicaFetcher:
             follower = hosted.replica.follower
             if follower is None or follower.leader_id != self.leader_id:
                 continue
+            if hosted.log.offline:
+                continue  # its disk failed: it stays out of replication until a restart
             if not hosted.producers.loaded:
                 # The producer state is being rebuilt from this log in a worker thread: the
                 # log must hold still; the next round (after the backoff) asks again.
@@ -218,6 +220,9 @@ class ReplicaFetcher:
                 elif step.action is FollowerAction.BACKOFF:
                     failed = True
             except KafkaError as exc:
+                failed = True
+                if partition_log.offline:
+                    continue  # the disk failed: logged once by the log, not fetched again
                 # A batch the log refuses (bad CRC, an impossible epoch, an offset gap):
                 # nothing of the answer was stored; fetch it again after a pause rather than
                 # stop replicating the partition.
@@ -230,7 +235,6 @@ class ReplicaFetcher:
                     fetch.fetch_offset,
                     exc,
                 )
-                failed = True
         return appended, failed
 
     def _update_producers(self, hosted: HostedPartition, records: bytes) -> None:
@@ -266,6 +270,7 @@ class ReplicaFetcher:
             if (
                 hosted is not None
                 and follower is not None
+                and not hosted.log.offline
                 and follower.awaiting_flush
                 and not follower.awaiting_truncation
             ):

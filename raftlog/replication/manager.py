@@ -169,7 +169,8 @@ class ReplicaManager:
 
         def flush_all() -> None:
             for partition_log in logs:
-                if not partition_log.closed:
+                # An offline log's disk failed: it is closed without a flush (LogManager).
+                if not partition_log.closed and not partition_log.offline:
                     partition_log.flush_now()
 
         # Straight to disk in one worker call: the flusher may already be stopping.
@@ -277,7 +278,9 @@ class ReplicaManager:
             now_ms = replicas.clock_ms()
             for hosted in list(replicas.partitions.values()):
                 leader = hosted.replica.leader
-                if leader is not None:
+                # A leader whose disk failed cannot judge its followers (it serves them
+                # nothing): it must not shrink the ISR to itself.
+                if leader is not None and not hosted.log.offline:
                     replicas.handle_effects(hosted, leader.on_tick(now_ms=now_ms))
 
     async def checkpoint_high_watermarks(self) -> None:
@@ -292,7 +295,13 @@ class ReplicaManager:
         while True:
             await trio.sleep(self.high_watermark_checkpoint_interval_ms / 1000)
             if self.replicas.hw_dirty:
-                await self.checkpoint_high_watermarks()
+                try:
+                    await self.checkpoint_high_watermarks()
+                except OSError as exc:
+                    # A full or failing disk: a stale HW checkpoint only makes a restarted
+                    # replica start lower; try again on the next beat.
+                    self.replicas.hw_dirty = True
+                    log.error("high-watermark checkpoint failed: %r", exc)
 
     async def _producer_snapshot_loop(self) -> None:
         while True:
@@ -303,7 +312,11 @@ class ReplicaManager:
     async def _cleanup_loop(self) -> None:
         while True:
             await trio.sleep(self.log_cleanup_interval_ms / 1000)
-            await self.run_log_cleanup()
+            try:
+                await self.run_log_cleanup()
+            except OSError as exc:
+                # Compaction writes new segments: a full disk stops this round, not the node.
+                log.error("log cleanup failed: %r", exc)
 
     async def run_log_cleanup(self) -> None:
         """Retention and compaction of every hosted log, never past its HW."""

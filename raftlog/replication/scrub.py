@@ -68,7 +68,9 @@ class Scrubber:
     async def run(self) -> None:
         while True:
             self._repair_pending()
-            keys = sorted(k for k, h in self.partitions.items() if not h.log.closed)
+            keys = sorted(
+                k for k, h in self.partitions.items() if not h.log.closed and not h.log.offline
+            )
             step = self.schedule.next_step(
                 now_s=trio.current_time(), keys=keys, segments_of=self._segments_of
             )

@@ -14,6 +14,7 @@ from raftlog.storage.config import LogConfig
 from raftlog.storage.flusher import Flusher
 from raftlog.storage.log import (
     AppendInfo,
+    LogOfflineError,
     OffsetOutOfRangeError,
     PartitionLog,
     ReadResult,
@@ -30,6 +31,7 @@ __all__ = [
     "Flusher",
     "LogConfig",
     "LogManager",
+    "LogOfflineError",
     "OffsetOutOfRangeError",
     "PartitionLog",
     "ReadResult",

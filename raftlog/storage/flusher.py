@@ -13,7 +13,7 @@ import math
 
 import trio
 
-from raftlog.storage.log import FlushTicket, PartitionLog
+from raftlog.storage.log import FlushTicket, LogOfflineError, PartitionLog
 
 log = logging.getLogger("raftlog.storage")
 
@@ -50,6 +50,8 @@ class Flusher:
             return
         up_to_offset = min(up_to_offset, log_.log_end_offset)
         while log_.flushed_offset < up_to_offset and not log_.closed:
+            if log_.offline_reason is not None:
+                raise LogOfflineError(f"{log_.directory.name} is offline after a disk error")
             if not self._running:
                 raise RuntimeError("Flusher.run() is not running")
             self._requested[id(log_)] = log_
@@ -92,10 +94,12 @@ class Flusher:
 
     def _collect(self) -> list[PartitionLog]:
         now_ms = trio.current_time() * 1000
-        chosen = {k: v for k, v in self._requested.items() if not v.closed}
+        chosen = {
+            k: v for k, v in self._requested.items() if not v.closed and v.offline_reason is None
+        }
         self._requested.clear()
         for key, log_ in list(self._logs.items()):
-            if log_.closed:
+            if log_.closed or log_.offline_reason is not None:
                 self.unregister(log_)
                 continue
             if key in chosen or not log_.needs_flush():
@@ -119,14 +123,20 @@ class Flusher:
         async def sync_one(lg: PartitionLog, ticket: FlushTicket) -> None:
             try:
                 await trio.to_thread.run_sync(lg.run_flush, ticket)
+            except OSError:
+                # The log took itself offline (run_flush): the node goes on with the others,
+                # and flush() callers waiting for it get LogOfflineError.
+                failed_disks.append(lg)
             except Exception as exc:
                 failures.append((lg, exc))
+
+        failed_disks: list[PartitionLog] = []
 
         async with trio.open_nursery() as nursery:
             for lg, ticket in tickets:
                 nursery.start_soon(sync_one, lg, ticket)
         self.fsync_rounds += 1
-        failed = {id(lg) for lg, _ in failures}
+        failed = {id(lg) for lg, _ in failures} | {id(lg) for lg in failed_disks}
         for lg, ticket in tickets:
             if id(lg) not in failed:
                 lg.complete_flush(ticket)

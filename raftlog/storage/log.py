@@ -49,6 +49,14 @@ class UnexpectedAppendOffsetError(KafkaError):
         super().__init__(ErrorCode.unknown_server_error, message)
 
 
+class LogOfflineError(KafkaError):
+    """The log's directory failed (ENOSPC, EIO): the log takes no appends and serves no reads
+    until the node restarts (Kafka's offline log directory)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.kafka_storage_error, message)
+
+
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
     first_offset: int
@@ -106,6 +114,10 @@ class PartitionLog:
         # [from, to): offsets the scrubber found damaged in this log and that reads refuse
         # with KAFKA_STORAGE_ERROR until a truncation removes them (a leader's damage).
         self.damaged_range: tuple[int, int] | None = None
+        # Why the log went offline after a disk error (None: online). Set once, never cleared:
+        # after a failed write or fsync the page cache and the disk may disagree, so only a
+        # restart (recovery from what is on disk) brings the log back.
+        self.offline_reason: str | None = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -238,8 +250,14 @@ class PartitionLog:
     ) -> AppendInfo:
         first = headers[0][1]
         last = headers[-1][1]
-        segment = self._maybe_roll(len(buf), first.base_offset, last.last_offset, now_ms)
-        segment.append(buf, headers, now_ms)
+        try:
+            segment = self._maybe_roll(len(buf), first.base_offset, last.last_offset, now_ms)
+            segment.append(buf, headers, now_ms)
+        except OSError as exc:
+            # Part of the batches may be in the file beyond the LEO: nothing may be written
+            # after them. Recovery at the next start cuts them.
+            self.mark_offline(f"append failed: {exc}")
+            raise LogOfflineError(f"{self.directory.name} is offline: {exc}") from exc
         if not self._dirty_segments or self._dirty_segments[-1] is not segment:
             self._dirty_segments.append(segment)
         self._leo = last.next_offset
@@ -496,6 +514,11 @@ class PartitionLog:
                 with self._checkpoint_lock:
                     if ticket.generation == self._generation:
                         self._write_checkpoints_locked(ticket.checkpoints)
+        except OSError as exc:
+            # A failed fsync may have dropped dirty pages (Linux marks them clean): what the
+            # page cache shows can no longer be trusted to be on disk.
+            self.mark_offline(f"flush failed: {exc}")
+            raise
         finally:
             for fd in ticket.fds:
                 os.close(fd)
@@ -543,10 +566,33 @@ class PartitionLog:
     def _check_open(self) -> None:
         if self.closed:
             raise KafkaError(ErrorCode.kafka_storage_error, f"{self.directory.name} is closed")
+        if self.offline_reason is not None:
+            raise LogOfflineError(f"{self.directory.name} is offline after a disk error")
+
+    @property
+    def offline(self) -> bool:
+        return self.offline_reason is not None
+
+    def mark_offline(self, reason: str) -> None:
+        """Stop using the log after a disk error; logged once (also from a worker thread)."""
+        if self.offline_reason is None:
+            self.offline_reason = reason
+            log.error(
+                "%s: log directory failed (%s); the partition is offline on this node until "
+                "it restarts with the disk repaired",
+                self.directory.name,
+                reason,
+            )
 
     def close(self) -> None:
-        """Flush everything, write a recovery point at LEO, close files (blocking)."""
+        """Flush everything, write a recovery point at LEO, close files (blocking).
+
+        An offline log is only closed: no fsync, no checkpoint may claim what the failed disk
+        holds; recovery at the next start reads it."""
         if self.closed:
+            return
+        if self.offline_reason is not None:
+            self.abandon()
             return
         self.segments[-1].seal()
         for segment in self.segments:

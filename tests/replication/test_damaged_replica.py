@@ -11,6 +11,8 @@ import pytest
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import CreateTopics, NewTopic
+from raftlog.storage import segment as segment_module
 from tests.replication.test_manager import (
     TOPIC,
     followers,
@@ -19,6 +21,8 @@ from tests.replication.test_manager import (
     read_consumer,
     start_cluster,
 )
+from tests.storage.helpers import batch
+from tests.storage.test_damage import FailingDisk
 from tests.waiting import wait_until
 
 
@@ -136,4 +140,46 @@ async def test_a_damaged_leader_refuses_the_range_and_repairs_once_another_repli
         )
         _, data = await read_consumer(cluster.managers[cluster.leader_id])
         assert data == expected
+        await cluster.stop_all()
+
+
+async def test_a_follower_whose_disk_is_full_takes_the_partition_offline_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "raftlog")
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, min_isr=1)
+        reply = cluster.handle(CreateTopics((NewTopic("other", 1, 3),)))
+        assert reply.results[0].error_code == ErrorCode.none
+        await cluster.settle()
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        await produce_values(cluster, 2)
+        await wait_until("replicas in sync", cluster.in_sync)
+        victim = followers(cluster)[0]
+        victim_log = cluster.log_managers[victim].get(TOPIC, 0)
+        assert victim_log is not None
+        disk = FailingDisk()
+        disk.fds.add(victim_log.active_segment.file.fileno())
+        monkeypatch.setattr(segment_module, "os", disk)
+        await produce_values(cluster, 3)  # the victim's append of these fails: ENOSPC
+        await wait_until("the append to fail", lambda: victim_log.offline)
+        # The node goes on: the other topic still replicates to it, the partition is served
+        # by the others, and the failure was one ERROR line (no retry storm, no traceback).
+        other_leader = cluster.partition("other").leader
+        produced = await cluster.managers[other_leader].writes.produce(
+            "other", 0, batch(3), -1, 10_000
+        )
+        assert produced.error == ErrorCode.none
+        await wait_until("the other topic in sync", lambda: cluster.in_sync(topic="other"))
+        assert (await produce(cluster, acks=1)).error == ErrorCode.none
+        lines = [r for r in caplog.records if "log directory failed" in r.getMessage()]
+        assert len(lines) == 1 and "orders-0" in lines[0].getMessage()
+        assert not [r for r in caplog.records if r.exc_info]
+        # Space comes back and the node restarts: it recovers what was durable, catches up,
+        # and nothing acknowledged is lost.
+        await cluster.stop(victim)
+        monkeypatch.undo()
+        await cluster.start(victim)
+        await wait_until("the victim to catch up", cluster.in_sync)
+        assert cluster.log_bytes(victim) == cluster.log_bytes(cluster.leader_id)
         await cluster.stop_all()

@@ -3,13 +3,19 @@ what recovery cuts, what the scrubber finds."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import set_offset_and_epoch
-from raftlog.storage import LogConfig, PartitionLog
+from raftlog.storage import Flusher, LogConfig, LogOfflineError, PartitionLog
+from raftlog.storage import log as log_module
+from raftlog.storage import segment as segment_module
 from raftlog.storage.scrubber import ScrubResult, ScrubSchedule, SegmentExtent, verify_range
 from tests.storage.helpers import batch
 
@@ -168,3 +174,87 @@ def test_a_leader_log_refuses_reads_of_a_damaged_range_until_it_is_cut(tmp_path:
     assert lg.read(30, 10**6).next_offset == 33  # appended after the damage: served
     lg.truncate_to(9)
     assert lg.damaged_range is None and lg.read(0, 10**6).next_offset == 9
+
+
+# ------------------------------------------------------------------ a failing disk
+class FailingDisk:
+    """`os` as storage sees it, with writes or fsyncs of chosen files failing like a full or
+    broken disk: the first write to a failing file lands `partial_bytes`, the next fails."""
+
+    def __init__(self, error: int = errno.ENOSPC, partial_bytes: int = 0) -> None:
+        self.fds: set[int] = set()
+        self.error = error
+        self.partial_bytes = partial_bytes
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: Any) -> int:
+        if fd in self.fds:
+            if self.partial_bytes and not self.failed:
+                self.failed += 1
+                return os.write(fd, bytes(data[: self.partial_bytes]))
+            self.failed += 1
+            raise OSError(self.error, os.strerror(self.error))
+        return os.write(fd, data)
+
+    def fdatasync(self, fd: int) -> None:
+        # The flusher fsyncs duplicates of the segments' descriptors: compare the files.
+        if any(os.path.samestat(os.fstat(fd), os.fstat(failing)) for failing in self.fds):
+            self.failed += 1
+            raise OSError(self.error, os.strerror(self.error))
+        os.fdatasync(fd)
+
+
+def test_a_full_disk_takes_the_log_offline_and_a_restart_recovers_what_was_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    leader = leader_log(tmp_path / "l-0", batches=8)
+    follower = PartitionLog.open(tmp_path / "f-0", SMALL, now_ms=0)
+    follower.append_as_follower(leader.read(0, 10**6, max_offset=12).read_bytes())
+    follower.flush_now()
+    disk = FailingDisk(partial_bytes=40)
+    disk.fds.add(follower.active_segment.file.fileno())
+    monkeypatch.setattr(segment_module, "os", disk)
+    with pytest.raises(LogOfflineError):
+        follower.append_as_follower(leader.read(12, 10**6).read_bytes())
+    assert follower.offline and disk.failed == 2
+    # Offline: nothing is appended, read or flushed any more; one ERROR line said so.
+    for call in (
+        lambda: follower.append_as_follower(leader.read(12, 10**6).read_bytes()),
+        lambda: follower.read(0, 10**6),
+        lambda: follower.truncate_to(3),
+    ):
+        with pytest.raises(KafkaError) as info:
+            call()
+        assert info.value.code == ErrorCode.kafka_storage_error
+    lines = [r for r in caplog.records if "log directory failed" in r.getMessage()]
+    assert len(lines) == 1 and "No space left" in lines[0].getMessage()
+    follower.close()  # no fsync, no checkpoint over a failed disk
+    monkeypatch.undo()
+    # Space is back: recovery cuts the partial batch, everything acknowledged is there.
+    follower = PartitionLog.open(tmp_path / "f-0", SMALL, now_ms=0)
+    assert follower.log_end_offset == 12
+    assert follower.read(0, 10**6).read_bytes() == leader.read(0, 10**6, max_offset=12).read_bytes()
+
+
+async def test_a_failed_fsync_takes_only_that_log_offline_and_the_flusher_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = leader_log(tmp_path / "b-0", batches=1)
+    healthy = leader_log(tmp_path / "h-0", batches=1)
+    flusher = Flusher()
+    disk = FailingDisk(error=errno.EIO)
+    disk.fds.add(broken.active_segment.file.fileno())
+    monkeypatch.setattr(log_module, "os", disk)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        with pytest.raises(LogOfflineError):
+            await flusher.flush(broken, broken.log_end_offset)
+        assert broken.offline and broken.flushed_offset == 0
+        await flusher.flush(healthy, healthy.log_end_offset)
+        healthy.append_as_leader(batch(3), leader_epoch=3, now_ms=0)
+        await flusher.flush(healthy, healthy.log_end_offset)
+        assert healthy.flushed_offset == 6
+        nursery.cancel_scope.cancel()
