@@ -104,12 +104,17 @@ class ReplicaAssignment:
         self._held: set[TopicPartition] = set()
         # Replicas whose metadata waits for a truncation cutting their log (see _apply_state).
         self._after_cut: set[TopicPartition] = set()
+        # Replicas the image names this broker leader of while it does not hold this process's
+        # registration yet (see _apply_state); applied once it does.
+        self._before_registration: set[TopicPartition] = set()
         self.strays_checked = False
 
     # ------------------------------------------------------------------ apply
     def apply(self, image: MetadataImage, delta: MetadataDelta) -> None:
         replicas = self.replicas
         replicas.set_image(image)
+        was_registered = replicas.registered
+        replicas.registered = self._holds_own_registration(image)
         if replicas.checkpointed_hws is None:
             # Called before run(): a small file, read once.
             replicas.checkpointed_hws = self.log_manager.read_high_watermarks()
@@ -127,10 +132,36 @@ class ReplicaAssignment:
                 # A state the core calls impossible: keep serving the other partitions and say
                 # exactly what was refused (the message carries both states).
                 log.exception("%s-%d: metadata not applied", topic.name, index)
+        if replicas.registered and not was_registered:
+            self._apply_held_leaderships(image)
         for resource_type, name in delta.changed_configs:
             if resource_type == "topic":
                 self._update_topic_config(name)
         self._maybe_remove_strays(image)
+
+    def _holds_own_registration(self, image: MetadataImage) -> bool:
+        """`image` holds this process's broker registration (always, without an incarnation)."""
+        if self.incarnation_id is None:
+            return True
+        registration = image.brokers.get(self.replicas.node_id)
+        return registration is not None and registration.incarnation_id == self.incarnation_id
+
+    def _apply_held_leaderships(self, image: MetadataImage) -> None:
+        """Our registration arrived: apply the states held back for want of it (it usually
+        moved those leaderships already, and the states came with it)."""
+        held, self._before_registration = self._before_registration, set()
+        for key in sorted(held):
+            hosted = self.replicas.partitions.get(key)
+            info = image.topic(key[0])
+            state = None if info is None else info.partitions.get(key[1])
+            if hosted is None or info is None or state is None or hosted.topic_id != info.topic_id:
+                continue
+            if self.replicas.node_id not in state.replicas:
+                continue  # a removal is on its way
+            try:
+                self._apply_state(hosted, state)
+            except ReplicationStateError:
+                log.exception("%s-%d: metadata not applied", *key)
 
     def _log_overrides(self, topic: str) -> dict[str, str]:
         raw = self.replicas.image.configs.get(("topic", topic), {})
@@ -302,6 +333,17 @@ class ReplicaAssignment:
             return
         replicas = self.replicas
         topic, index = hosted.key
+        if image_state.leader == replicas.node_id and not replicas.registered:
+            # A leadership granted to an earlier process of this broker (killed and restarted
+            # before its session ran out): that process may have had batches replicated that
+            # this log lost unflushed, and producers' retries may already be on their way to
+            # another replica. The controller moves every leadership away when this process
+            # registers; until the image holds that registration the replica does not lead
+            # (clients get NOT_LEADER_OR_FOLLOWER), as Kafka's broker acts on no metadata before
+            # it is registered and caught up.
+            self._before_registration.add(hosted.key)
+            return
+        self._before_registration.discard(hosted.key)
         state = LeaderAndIsr(
             leader_id=image_state.leader,
             leader_epoch=image_state.leader_epoch,

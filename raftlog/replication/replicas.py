@@ -83,6 +83,10 @@ class Replicas:
         self.wall_clock_ms = wall_clock_ms
         self._alter_partition = alter_partition
         self.image = MetadataImage.empty()
+        # False while `image` does not yet hold this process's own broker registration (a
+        # restarted broker replaying the metadata log): the image may be behind, so what it
+        # lacks is not known to be missing (see not_leader_error).
+        self.registered = True
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.purgatory = Purgatory(max_waiters=MAX_DELAYED_PRODUCES)
         # The HWs last written to the checkpoint file (None until it was read).
@@ -151,8 +155,12 @@ class Replicas:
 
     def not_leader_error(self, topic: str, partition: int) -> ErrorCode:
         info = self.image.topic(topic)
-        if info is None or partition not in info.partitions:
+        if (info is None or partition not in info.partitions) and self.registered:
             return ErrorCode.unknown_topic_or_partition
+        # Known, or perhaps only not known yet: a restarted broker still replaying the metadata
+        # may be about to lead the partition. UNKNOWN_TOPIC_OR_PARTITION then would be wrong;
+        # Kafka's broker answers nothing before it has caught up, and NOT_LEADER_OR_FOLLOWER
+        # is what clients retry after a metadata refresh.
         return ErrorCode.not_leader_or_follower
 
     def min_insync_replicas(self, topic: str) -> int:
