@@ -175,8 +175,11 @@ async def _read_answers(stream: trio.abc.ReceiveStream) -> list[tuple]:
     reader = FrameReader(stream, 1 << 20)
     answers = []
     with trio.fail_after(5):
-        while (payload := await reader.read_frame()) is not None:
-            answers.append(_decode(payload))
+        try:
+            while (payload := await reader.read_frame()) is not None:
+                answers.append(_decode(payload))
+        except trio.BrokenResourceError:
+            pass  # closed with our frames unread: a reset rather than an orderly close
     return answers
 
 
