@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raftlog.constants import GIB, MIB
+from raftlog.constants import FRAME_SIZE_PREFIX_BYTES, GIB, MIB
 from raftlog.errors import ConfigError
 
 HOUR_MS = 3_600_000
@@ -216,6 +216,41 @@ class NodeConfig:
     max_inflight_requests_per_connection: int = _key(
         16, "Requests read from one connection before its responses are sent.", lo=1, hi=1024
     )
+    queued_max_request_bytes: int = _key(
+        256 * MIB,
+        "Request bytes each listener (Kafka, internal) may hold read but not yet answered, "
+        "across all its connections and counting partly read frames; above it reading "
+        "pauses until answers free memory (Kafka's queued.max.request.bytes, bounded here).",
+        lo=1024,
+        hi=2**62,
+    )
+    connections_max_idle_ms: int = _key(
+        600_000,
+        "Close a connection that has sent no complete request for this long.",
+        lo=1,
+        hi=2**31 - 1,
+    )
+    max_connections: int = _key(
+        10_000,
+        "Connections each listener accepts; a new one above it is closed at once.",
+        lo=1,
+        hi=2**31 - 1,
+    )
+    max_connections_per_ip: int = _key(
+        10_000,
+        "Connections each listener accepts from one IP address; a new one above it is "
+        "closed at once.",
+        lo=1,
+        hi=2**31 - 1,
+    )
+    request_read_timeout_ms: int = _key(
+        30_000,
+        "Longest time from a request frame's first byte to its last (time paused by "
+        "queued_max_request_bytes included); a slower frame is dropped and its connection "
+        "closed.",
+        lo=1,
+        hi=2**31 - 1,
+    )
     request_timeout_ms: int = _key(
         30_000, "Upper bound for a parked produce (acks=all).", lo=1, hi=2**31 - 1
     )
@@ -317,6 +352,14 @@ class NodeConfig:
             raise ConfigError(
                 f"{source}: fetch_timeout_ms ({self.fetch_timeout_ms}) must be "
                 f"more than half of election_timeout_ms"
+            )
+        largest_frame_bytes = max(self.socket_request_max_bytes, self.internal_frame_max_bytes)
+        if self.queued_max_request_bytes < largest_frame_bytes + FRAME_SIZE_PREFIX_BYTES:
+            raise ConfigError(
+                f"{source}: queued_max_request_bytes ({self.queued_max_request_bytes}) must "
+                f"hold the largest frame: at least {largest_frame_bytes + FRAME_SIZE_PREFIX_BYTES}"
+                f" (socket_request_max_bytes or internal_frame_max_bytes, plus its "
+                f"{FRAME_SIZE_PREFIX_BYTES}-byte size prefix)"
             )
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
             raise ConfigError(

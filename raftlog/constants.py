@@ -8,6 +8,8 @@ from __future__ import annotations
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
+# Every frame on the Kafka and internal listeners starts with its size as 4 bytes.
+FRAME_SIZE_PREFIX_BYTES = 4
 
 # A partition without a leader (Kafka's leader id -1 in metadata and fetch answers).
 NO_LEADER = -1

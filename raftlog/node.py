@@ -41,6 +41,7 @@ from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.server import serve as serve_kafka
+from raftlog.net.limits import ListenerLimits
 from raftlog.net.rpc import PeerSet, RpcError, RpcLimits, serve_rpc
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
@@ -131,7 +132,10 @@ class Node:
     async def run(self, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
         self.cluster_id = await trio.to_thread.run_sync(format_data_dir, config)
-        limits = RpcLimits(max_frame_bytes=config.internal_frame_max_bytes)
+        limits = RpcLimits(
+            max_frame_bytes=config.internal_frame_max_bytes,
+            listener=ListenerLimits.from_node_config(config),
+        )
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             # One group-commit flusher for every log of the node, metadata included.

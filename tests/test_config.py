@@ -71,3 +71,14 @@ def test_advertised_internal_listener_defaults_to_the_bound_one():
     assert config.advertised_internal_address == ("10.0.0.5", 19092)
     with pytest.raises(ConfigError, match="advertised_internal_listener: expected HOST:PORT"):
         NodeConfig.from_dict({"advertised_internal_listener": "nope"})
+
+
+def test_queued_max_request_bytes_must_hold_the_largest_frame():
+    with pytest.raises(ConfigError, match=r"queued_max_request_bytes \(104857600\) must hold"):
+        NodeConfig.from_dict({"queued_max_request_bytes": 100 * 1024 * 1024})
+    with pytest.raises(ConfigError, match="at least 268435460"):
+        NodeConfig.from_dict({"internal_frame_max_bytes": 256 * 1024 * 1024})
+    config = NodeConfig.from_dict(
+        {"socket_request_max_bytes": 1024 * 1024, "queued_max_request_bytes": 65 * 1024 * 1024}
+    )
+    assert config.queued_max_request_bytes == 65 * 1024 * 1024

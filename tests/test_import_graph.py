@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "raftlog.storage",
         "raftlog.net.framing",
+        "raftlog.net.limits",
         "raftlog.net.wire",
         "raftlog.net.rpc",
         "raftlog.net.kafka.backend",

@@ -3,28 +3,125 @@
 Both protocols put a 4-byte big-endian size in front of every frame. A size above the
 listener's limit is refused before any of the payload is buffered, so a bad peer cannot make
 the node allocate an absurd amount of memory.
+
+A listener's reader may also be given (raftlog.net.limits builds them from the node config):
+- a `ByteAccount` drawing on the listener's `QueuedBytes`: every byte is reserved before it is
+  received, in bounded chunks (never the size a frame claims), and stays charged until the
+  caller says the frame was answered. When the pool is spent, reading pauses (back-pressure:
+  the peer's bytes wait in its socket) until answers free memory;
+- an idle timeout: no complete frame for that long raises `ConnectionIdle`;
+- a read timeout: a frame whose bytes take longer than that from its first to its last byte
+  raises `FrameReadTimeout` (a peer trickling bytes cannot hold a connection and its memory).
+Both clocks include time paused for memory, so every partial frame ends within the read
+timeout and the pool can never stay full of frames that will not complete.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 
 import trio
 
+from raftlog.constants import FRAME_SIZE_PREFIX_BYTES
 from raftlog.errors import RemoteError
 
 _SIZE = struct.Struct(">i")
+assert _SIZE.size == FRAME_SIZE_PREFIX_BYTES
 # Receives shorter than this are appended to one buffer instead of kept as separate parts.
 SMALL_RECEIVE_BYTES = 4096
 
 
-class FrameTooLarge(RemoteError):
+class FrameError(RemoteError):
+    """The peer's frames break a limit; the connection is closed."""
+
+
+class FrameTooLarge(FrameError):
     """The peer announced a frame larger than the limit (or a negative size)."""
 
     def __init__(self, size_bytes: int, max_frame_bytes: int) -> None:
         super().__init__(f"frame of {size_bytes} bytes exceeds limit {max_frame_bytes} bytes")
         self.size_bytes = size_bytes
         self.max_frame_bytes = max_frame_bytes
+
+
+class ConnectionIdle(FrameError):
+    """No complete frame arrived within the idle timeout."""
+
+
+class FrameReadTimeout(FrameError):
+    """A frame's bytes arrived slower than the read timeout allows."""
+
+
+class QueuedBytes:
+    """The bytes a listener has read and not yet answered, across all its connections.
+
+    `reserve` never takes the total above `limit_bytes`: it grants what is left (at most what
+    was asked) and waits while nothing is left.
+    """
+
+    def __init__(
+        self, limit_bytes: int, on_full: Callable[[QueuedBytes], None] | None = None
+    ) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self.used_bytes = 0
+        self.peak_bytes = 0
+        self.waiting = 0
+        self._on_full = on_full
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def reserve(self, want_bytes: int) -> int:
+        if self.used_bytes >= self.limit_bytes:
+            if self._on_full is not None:
+                self._on_full(self)
+            self.waiting += 1
+            try:
+                while self.used_bytes >= self.limit_bytes:
+                    await self._lot.park()
+            finally:
+                self.waiting -= 1
+        granted = min(want_bytes, self.limit_bytes - self.used_bytes)
+        self.used_bytes += granted
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+        return granted
+
+    def release(self, count_bytes: int) -> None:
+        assert 0 <= count_bytes <= self.used_bytes, (count_bytes, self.used_bytes)
+        self.used_bytes -= count_bytes
+        if count_bytes:
+            self._lot.unpark_all()
+
+    def account(self) -> ByteAccount:
+        return ByteAccount(self)
+
+
+class ByteAccount:
+    """One connection's share of a `QueuedBytes`; `close` returns whatever it still holds."""
+
+    def __init__(self, pool: QueuedBytes) -> None:
+        self._pool = pool
+        self.held_bytes = 0
+        self._closed = False
+
+    async def reserve(self, want_bytes: int) -> int:
+        if self._closed:
+            raise trio.ClosedResourceError("the connection's byte account is closed")
+        granted = await self._pool.reserve(want_bytes)
+        self.held_bytes += granted
+        return granted
+
+    def release(self, count_bytes: int) -> None:
+        # Answers may finish after the connection closed (and its bytes were returned).
+        count_bytes = min(count_bytes, self.held_bytes)
+        self.held_bytes -= count_bytes
+        self._pool.release(count_bytes)
+
+    def close(self) -> None:
+        self._closed = True
+        self.release(self.held_bytes)
 
 
 class FrameReader:
@@ -35,53 +132,103 @@ class FrameReader:
         stream: trio.abc.ReceiveStream,
         max_frame_bytes: int,
         receive_chunk_bytes: int = 256 * 1024,
+        *,
+        account: ByteAccount | None = None,
+        idle_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
     ) -> None:
         self._stream = stream
         self._buffer = bytearray()
         self.max_frame_bytes = max_frame_bytes
         self._receive_chunk_bytes = receive_chunk_bytes
+        self._account = account
+        self._idle_timeout_s = math.inf if idle_timeout_s is None else idle_timeout_s
+        self._read_timeout_s = math.inf if read_timeout_s is None else read_timeout_s
+        self._timed = account is not None or not (
+            math.isinf(self._idle_timeout_s) and math.isinf(self._read_timeout_s)
+        )
+        self._idle_deadline = math.inf
+        self._frame_deadline = math.inf
+        self._frame_received_bytes = 0  # of the frame being read, for the timeout's message
+        # A connection waiting for its peer must hold no memory, or idle connections alone
+        # would spend the pool: on a socket, reserve only once bytes are there to read.
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
 
-    async def _fill(self, needed_bytes: int) -> bool:
-        while len(self._buffer) < needed_bytes:
-            chunk = await self._stream.receive_some(self._receive_chunk_bytes)
-            if not chunk:
-                return False
-            self._buffer += chunk
-        return True
+    def frame_answered(self, payload_bytes: int) -> None:
+        """A frame `read_frame` returned has been answered: its bytes no longer count."""
+        if self._account is not None:
+            self._account.release(FRAME_SIZE_PREFIX_BYTES + payload_bytes)
+
+    def _frame_started(self) -> None:
+        self._frame_deadline = trio.current_time() + self._read_timeout_s
+
+    async def _receive(self, max_bytes: int) -> bytes | bytearray:
+        if not self._timed:
+            return await self._stream.receive_some(max_bytes)
+        deadline = min(self._idle_deadline, self._frame_deadline)
+        with trio.move_on_at(deadline):
+            if self._account is None:
+                return await self._stream.receive_some(max_bytes)
+            if self._socket is not None:
+                await trio.lowlevel.wait_readable(self._socket)
+            granted = await self._account.reserve(max_bytes)
+            chunk: bytes | bytearray = b""
+            try:
+                chunk = await self._stream.receive_some(granted)
+            finally:
+                self._account.release(granted - len(chunk))
+            return chunk
+        if self._frame_deadline <= self._idle_deadline:
+            raise FrameReadTimeout(
+                f"a frame took longer than {self._read_timeout_s * 1000:.0f} ms to arrive "
+                f"({self._frame_received_bytes} bytes of it received)"
+            )
+        raise ConnectionIdle(f"no complete request for {self._idle_timeout_s * 1000:.0f} ms")
 
     async def read_frame(self) -> bytes | None:
         """Return the next frame's payload, or None on a clean end of stream.
 
-        Raises FrameTooLarge for an oversized size prefix and trio.BrokenResourceError
-        when the stream ends in the middle of a frame.
+        Raises FrameTooLarge for an oversized size prefix, ConnectionIdle or FrameReadTimeout
+        when a timeout given to the reader passes, and trio.BrokenResourceError when the
+        stream ends in the middle of a frame.
         """
-        if not await self._fill(4):
+        if self._timed:
+            self._idle_deadline = trio.current_time() + self._idle_timeout_s
+            self._frame_deadline = math.inf
             if self._buffer:
-                raise trio.BrokenResourceError("stream ended inside a frame header")
-            return None
+                self._frame_started()
+        while len(self._buffer) < FRAME_SIZE_PREFIX_BYTES:
+            chunk = await self._receive(self._receive_chunk_bytes)
+            if not chunk:
+                if self._buffer:
+                    raise trio.BrokenResourceError("stream ended inside a frame header")
+                return None
+            if self._timed and not self._buffer:
+                self._frame_started()
+            self._buffer += chunk
+            self._frame_received_bytes = len(self._buffer)
         (size_bytes,) = _SIZE.unpack_from(self._buffer, 0)
         if size_bytes < 0 or size_bytes > self.max_frame_bytes:
             raise FrameTooLarge(size_bytes, self.max_frame_bytes)
-        end = 4 + size_bytes
+        end = FRAME_SIZE_PREFIX_BYTES + size_bytes
         if len(self._buffer) >= end:
-            payload = bytes(memoryview(self._buffer)[4:end])
+            payload = bytes(memoryview(self._buffer)[FRAME_SIZE_PREFIX_BYTES:end])
             del self._buffer[:end]
             return payload
         # The rest of a large frame: receive exactly its bytes, at most one chunk at a time
-        # (each receive allocates what it asks for), and copy them once, in the join. Small
-        # receives are coalesced, so a peer trickling bytes cannot make the list of parts
-        # cost much more memory than the frame itself.
-        parts: list[bytes | bytearray] = [bytes(memoryview(self._buffer)[4:])]
+        # (each receive allocates what it asks for, never the size the frame claims), and copy
+        # them once, in the join. Small receives are coalesced, so a peer trickling bytes
+        # cannot make the list of parts cost much more memory than the frame itself.
+        parts: list[bytes | bytearray] = [bytes(memoryview(self._buffer)[FRAME_SIZE_PREFIX_BYTES:])]
         small = bytearray()
-        have_bytes = len(self._buffer) - 4
+        have_bytes = len(self._buffer) - FRAME_SIZE_PREFIX_BYTES
         self._buffer = bytearray()
         while have_bytes < size_bytes:
-            chunk = await self._stream.receive_some(
-                min(self._receive_chunk_bytes, size_bytes - have_bytes)
-            )
+            chunk = await self._receive(min(self._receive_chunk_bytes, size_bytes - have_bytes))
             if not chunk:
                 raise trio.BrokenResourceError("stream ended inside a frame")
             have_bytes += len(chunk)
+            self._frame_received_bytes = FRAME_SIZE_PREFIX_BYTES + have_bytes
             if len(chunk) < SMALL_RECEIVE_BYTES:
                 small += chunk
                 continue

@@ -28,7 +28,8 @@ import trio
 
 from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Range, Size
 from raftlog.errors import RemoteError
-from raftlog.net.framing import FrameReader, FrameTooLarge, frame
+from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge, frame
+from raftlog.net.limits import DEFAULT_LISTENER_LIMITS, ListenerGuard, ListenerLimits
 
 log = logging.getLogger("raftlog.rpc")
 
@@ -89,6 +90,8 @@ class RpcLimits:
     connect_timeout_s: float = 2.0
     reconnect_backoff_min_s: float = 0.05
     reconnect_backoff_max_s: float = 1.0
+    # The server side's connection caps, queued request bytes and timeouts (net/limits.py).
+    listener: ListenerLimits = DEFAULT_LISTENER_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +131,21 @@ async def serve_rpc(
     port: int,
     *,
     limits: RpcLimits = RpcLimits(),
+    guard: ListenerGuard | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept internal connections and dispatch frames to `handler` until cancelled."""
+    """Accept internal connections and dispatch frames to `handler` until cancelled.
+
+    `guard` defaults to one built from `limits.listener`; pass one to watch its counters.
+    """
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners)
+    guard = guard or ListenerGuard("internal", limits.listener, log)
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, handler, limits)
+        await _serve_connection(stream, handler, limits, guard=guard)
 
-    await trio.serve_listeners(serve_one, listeners)
+    await guard.serve_listeners(serve_one, listeners)
 
 
 async def _serve_connection(
@@ -145,10 +153,14 @@ async def _serve_connection(
     handler: Handler,
     limits: RpcLimits,
     identity: PeerIdentity | None = None,
+    guard: ListenerGuard | None = None,
 ) -> None:
     peer = _peer_name(stream)
     identity = identity if identity is not None else PeerIdentity()
-    reader = FrameReader(stream, limits.max_frame_bytes)
+    if guard is None:
+        reader = FrameReader(stream, limits.max_frame_bytes)
+    else:
+        reader = guard.frame_reader(stream, limits.max_frame_bytes)
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
     # Responses go through one writer task that coalesces whatever is queued; the channel
     # holds at most one response per in-flight request, so it never blocks an answer.
@@ -157,7 +169,7 @@ async def _serve_connection(
     )
 
     async def answer(
-        kind: int, correlation_id: int, sender_id: int, method: str, body: Any
+        kind: int, correlation_id: int, sender_id: int, method: str, body: Any, request_bytes: int
     ) -> None:
         # The in-flight slot is held until the answer is queued: released earlier, a peer
         # that never reads its answers would have this side read requests and run handlers
@@ -187,6 +199,7 @@ async def _serve_connection(
             await responses_in.send(out)
         finally:
             inflight.release()
+            reader.frame_answered(request_bytes)
 
     async def write_responses() -> None:
         try:
@@ -198,7 +211,7 @@ async def _serve_connection(
         nursery.start_soon(write_responses)
         try:
             await _read_requests(reader, peer, identity, inflight, nursery, answer)
-        except FrameTooLarge as exc:
+        except FrameError as exc:
             log.warning("closing internal connection from %s: %s", peer, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
@@ -254,7 +267,7 @@ async def _read_requests(
             )
             return
         await inflight.acquire()
-        nursery.start_soon(answer, kind, correlation_id, sender_id, method, body)
+        nursery.start_soon(answer, kind, correlation_id, sender_id, method, body, len(payload))
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:

@@ -6,6 +6,11 @@ order as well as by correlation id), waiting for each handler in turn. At most
 `max_inflight_requests_per_connection` requests are read before their responses are written,
 so a fast client cannot queue unbounded work. Anything wrong with one connection (bad frame,
 unknown API) closes that connection with a log line; the listener keeps serving the rest.
+
+The listener's `ListenerGuard` (raftlog.net.limits) caps connections in total and per IP, and
+gives each connection's reader the idle and read timeouts and an account on the listener's
+queued request bytes: a request's bytes count from the moment they are read until its response
+is written (or, with acks=0, its handler is done).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, RemoteError
-from raftlog.net.framing import FrameReader, FrameTooLarge
+from raftlog.net.framing import ConnectionIdle, FrameError, FrameReader
 from raftlog.net.kafka import codec
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry, ApiSpec, default_registry
 from raftlog.net.kafka.backend import KafkaBackend
@@ -30,6 +35,7 @@ from raftlog.net.kafka.fetch_send import (
     sendfile_capable,
     small_frame,
 )
+from raftlog.net.limits import ListenerGuard, ListenerLimits
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -47,6 +53,7 @@ class _Slot:
     correlation_id: int
     done: trio.Event = field(default_factory=trio.Event)
     segments: list[codec.Segment] | None = None  # None: no response (acks=0)
+    request_bytes: int = 0  # the request's payload, counted in queued_max_request_bytes
 
 
 @dataclass
@@ -55,6 +62,7 @@ class ServerState:
     config: NodeConfig
     registry: ApiRegistry
     quotas: QuotaHook
+    guard: ListenerGuard
     connections_open: int = 0
 
 
@@ -70,6 +78,7 @@ class Connection:
         self.client_id = ""
         self.user = ANONYMOUS_USER
         self.peer = _peer_name(stream)
+        self._reader = state.guard.frame_reader(stream, state.config.socket_request_max_bytes)
 
     def mute(self, duration_ms: int) -> None:
         if duration_ms > 0:
@@ -97,11 +106,14 @@ class Connection:
     async def _read_requests(
         self, nursery: trio.Nursery, send_slots: trio.MemorySendChannel[_Slot]
     ) -> None:
-        reader = FrameReader(self._stream, self._state.config.socket_request_max_bytes)
+        reader: FrameReader = self._reader
         while True:
             try:
                 frame = await reader.read_frame()
-            except FrameTooLarge as exc:
+            except ConnectionIdle as exc:
+                log.info("closing idle connection from %s: %s", self.peer, exc)
+                return
+            except FrameError as exc:
                 log.warning("closing connection from %s: %s", self.peer, exc)
                 return
             except trio.BrokenResourceError as exc:
@@ -120,6 +132,7 @@ class Connection:
             except (_CloseConnection, codec.MalformedRequest) as exc:
                 log.warning("closing connection from %s: %s", self.peer, exc)
                 return
+            slot.request_bytes = len(frame)
             await send_slots.send(slot)
 
     def _dispatch(self, frame: bytes, nursery: trio.Nursery) -> _Slot:
@@ -227,7 +240,7 @@ class Connection:
                 # Pipelining clients often have several answers ready at once: small ones
                 # that are already finished go out together, in order, in one send.
                 frames: list[bytes] = []
-                released = 0
+                released: list[_Slot] = []
                 alone: _Slot | None = None  # a finished response too big to coalesce
                 while True:
                     frame = None if slot.segments is None else small_frame(slot.segments)
@@ -236,7 +249,7 @@ class Connection:
                         break
                     if frame is not None:
                         frames.append(frame)
-                    released += 1
+                    released.append(slot)
                     if sum(map(len, frames)) >= COALESCE_MAX_BYTES:
                         break
                     try:
@@ -249,18 +262,22 @@ class Connection:
                     slot = following
                 if frames:
                     await send_responses(self._stream, frames)
-                for _ in range(released):
-                    self._inflight.release()
+                for answered in released:
+                    self._answered(answered)
                 if alone is not None:
                     assert alone.segments is not None
                     await send_response(self._stream, alone.segments, self._use_sendfile)
-                    self._inflight.release()
+                    self._answered(alone)
         except trio.EndOfChannel:
             pass  # the reader is done: no more responses
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.info("cannot write to %s: %s", self.peer, exc)
         # A writer that stops (peer gone) ends the connection.
         cancel_scope.cancel()
+
+    def _answered(self, slot: _Slot) -> None:
+        self._inflight.release()
+        self._reader.frame_answered(slot.request_bytes)
 
 
 def _peer_name(stream: Any) -> str:
@@ -279,18 +296,21 @@ async def serve(
     *,
     registry: ApiRegistry | None = None,
     quotas: QuotaHook | None = None,
+    guard: ListenerGuard | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the Kafka protocol on host:port until cancelled.
 
     Use with `await nursery.start(serve, ...)`; the started value is the list of bound
     listeners (port 0 picks a free port: read it from listeners[0].socket.getsockname()).
+    `guard` defaults to one built from `config`; pass one to watch its counters.
     """
     state = ServerState(
         backend=backend,
         config=config,
         registry=registry or default_registry(),
         quotas=quotas or NoQuotas(),
+        guard=guard or ListenerGuard("Kafka", ListenerLimits.from_node_config(config), log),
     )
     listeners = await trio.open_tcp_listeners(port, host=host)
 
@@ -307,6 +327,6 @@ async def serve(
             state.connections_open -= 1
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, handle_connection, listeners)
+        nursery.start_soon(state.guard.serve_listeners, handle_connection, listeners)
         task_status.started(listeners)
         await trio.sleep_forever()
