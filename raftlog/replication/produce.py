@@ -2,8 +2,12 @@
 
 Order on the event loop, with no await between the check and the table update, so two
 requests of one producer can never both pass the sequence check (KIP-98):
-  min.insync.replicas -> check_batches -> [stamp LogAppendTime] -> append_as_leader
-  -> update_leader_append.
+  min.insync.replicas -> validate_client_batches -> check_headers -> [stamp LogAppendTime]
+  -> append_as_leader -> update_leader_append.
+Every batch is validated as Kafka's LogValidator does (raftlog/batch_validation.py) before
+anything is appended: a batch whose CRC holds but whose records do not match its header
+would otherwise move the log end offset by what the header claims and stop every consumer
+of the partition at it. One bad batch refuses the whole partition's data of the request.
 A retry of one of the producer's last five batches (Verdict.DUPLICATE) is not appended: it is
 answered with the original base offset, but only once that batch is covered the way `acks`
 asks (HW for acks=all, fsync for acks=1), so a retry never promises more than the original.
@@ -11,8 +15,11 @@ asks (HW for acks=all, fsync for acks=1), so a retry never promises more than th
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
+from raftlog.batch_validation import validate_client_batches
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
 from raftlog.records import NO_TIMESTAMP, stamp_log_append_time
@@ -25,6 +32,8 @@ from raftlog.replication.core.purgatory import (
 )
 from raftlog.replication.producer_state import Verdict
 from raftlog.replication.replicas import PendingProduce, Replicas
+
+log = logging.getLogger("raftlog.replication.produce")
 
 # A produce that finds its replica's producer state loading waits at most this long (and
 # never past its own timeout); then it is answered REQUEST_TIMED_OUT and the client retries.
@@ -76,11 +85,27 @@ class ProducePath:
                 error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
             )
         now_ms = replicas.clock_ms()
+        config = hosted.log.config
+        try:
+            headers = validate_client_batches(
+                records, max_message_bytes=config.max_message_bytes, require_keys=config.compact
+            )
+        except KafkaError as exc:
+            client_id = getattr(producer, "client_id", None)
+            log.warning(
+                "refused produce to %s-%d from client %r (%s): %s",
+                topic,
+                partition,
+                client_id,
+                exc.code.name,
+                exc.message,
+            )
+            return ProduceResult(exc.code, error_message=exc.message)
         table = hosted.producers.table
-        check = table.check_batches(records)
+        check = table.check_headers([header for _, header in headers])
         if check.verdict is Verdict.ERROR:
             return ProduceResult(check.error, error_message=check.message)
-        log_append_time = hosted.log.config.message_timestamp_type == "LogAppendTime"
+        log_append_time = config.message_timestamp_type == "LogAppendTime"
         if check.verdict is Verdict.DUPLICATE:
             original = check.duplicate_of
             assert original is not None

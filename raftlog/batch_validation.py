@@ -1,0 +1,434 @@
+"""What a leader checks of a produced batch before it appends it (after Kafka's LogValidator).
+
+A correct CRC proves only that the bytes arrived as the producer wrote them. A producer (or
+anyone on the client listener) can still send a header whose recordCount does not match the
+records behind it, records that do not decode, or compressed bytes that do not decompress.
+Stored, such a batch moves the log end offset by whatever the header claims and stops every
+consumer of the partition at it, on every replica, for as long as the log keeps it. So the
+leader walks every record of a client's batch once, before anything of the request is
+appended:
+
+- header: magic 2, CRC, batch size within max.message.bytes, recordCount >= 1 and
+  lastOffsetDelta == recordCount - 1, no control batch (only coordinators write markers),
+  producer id, epoch and base sequence in range for an idempotent batch, and a transactional
+  batch must name its producer;
+- records: each one decodes (attributes 0, varints of at most 5 or 10 bytes, lengths within
+  the record, no null or non-UTF-8 header key, no trailing bytes), its offsetDelta is its
+  index, and the records take exactly the batch's bytes; a compacted topic's records have
+  keys;
+- compressed records are decompressed into a buffer bounded by max.message.bytes: a
+  decompression bomb is refused without allocating past that limit.
+
+Uncompressed records are walked in place (by position in the request's buffer, no copies),
+in one tight loop without per-record objects: this runs for every produced byte.
+
+Error codes follow Kafka: CORRUPT_MESSAGE for bytes that cannot be read at all (CRC, a codec
+that fails), INVALID_RECORD for bytes that read but are not a valid batch (Kafka's
+InvalidRecordException), MESSAGE_TOO_LARGE for a batch or its decompressed records above
+max.message.bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import cramjam
+
+from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError, RemoteError
+from raftlog.records import (
+    HEADER_SIZE_BYTES,
+    NO_PRODUCER_ID,
+    BatchHeader,
+    Compression,
+    validate_batch,
+)
+
+__all__ = [
+    "BatchTooLargeError",
+    "InvalidRecordError",
+    "decompress_bounded",
+    "validate_client_batches",
+]
+
+# The smallest record body after its length: attributes, timestampDelta, offsetDelta,
+# keyLength, valueLength and headerCount, one byte each at least.
+MIN_RECORD_BODY_BYTES = 6
+MIN_RECORD_BYTES = 1 + MIN_RECORD_BODY_BYTES
+# A header is at least a key length and a value length.
+MIN_HEADER_BYTES = 2
+# Kafka's varints: an int32 takes at most 5 bytes, an int64 (timestampDelta) at most 10.
+VARINT_MAX_BYTES = 5
+VARLONG_MAX_BYTES = 10
+# First guess of a compressed batch's decompressed size, as a multiple of its compressed
+# size (never below the floor): a guess too small costs a retry with a 4x larger buffer, a
+# guess too large costs zeroing memory nobody uses.
+DECOMPRESS_FIRST_GUESS_RATIO = 8
+DECOMPRESS_FIRST_GUESS_MIN_BYTES = 64 * 1024
+DECOMPRESS_GROWTH_FACTOR = 4
+# What cramjam says when the output buffer filled before the input ended.
+_CRAMJAM_OUTPUT_FULL = "failed to write whole buffer"
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER_BYTES = 16  # magic, version, compatible version
+_BLOCK_LENGTH = struct.Struct(">i")
+_STREAM_CODECS = {
+    Compression.GZIP: cramjam.gzip,
+    Compression.LZ4: cramjam.lz4,
+    Compression.ZSTD: cramjam.zstd,
+}
+
+
+class InvalidRecordError(KafkaError):
+    """A batch whose bytes read but do not form a valid batch (Kafka's INVALID_RECORD)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.invalid_record, message)
+
+
+class BatchTooLargeError(KafkaError):
+    """A batch, or the records it decompresses to, above max.message.bytes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.message_too_large, message)
+
+
+class _Malformed(RemoteError):
+    """Raised inside the record walk; the caller adds which batch it was and turns it into
+    an InvalidRecordError."""
+
+
+# ------------------------------------------------------------------------- the entry point
+
+
+def validate_client_batches(
+    buf: bytes | bytearray | memoryview,
+    *,
+    max_message_bytes: int,
+    require_keys: bool = False,
+) -> list[tuple[int, BatchHeader]]:
+    """Check every batch of one partition's produce data; return (position, header) of each.
+
+    Raises CorruptRecordError, InvalidRecordError or BatchTooLargeError at the first batch
+    that fails, naming its byte position, so that nothing of the request is appended.
+    `require_keys` is set for compacted topics (Kafka refuses keyless records there).
+    """
+    if not buf:
+        raise CorruptRecordError("no record batch")
+    out: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = validate_batch(buf, pos)
+        if header.size_bytes > max_message_bytes:
+            raise BatchTooLargeError(
+                f"batch at byte {pos} is {header.size_bytes} bytes, above max.message.bytes "
+                f"{max_message_bytes}"
+            )
+        _check_header(header, pos)
+        _check_records(buf, pos, header, max_message_bytes, require_keys)
+        out.append((pos, header))
+        pos += header.size_bytes
+    return out
+
+
+def _check_header(header: BatchHeader, pos: int) -> None:
+    count = header.record_count
+    if count < 1 or header.last_offset_delta != count - 1:
+        raise InvalidRecordError(
+            f"batch at byte {pos} has recordCount {count} and lastOffsetDelta "
+            f"{header.last_offset_delta}: a produced batch holds offsets 0..recordCount-1"
+        )
+    if header.is_control:
+        raise InvalidRecordError(
+            f"batch at byte {pos} is a control batch; clients may not write control records"
+        )
+    producer_id = header.producer_id
+    if producer_id == NO_PRODUCER_ID:
+        # Kafka ignores epoch and sequence of a batch without a producer id (some clients
+        # leave the sequence at 0), but a transaction needs a producer.
+        if header.is_transactional:
+            raise InvalidRecordError(f"batch at byte {pos} is transactional but has no producer id")
+        return
+    if producer_id < 0:
+        raise InvalidRecordError(f"batch at byte {pos} has invalid producer id {producer_id}")
+    if header.producer_epoch < 0:
+        raise InvalidRecordError(
+            f"batch at byte {pos} of an idempotent producer has invalid producer epoch "
+            f"{header.producer_epoch}"
+        )
+    if header.base_sequence < 0:
+        raise InvalidRecordError(
+            f"batch at byte {pos} of an idempotent producer has invalid base sequence "
+            f"{header.base_sequence}"
+        )
+
+
+def _check_records(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    max_message_bytes: int,
+    require_keys: bool,
+) -> None:
+    start = pos + HEADER_SIZE_BYTES
+    end = pos + header.size_bytes
+    codec = header.compression
+    body: bytes | bytearray | memoryview
+    if codec == Compression.NONE:
+        body = buf
+    else:
+        try:
+            body = decompress_bounded(codec, memoryview(buf)[start:end], max_message_bytes)
+        except BatchTooLargeError as exc:
+            raise BatchTooLargeError(f"batch at byte {pos}: {exc.message}") from None
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"batch at byte {pos}: {exc.message}") from None
+        start, end = 0, len(body)
+    try:
+        _walk_records(body, start, end, header.record_count, require_keys)
+    except _Malformed as exc:
+        raise InvalidRecordError(f"batch at byte {pos}: {exc}") from None
+    except IndexError:
+        raise InvalidRecordError(
+            f"batch at byte {pos}: a record runs past the end of the batch"
+        ) from None
+
+
+# ------------------------------------------------------------------------- the record walk
+
+
+def _uvarint(buf: bytes | bytearray | memoryview, p: int, max_bytes: int) -> tuple[int, int]:
+    """The unsigned varint at p (its first byte has the continuation bit) and the position
+    after it; at most max_bytes long and no wider than they can carry."""
+    width_bits = 32 if max_bytes == VARINT_MAX_BYTES else 64
+    result = 0
+    shift = 0
+    for _ in range(max_bytes):
+        b = buf[p]
+        p += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            if result >> width_bits:
+                raise _Malformed(f"varint wider than {width_bits} bits")
+            return result, p
+        shift += 7
+    raise _Malformed(f"varint longer than {max_bytes} bytes")
+
+
+def _walk_records(
+    buf: bytes | bytearray | memoryview, p: int, end: int, count: int, require_keys: bool
+) -> None:
+    """Check that buf[p:end] holds exactly `count` well-formed records, offsetDelta 0..n-1.
+
+    Raises _Malformed or IndexError. Each varint has a one- and two-byte fast path inline
+    (record lengths and 1 KiB values take two bytes). A read may pass the record's end
+    without a bounds check: positions only grow, so it ends in `p != record_end`, or in
+    IndexError at the buffer's end; and no read skips backwards.
+    """
+    if count > (end - p) // MIN_RECORD_BYTES:
+        raise _Malformed(f"recordCount {count} cannot fit in {end - p} bytes of records")
+    for index in range(count):
+        # length (varint)
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            c = buf[p + 1]
+            if c < 0x80:
+                u = (b & 0x7F) | (c << 7)
+                p += 2
+            else:
+                u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        length = (u >> 1) ^ -(u & 1)
+        record_end = p + length
+        if length < MIN_RECORD_BODY_BYTES or record_end > end:
+            raise _Malformed(f"record {index} has length {length}, beyond its batch")
+        # attributes: an int8 with no bits defined. Kafka ignores it, but kafka-python reads
+        # it as a varint, so a set high bit would shift every later field for that reader.
+        if buf[p]:
+            raise _Malformed(f"record {index} has attributes {buf[p]}; no bits are defined")
+        # timestampDelta (varlong: any value)
+        b = buf[p + 1]
+        if b < 0x80:
+            p += 2
+        else:
+            _, p = _uvarint(buf, p + 1, VARLONG_MAX_BYTES)
+        # offsetDelta (varint)
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            c = buf[p + 1]
+            if c < 0x80:
+                u = (b & 0x7F) | (c << 7)
+                p += 2
+            else:
+                u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        if (u >> 1) ^ -(u & 1) != index:
+            raise _Malformed(
+                f"record {index} has offsetDelta {(u >> 1) ^ -(u & 1)}; "
+                f"inner offsets must be consecutive"
+            )
+        # keyLength (varint; -1 is a null key), key
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            c = buf[p + 1]
+            if c < 0x80:
+                u = (b & 0x7F) | (c << 7)
+                p += 2
+            else:
+                u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        n = (u >> 1) ^ -(u & 1)
+        if n >= 0:
+            p += n
+        elif n != -1:
+            raise _Malformed(f"record {index} has key length {n}")
+        elif require_keys:
+            raise _Malformed(f"record {index} has no key; a compacted topic needs one")
+        # valueLength (varint; -1 is a null value), value
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            c = buf[p + 1]
+            if c < 0x80:
+                u = (b & 0x7F) | (c << 7)
+                p += 2
+            else:
+                u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        n = (u >> 1) ^ -(u & 1)
+        if n >= 0:
+            p += n
+        elif n != -1:
+            raise _Malformed(f"record {index} has value length {n}")
+        # headerCount (varint), headers
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        if u:
+            p = _walk_headers(buf, p, record_end, (u >> 1) ^ -(u & 1), index)
+        if p != record_end:
+            raise _Malformed(
+                f"record {index} has length {length} but its fields take {length + p - record_end}"
+            )
+    if p != end:
+        raise _Malformed(f"{end - p} bytes follow the last of the {count} records")
+
+
+def _walk_headers(
+    buf: bytes | bytearray | memoryview, p: int, record_end: int, count: int, index: int
+) -> int:
+    if count < 0 or count > (record_end - p) // MIN_HEADER_BYTES:
+        raise _Malformed(f"record {index} has header count {count}, beyond its length")
+    for _ in range(count):
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        n = (u >> 1) ^ -(u & 1)
+        if n < 0:
+            raise _Malformed(f"record {index} has a header key of length {n}")
+        if n:
+            # A header key is a protocol string: readers that decode it strictly (kafka-python)
+            # would stop at the record for good.
+            try:
+                str(buf[p : p + n], "utf-8")
+            except UnicodeDecodeError:
+                raise _Malformed(f"record {index} has a header key that is not UTF-8") from None
+        p += n
+        b = buf[p]
+        if b < 0x80:
+            u = b
+            p += 1
+        else:
+            u, p = _uvarint(buf, p, VARINT_MAX_BYTES)
+        n = (u >> 1) ^ -(u & 1)
+        if n >= 0:
+            p += n
+        elif n != -1:
+            raise _Malformed(f"record {index} has a header value of length {n}")
+    return p
+
+
+# ------------------------------------------------------------------------- bounded codecs
+
+
+def decompress_bounded(
+    codec: Compression, data: bytes | bytearray | memoryview, limit_bytes: int
+) -> bytes | bytearray | memoryview:
+    """`data` decompressed, refused (BatchTooLargeError) once the output would pass
+    limit_bytes: no buffer above limit_bytes + 1 is ever allocated. CorruptRecordError when
+    the bytes do not decompress."""
+    if codec == Compression.SNAPPY:
+        return _snappy_bounded(data, limit_bytes)
+    module = _STREAM_CODECS.get(codec)
+    if module is None:
+        raise CorruptRecordError(f"unknown compression codec {codec}")
+    ceiling = limit_bytes + 1  # one byte past the limit tells "too large" from "just fits"
+    size = min(
+        ceiling, max(DECOMPRESS_FIRST_GUESS_MIN_BYTES, DECOMPRESS_FIRST_GUESS_RATIO * len(data))
+    )
+    while True:
+        out = bytearray(size)
+        try:
+            written = module.decompress_into(data, out)
+        except Exception as exc:  # cramjam raises its own DecompressionError
+            if _CRAMJAM_OUTPUT_FULL not in str(exc):
+                raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from None
+            if size >= ceiling:
+                raise BatchTooLargeError(
+                    f"{codec.name} records decompress to more than max.message.bytes {limit_bytes}"
+                ) from None
+            size = min(ceiling, size * DECOMPRESS_GROWTH_FACTOR)
+            continue
+        if written > limit_bytes:
+            raise BatchTooLargeError(
+                f"{codec.name} records decompress to more than max.message.bytes {limit_bytes}"
+            )
+        return memoryview(out)[:written]
+
+
+def _snappy_bounded(data: bytes | bytearray | memoryview, limit_bytes: int) -> bytes:
+    """Raw snappy (librdkafka) or xerial-framed blocks (the Java client); each raw block
+    declares its decompressed length up front, so the limit is checked before any output."""
+    raw = bytes(data)
+    try:
+        if not raw.startswith(_XERIAL_MAGIC):
+            _check_snappy_length(raw, limit_bytes)
+            return bytes(cramjam.snappy.decompress_raw(raw))
+        pos = _XERIAL_HEADER_BYTES
+        total = 0
+        blocks = []
+        while pos < len(raw):
+            if pos + _BLOCK_LENGTH.size > len(raw):
+                raise CorruptRecordError("truncated xerial snappy block length")
+            (block_len,) = _BLOCK_LENGTH.unpack_from(raw, pos)
+            pos += _BLOCK_LENGTH.size
+            if block_len < 0 or pos + block_len > len(raw):
+                raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns")
+            block = raw[pos : pos + block_len]
+            total += _check_snappy_length(block, limit_bytes - total)
+            blocks.append(bytes(cramjam.snappy.decompress_raw(block)))
+            pos += block_len
+        return b"".join(blocks)
+    except (CorruptRecordError, BatchTooLargeError):
+        raise
+    except Exception as exc:
+        raise CorruptRecordError(f"cannot decompress SNAPPY records: {exc}") from None
+
+
+def _check_snappy_length(block: bytes, limit_bytes: int) -> int:
+    declared = int(cramjam.snappy.decompress_raw_len(block))
+    if declared > limit_bytes:
+        raise BatchTooLargeError("SNAPPY records decompress to more than max.message.bytes")
+    return declared
