@@ -8,6 +8,7 @@ from typing import Any
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.backend import (
     ProduceResult,
@@ -16,9 +17,17 @@ from raftlog.net.kafka.backend import (
     TopicInfo,
 )
 from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_util import guarded, leader_dict, log, to_ms
 
 VALID_ACKS = (-1, 0, 1)
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+# Topics only the node itself writes (Kafka's Topic.isInternal, and the metadata log). A
+# client's record in __consumer_offsets that the coordinator cannot decode keeps that
+# offsets partition from loading after every coordinator move, so Produce is refused there
+# as Kafka refuses it. The group coordinator appends through the replication layer's produce
+# path directly, never through this handler.
+CLIENT_READ_ONLY_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
 
 
 # ------------------------------------------------------------------------------ ApiVersions
@@ -152,6 +161,12 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     async def one(i: int, topic: str, partition: int, records: bytes | None) -> None:
         if acks not in VALID_ACKS:
             results[i] = ProduceResult(ErrorCode.invalid_required_acks)
+        elif topic in CLIENT_READ_ONLY_TOPICS:
+            log.warning("refused produce to internal topic %s from client %r", topic, ctx.client_id)
+            results[i] = ProduceResult(
+                ErrorCode.invalid_topic_exception,
+                error_message=f"cannot append to internal topic {topic}",
+            )
         elif not records:
             results[i] = ProduceResult(ErrorCode.corrupt_message, error_message="no records")
         else:
