@@ -152,7 +152,11 @@ class FrameReader:
         self._frame_received_bytes = 0  # of the frame being read, for the timeout's message
         # A connection waiting for its peer must hold no memory, or idle connections alone
         # would spend the pool: on a socket, reserve only once bytes are there to read.
+        # Inside a frame, after a receive that got all it asked for, more bytes are likely
+        # waiting, so the receive goes ahead at once (as trio's own receive_some tries before
+        # it waits); if the peer stalls there, the read timeout bounds what it holds.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        self._drained = True
 
     def frame_answered(self, payload_bytes: int) -> None:
         """A frame `read_frame` returned has been answered: its bytes no longer count."""
@@ -162,14 +166,14 @@ class FrameReader:
     def _frame_started(self) -> None:
         self._frame_deadline = trio.current_time() + self._read_timeout_s
 
-    async def _receive(self, max_bytes: int) -> bytes | bytearray:
+    async def _receive(self, max_bytes: int, *, mid_frame: bool) -> bytes | bytearray:
         if not self._timed:
             return await self._stream.receive_some(max_bytes)
         deadline = min(self._idle_deadline, self._frame_deadline)
         with trio.move_on_at(deadline):
             if self._account is None:
                 return await self._stream.receive_some(max_bytes)
-            if self._socket is not None:
+            if self._socket is not None and (self._drained or not mid_frame):
                 await trio.lowlevel.wait_readable(self._socket)
             granted = await self._account.reserve(max_bytes)
             chunk: bytes | bytearray = b""
@@ -177,6 +181,7 @@ class FrameReader:
                 chunk = await self._stream.receive_some(granted)
             finally:
                 self._account.release(granted - len(chunk))
+            self._drained = len(chunk) < granted
             return chunk
         if self._frame_deadline <= self._idle_deadline:
             raise FrameReadTimeout(
@@ -198,7 +203,7 @@ class FrameReader:
             if self._buffer:
                 self._frame_started()
         while len(self._buffer) < FRAME_SIZE_PREFIX_BYTES:
-            chunk = await self._receive(self._receive_chunk_bytes)
+            chunk = await self._receive(self._receive_chunk_bytes, mid_frame=bool(self._buffer))
             if not chunk:
                 if self._buffer:
                     raise trio.BrokenResourceError("stream ended inside a frame header")
@@ -224,7 +229,9 @@ class FrameReader:
         have_bytes = len(self._buffer) - FRAME_SIZE_PREFIX_BYTES
         self._buffer = bytearray()
         while have_bytes < size_bytes:
-            chunk = await self._receive(min(self._receive_chunk_bytes, size_bytes - have_bytes))
+            chunk = await self._receive(
+                min(self._receive_chunk_bytes, size_bytes - have_bytes), mid_frame=True
+            )
             if not chunk:
                 raise trio.BrokenResourceError("stream ended inside a frame")
             have_bytes += len(chunk)

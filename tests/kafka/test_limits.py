@@ -201,3 +201,28 @@ async def test_a_frame_sent_one_byte_a_second_is_cut_off_at_the_read_deadline(
         nursery.cancel_scope.cancel()
     backend.close()
     assert any("took longer than 3000 ms" in r.getMessage() for r in caplog.records)
+
+
+async def test_idle_connections_hold_no_memory(
+    tmp_path: Path, clock: trio.testing.MockClock
+) -> None:
+    """Connections waiting for their next request reserve nothing: 300 of them, each after
+    a request larger than its share of a 64 KiB pool, leave it empty for everyone else."""
+    pool_bytes = 64 * 1024
+    async with trio.open_nursery() as nursery:
+        port, guard, backend = await start(nursery, tmp_path, queued_max_request_bytes=pool_bytes)
+        padded = req(
+            ApiKey.API_VERSIONS, 3, client_software_name="t" * 1000, client_software_version="1"
+        )
+        clients = []
+        for _ in range(300):
+            client = await WireClient.connect(port)
+            assert (await client.request(padded)).error_code == ErrorCode.none
+            clients.append(client)
+        await wait_until("the answered bytes to be returned", lambda: guard.queued.used_bytes == 0)
+        assert guard.caps.open == 300
+        for client in clients[::50]:
+            assert await api_versions_ok(client)
+        await wait_until("the bytes to be returned again", lambda: guard.queued.used_bytes == 0)
+        nursery.cancel_scope.cancel()
+    backend.close()

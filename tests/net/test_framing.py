@@ -50,3 +50,27 @@ async def test_large_frames_assemble_from_bounded_receives():
         assert await reader.read_frame() == big
         assert await reader.read_frame() == b"tail"
         assert await reader.read_frame() is None
+
+
+async def test_queued_bytes_never_pass_the_limit_and_wake_waiters():
+    from raftlog.net.framing import QueuedBytes
+
+    pool = QueuedBytes(100)
+    first, second = pool.account(), pool.account()
+    assert await first.reserve(70) == 70
+    assert await second.reserve(70) == 30  # what is left, not what was asked
+    got = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _reserve_into(second, 10, got))
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and pool.waiting == 1  # nothing left: it waits
+        first.release(20)
+        await trio.testing.wait_all_tasks_blocked()
+    assert got == [10] and pool.used_bytes == 90 and pool.peak_bytes == 100
+    first.close()
+    second.release(1000)  # more than it holds: clamped, as after a close
+    assert pool.used_bytes == 0 and first.held_bytes == second.held_bytes == 0
+
+
+async def _reserve_into(account, want, got):
+    got.append(await account.reserve(want))
