@@ -22,6 +22,7 @@ import trio
 from raftlog.batch_validation import validate_client_batches
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
+from raftlog.net.limits import RateLimitedLog
 from raftlog.records import NO_TIMESTAMP, stamp_log_append_time
 from raftlog.replication.core.purgatory import (
     DelayedProduce,
@@ -45,6 +46,9 @@ class ProducePath:
 
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
+        # A client can send refused batches as fast as the network carries them: one line
+        # per interval, counting the rest, keeps that from filling the log disk.
+        self._refusals = RateLimitedLog(log)
 
     async def produce(
         self,
@@ -92,7 +96,7 @@ class ProducePath:
             )
         except KafkaError as exc:
             client_id = getattr(producer, "client_id", None)
-            log.warning(
+            self._refusals.warning(
                 "refused produce to %s-%d from client %r (%s): %s",
                 topic,
                 partition,

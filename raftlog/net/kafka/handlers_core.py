@@ -19,6 +19,7 @@ from raftlog.net.kafka.backend import (
 from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_util import guarded, leader_dict, log, to_ms
+from raftlog.net.limits import RateLimitedLog
 
 VALID_ACKS = (-1, 0, 1)
 TRANSACTION_STATE_TOPIC = "__transaction_state"
@@ -28,6 +29,8 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 # as Kafka refuses it. The group coordinator appends through the replication layer's produce
 # path directly, never through this handler.
 CLIENT_READ_ONLY_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
+# One line per interval however fast a client repeats the attempt.
+_internal_topic_refusals = RateLimitedLog(log)
 
 
 # ------------------------------------------------------------------------------ ApiVersions
@@ -162,7 +165,9 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
         if acks not in VALID_ACKS:
             results[i] = ProduceResult(ErrorCode.invalid_required_acks)
         elif topic in CLIENT_READ_ONLY_TOPICS:
-            log.warning("refused produce to internal topic %s from client %r", topic, ctx.client_id)
+            _internal_topic_refusals.warning(
+                "refused produce to internal topic %s from client %r", topic, ctx.client_id
+            )
             results[i] = ProduceResult(
                 ErrorCode.invalid_topic_exception,
                 error_message=f"cannot append to internal topic {topic}",
