@@ -18,6 +18,7 @@ timeout and the pool can never stay full of frames that will not complete.
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 from collections.abc import Callable
@@ -36,6 +37,9 @@ SMALL_RECEIVE_BYTES = 4096
 class FrameError(RemoteError):
     """The peer's frames break a limit; the connection is closed."""
 
+    # How loudly a listener logs the close: a peer that broke a limit is worth a warning.
+    log_level = logging.WARNING
+
 
 class FrameTooLarge(FrameError):
     """The peer announced a frame larger than the limit (or a negative size)."""
@@ -48,6 +52,10 @@ class FrameTooLarge(FrameError):
 
 class ConnectionIdle(FrameError):
     """No complete frame arrived within the idle timeout."""
+
+    # Routine: a client that went quiet, or a node's connection it rarely uses (a Raft leader
+    # seldom sends to its followers).
+    log_level = logging.INFO
 
 
 class FrameReadTimeout(FrameError):

@@ -212,7 +212,7 @@ async def _serve_connection(
         try:
             await _read_requests(reader, peer, identity, inflight, nursery, answer)
         except FrameError as exc:
-            log.warning("closing internal connection from %s: %s", peer, exc)
+            log.log(exc.log_level, "closing internal connection from %s: %s", peer, exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:

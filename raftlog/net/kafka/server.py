@@ -23,7 +23,7 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, RemoteError
-from raftlog.net.framing import ConnectionIdle, FrameError, FrameReader
+from raftlog.net.framing import FrameError, FrameReader
 from raftlog.net.kafka import codec
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry, ApiSpec, default_registry
 from raftlog.net.kafka.backend import KafkaBackend
@@ -110,11 +110,8 @@ class Connection:
         while True:
             try:
                 frame = await reader.read_frame()
-            except ConnectionIdle as exc:
-                log.info("closing idle connection from %s: %s", self.peer, exc)
-                return
             except FrameError as exc:
-                log.warning("closing connection from %s: %s", self.peer, exc)
+                log.log(exc.log_level, "closing connection from %s: %s", self.peer, exc)
                 return
             except trio.BrokenResourceError as exc:
                 log.info("connection from %s ended mid-frame: %s", self.peer, exc)
