@@ -218,6 +218,7 @@ class Node:
             incarnation_id=self.lifecycle.incarnation_id,
         )
         await nursery.start(self.replicas.run)
+        self.lifecycle.unsafe_partitions = self.replicas.unsafe_partitions
         self._rpc_node_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch
         self.metadata.add_listener(self.replicas.apply_metadata)
         self.quotas = BrokerQuotas(QuotaLimits.from_node_config(config), clock_ms)

@@ -143,7 +143,7 @@ class ReplicaFetcher:
                 )
             await trio.sleep(settings.backoff_ms / 1000)
             return
-        appended, failed = self._apply_answers(due, answers)
+        appended, failed, answered = self._apply_answers(due, answers)
         if not await self._flush(appended):
             failed = True
         now_ms = self.pool.clock_ms()
@@ -151,19 +151,44 @@ class ReplicaFetcher:
             current = hosted.replica.follower
             if current is not None:
                 current.on_flushed(now_ms=now_ms)
+        self._note_caught_up(answered)
         for hosted, _, _ in due:
             self.pool.on_progress(hosted)
         self.rounds += 1
         if failed:
             await trio.sleep(settings.backoff_ms / 1000)
 
+    @staticmethod
+    def _note_caught_up(answered: list[tuple[HostedPartition, FollowerState, int]]) -> None:
+        """A replica that lost acknowledged records is whole again once it holds, fsynced,
+        everything below a HW its leader sent after checking our log (KIP-966's rule)."""
+        for hosted, follower, leader_hw in answered:
+            plog = hosted.log
+            if (
+                plog.lost_data
+                and hosted.replica.follower is follower
+                and plog.damaged_range is None
+                and min(plog.flushed_offset, plog.log_end_offset) >= leader_hw
+            ):
+                plog.lost_data = False
+                log.warning(
+                    "%s-%d: fetched back everything committed (high watermark %d) from broker "
+                    "%d: eligible to lead again",
+                    hosted.topic,
+                    hosted.partition,
+                    leader_hw,
+                    follower.leader_id,
+                )
+
     def _apply_answers(
         self,
         due: list[tuple[HostedPartition, FollowerState, FetchRequest]],
         answers: dict[TopicPartition, ReplicaFetchAnswer],
-    ) -> tuple[list[HostedPartition], bool]:
+    ) -> tuple[list[HostedPartition], bool, list[tuple[HostedPartition, FollowerState, int]]]:
         now_ms = self.pool.clock_ms()
         appended: list[HostedPartition] = []
+        # Valid answers (our log matched the leader's at the fetch offset) and their HW.
+        answered: list[tuple[HostedPartition, FollowerState, int]] = []
         failed = False
         for hosted, follower, fetch in due:
             # Metadata may have replaced the follower (new epoch) or dropped the partition while
@@ -189,6 +214,8 @@ class ReplicaFetcher:
                 records = answer.records
             step = follower.on_fetch_response(now_ms=now_ms, response=response)
             partition_log = hosted.log
+            if step.action is FollowerAction.NOTHING:
+                answered.append((hosted, follower, response.high_watermark))
             try:
                 if step.action is FollowerAction.APPEND:
                     # Storage time is wall-clock (segment.ms); now_ms here is monotonic.
@@ -196,6 +223,7 @@ class ReplicaFetcher:
                         records, max_leader_epoch=follower.leader_epoch
                     )
                     appended.append(hosted)
+                    answered.append((hosted, follower, response.high_watermark))
                     self._update_producers(hosted, records)
                     self._follow_log_start(hosted, follower, response.log_start_offset)
                 elif step.action is FollowerAction.RESET:
@@ -235,7 +263,7 @@ class ReplicaFetcher:
                     fetch.fetch_offset,
                     exc,
                 )
-        return appended, failed
+        return appended, failed, answered
 
     def _update_producers(self, hosted: HostedPartition, records: bytes) -> None:
         # The same table serves when this replica leads: a new leader answers retries of

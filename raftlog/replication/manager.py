@@ -325,6 +325,19 @@ class ReplicaManager:
         self.flusher.wake()  # checkpoints (log start, recovery point) are now due
 
     # ------------------------------------------------------------------ status
+    def unsafe_partitions(self) -> tuple[tuple[uuid.UUID, int], ...]:
+        """Hosted replicas that must not lead nor count as in sync (KIP-966): they lost
+        records they may have acknowledged, hold a damaged batch, or their disk failed. The
+        broker reports them in every heartbeat; the controller keeps them out of ISRs and
+        elections until they stop appearing here."""
+        return tuple(
+            sorted(
+                (h.topic_id, h.partition)
+                for h in self.replicas.partitions.values()
+                if h.log.unsafe_to_lead
+            )
+        )
+
     def partition_states(self) -> dict[TopicPartition, PartitionStatus]:
         """Leader, epochs, ISR, HW and offsets of every hosted replica (status, describe)."""
         partitions = self.replicas.partitions

@@ -68,9 +68,7 @@ class Scrubber:
     async def run(self) -> None:
         while True:
             self._repair_pending()
-            keys = sorted(
-                k for k, h in self.partitions.items() if not h.log.closed and not h.log.offline
-            )
+            keys = sorted(k for k, h in self.partitions.items() if self._scrubbable(h))
             step = self.schedule.next_step(
                 now_s=trio.current_time(), keys=keys, segments_of=self._segments_of
             )
@@ -82,6 +80,19 @@ class Scrubber:
                 await trio.sleep_until(step)
             else:
                 await self._verify(self.partitions[step.key], step)
+
+    @staticmethod
+    def _scrubbable(hosted: HostedPartition) -> bool:
+        """Not a log whose damage is known and not yet cut (found again, it would be reported
+        again), nor one with a cut on its way."""
+        plog = hosted.log
+        follower = hosted.replica.follower
+        return (
+            not plog.closed
+            and not plog.offline
+            and plog.damaged_range is None
+            and not (follower is not None and follower.awaiting_truncation)
+        )
 
     def _segments_of(self, key: TopicPartition) -> list[SegmentExtent]:
         segments = self.partitions[key].log.segments
@@ -172,6 +183,9 @@ class Scrubber:
                 follower.leader_id,
             )
             del self.damaged[key]
+            # The cut removes records this replica acknowledged: it is not a safe leader
+            # until it has them back (the fetcher clears this).
+            plog.lost_data = True
             self.truncate(hosted, follower, step)
 
     def status(self) -> dict[str, Any]:

@@ -118,6 +118,10 @@ class PartitionLog:
         # after a failed write or fsync the page cache and the disk may disagree, so only a
         # restart (recovery from what is on disk) brings the log back.
         self.offline_reason: str | None = None
+        # This replica lost records it may have acknowledged (recovery cut below the recovery
+        # point, or a damaged batch was cut out): it must not lead, nor count as in sync,
+        # until it has fetched back everything the leader committed (the fetcher clears it).
+        self.lost_data = recovered.lost_data
 
     # ------------------------------------------------------------------ properties
     @property
@@ -572,6 +576,11 @@ class PartitionLog:
     @property
     def offline(self) -> bool:
         return self.offline_reason is not None
+
+    @property
+    def unsafe_to_lead(self) -> bool:
+        """This copy may lack or damage acknowledged records (KIP-966's unclean replica)."""
+        return self.lost_data or self.damaged_range is not None or self.offline
 
     def mark_offline(self, reason: str) -> None:
         """Stop using the log after a disk error; logged once (also from a worker thread)."""

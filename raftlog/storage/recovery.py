@@ -35,6 +35,13 @@ class RecoveredLog:
     epoch_cache: LeaderEpochCache
     log_start_offset: int
     log_end_offset: int
+    # Recovery removed data below the recovery point, which only ever claims fsynced data:
+    # records this replica acknowledged are gone (a damaged or cut file), so it must not
+    # lead before it has fetched back what the others committed (KIP-966). A torn tail above
+    # the recovery point after a crash is not this: it was never acknowledged under
+    # flush_policy=always, and calling it lost would leave a cluster that lost power with no
+    # replica allowed to lead.
+    lost_data: bool = False
 
 
 def recover_log(directory: Path, config: LogConfig, *, now_ms: int) -> RecoveredLog:
@@ -76,7 +83,16 @@ def recover_log(directory: Path, config: LogConfig, *, now_ms: int) -> Recovered
         if segment.next_offset > recovery_point:
             segment.fsync()
     fsync_dir(directory)
-    return RecoveredLog(segments, epoch_cache, log_start, log_end)
+    lost_data = log_end < recovery_point
+    if lost_data:
+        log.warning(
+            "%s: recovery removed data (recovery point %d, log end now %d): this replica may "
+            "have lost acknowledged records and will not lead it until it has caught up",
+            directory,
+            recovery_point,
+            log_end,
+        )
+    return RecoveredLog(segments, epoch_cache, log_start, log_end, lost_data)
 
 
 def _read_int_checkpoint(directory: Path, name: str, key: str, default: int) -> int:
@@ -102,20 +118,21 @@ def _recover_segments(
         segment = LogSegment(directory, base, config.index_interval_bytes)
         segment.created_ms = now_ms
         next_base = bases[i + 1] if i + 1 < len(bases) else None
-        if base < recovery_point:
-            segment.load_trusted()
         cut = 0
+        if base < recovery_point:
+            cut = segment.load_trusted()
         if base >= recovery_point or segment.next_offset > recovery_point:
 
             def on_batch(header: BatchHeader) -> None:
                 cache.assign(header.partition_leader_epoch, header.base_offset)
 
-            cut, reason = segment.recover(on_batch, allow_gaps=config.compact)
-            if cut:
+            scan_cut, reason = segment.recover(on_batch, allow_gaps=config.compact)
+            cut += scan_cut
+            if scan_cut:
                 log.warning(
                     "%s: truncated %d bytes of %s at offset %d: %s",
                     directory,
-                    cut,
+                    scan_cut,
                     segment.log_path.name,
                     segment.next_offset,
                     reason,

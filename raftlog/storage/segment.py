@@ -176,11 +176,12 @@ class LogSegment:
         return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
 
     # ------------------------------------------------------------------ recovery
-    def load_trusted(self) -> None:
+    def load_trusted(self) -> int:
         """Open a segment below the recovery point: trust its batches, sanity-check indexes.
 
         Only headers after the last index entry are read (to find the next offset); an index
-        that fails its checks is rebuilt by a full recovery scan of this segment.
+        that fails its checks is rebuilt by a full recovery scan of this segment. Returns the
+        bytes that scan cut (0 when the segment was whole).
         """
         try:
             if self.size_bytes and not self.index.path.exists():
@@ -211,6 +212,8 @@ class LogSegment:
             truncated, reason = self.recover(on_batch=None)
             if truncated:
                 log.warning("%s: cut %d bytes: %s", self.log_path, truncated, reason)
+            return truncated
+        return 0
 
     def recover(
         self, on_batch: Callable[[BatchHeader], None] | None, *, allow_gaps: bool = True

@@ -4,6 +4,7 @@ the way, a committed batch damaged on a follower's disk (the scrubber), a full d
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,10 @@ import pytest
 import trio
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller.messages import CreateTopics, NewTopic
+from raftlog.metadata.controller.messages import BrokerHeartbeat, CreateTopics, NewTopic
 from raftlog.storage import segment as segment_module
 from tests.replication.test_manager import (
+    BROKERS,
     TOPIC,
     followers,
     last_offsets,
@@ -49,8 +51,12 @@ async def test_follower_refuses_a_damaged_fetch_answer_and_fetches_it_again(
                     damaged += 1
             return reply
 
+        # A fetch sent before the swap may be parked at the leader: pausing the victim makes
+        # its answer lost, so every answer with records goes through flip_a_byte.
+        cluster.paused.add(victim)
         pool.send_fetch = flip_a_byte
         assert (await produce(cluster, acks=1)).error == ErrorCode.none
+        cluster.paused.discard(victim)
         await wait_until("three damaged answers", lambda: damaged >= 3)
         await wait_until("the follower to catch up", cluster.in_sync)
         assert cluster.log_bytes(victim) == cluster.log_bytes(cluster.leader_id)
@@ -100,7 +106,9 @@ async def test_scrubber_repairs_a_followers_committed_batch_damaged_while_it_was
         manager = await cluster.start(victim)
         manager.scrubber.schedule.pass_interval_s = 0.05
         await wait_until("the scrubber to find it", lambda: manager.scrubber.damage_found >= 1)
-        await wait_until("the repair", lambda: cluster.in_sync() and manager.scrubber.damaged == {})
+        await wait_until(
+            "the repair", lambda: manager.unsafe_partitions() == () and cluster.in_sync()
+        )
         assert cluster.log_bytes(victim) == expected
         messages = [r.getMessage() for r in caplog.records]
         assert any("found a damaged batch at offset 12" in m for m in messages)
@@ -134,7 +142,7 @@ async def test_a_damaged_leader_refuses_the_range_and_repairs_once_another_repli
         # Leadership moves (here: the broker is fenced); the old leader fetches the range again.
         cluster.heartbeat(leader_id, want_fence=True)
         assert cluster.leader_id != leader_id
-        await wait_until("the repair", lambda: leader.scrubber.damaged == {})
+        await wait_until("the repair", lambda: leader.unsafe_partitions() == ())
         await wait_until(
             "the old leader to catch up", lambda: cluster.log_bytes(leader_id) == expected
         )
@@ -159,7 +167,7 @@ async def test_a_follower_whose_disk_is_full_takes_the_partition_offline_and_goe
         victim_log = cluster.log_managers[victim].get(TOPIC, 0)
         assert victim_log is not None
         disk = FailingDisk()
-        disk.fds.add(victim_log.active_segment.file.fileno())
+        disk.fail(victim_log.active_segment.file.fileno())
         monkeypatch.setattr(segment_module, "os", disk)
         await produce_values(cluster, 3)  # the victim's append of these fails: ENOSPC
         await wait_until("the append to fail", lambda: victim_log.offline)
@@ -182,4 +190,76 @@ async def test_a_follower_whose_disk_is_full_takes_the_partition_offline_and_goe
         await cluster.start(victim)
         await wait_until("the victim to catch up", cluster.in_sync)
         assert cluster.log_bytes(victim) == cluster.log_bytes(cluster.leader_id)
+        await cluster.stop_all()
+
+
+def report(cluster: Any, broker_id: int, unsafe: tuple[tuple[Any, int], ...]) -> None:
+    """The heartbeat a broker's lifecycle sends, with its replicas unsafe to lead."""
+    reply = cluster.handle(
+        BrokerHeartbeat(
+            broker_id, cluster.broker_epochs[broker_id], cluster.offset, unsafe_partitions=unsafe
+        )
+    )
+    assert reply.error_code == ErrorCode.none, reply
+
+
+async def test_a_leader_whose_recovery_lost_acknowledged_records_is_not_elected_again(
+    tmp_path: Path,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        await produce_values(cluster, 40)  # acks=all: every record is acknowledged
+        await wait_until("replicas in sync", cluster.in_sync)
+        expected = cluster.log_bytes(cluster.leader_id)
+        damaged = cluster.leader_id
+        await cluster.stop(damaged)
+        # Its last segment cut in the middle of a batch, below its clean-shutdown recovery
+        # point: recovery cuts cleanly, but acknowledged records are gone from this copy.
+        path = segment_file(tmp_path, damaged)
+        os.truncate(path, path.stat().st_size - 30)
+        cluster.paused.add(damaged)
+        manager = await cluster.start(damaged)
+        hosted = manager.replicas.partitions[(TOPIC, 0)]
+        unsafe = manager.unsafe_partitions()
+        assert unsafe == ((hosted.topic_id, 0),)
+        # Its heartbeat reports it: it leaves the ISR and leadership goes to an intact copy.
+        report(cluster, damaged, unsafe)
+        state = cluster.partition()
+        assert state.leader != damaged and damaged not in state.isr
+        for broker_id in BROKERS:
+            if broker_id != damaged:
+                report(cluster, broker_id, ())
+        # Even the periodic elections (offline partitions, preferred leader) pass it over.
+        cluster.commit(cluster.controller.rebalance_preferred_leaders().records)
+        assert cluster.leader_id != damaged
+        # It fetches back what the others committed, stops reporting itself, and rejoins.
+        cluster.paused.discard(damaged)
+        await wait_until("the copy to be whole", lambda: manager.unsafe_partitions() == ())
+        report(cluster, damaged, ())
+        await wait_until("the ISR to expand", lambda: damaged in cluster.partition().isr)
+        assert cluster.log_bytes(cluster.leader_id) == expected
+        assert cluster.log_bytes(damaged) == expected
+        await cluster.stop_all()
+
+
+async def test_a_partition_whose_only_in_sync_replica_lost_data_stays_offline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, min_isr=1)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        leader_id = cluster.leader_id
+        others = followers(cluster)
+        for broker_id in others:
+            await cluster.stop(broker_id)
+            cluster.heartbeat(broker_id, want_fence=True)  # fenced: out of the ISR
+        assert cluster.partition().isr == (leader_id,)
+        hosted = cluster.managers[leader_id].replicas.partitions[(TOPIC, 0)]
+        report(cluster, leader_id, ((hosted.topic_id, 0),))
+        assert cluster.partition().leader == -1 and cluster.partition().isr == (leader_id,)
+        assert any("is offline: broker" in r.getMessage() for r in caplog.records)
+        # The periodic election does not bring it back with the damaged copy either.
+        cluster.commit(cluster.controller.tick(10**12).records)
+        assert cluster.partition().leader == -1
         await cluster.stop_all()

@@ -183,9 +183,16 @@ class FailingDisk:
 
     def __init__(self, error: int = errno.ENOSPC, partial_bytes: int = 0) -> None:
         self.fds: set[int] = set()
+        self.files: set[tuple[int, int]] = set()  # (st_dev, st_ino): fsyncs use duplicates
         self.error = error
         self.partial_bytes = partial_bytes
         self.failed = 0
+
+    def fail(self, fd: int) -> None:
+        """Writes and fsyncs of this file fail from now on."""
+        self.fds.add(fd)
+        stat = os.fstat(fd)
+        self.files.add((stat.st_dev, stat.st_ino))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -200,8 +207,8 @@ class FailingDisk:
         return os.write(fd, data)
 
     def fdatasync(self, fd: int) -> None:
-        # The flusher fsyncs duplicates of the segments' descriptors: compare the files.
-        if any(os.path.samestat(os.fstat(fd), os.fstat(failing)) for failing in self.fds):
+        stat = os.fstat(fd)
+        if (stat.st_dev, stat.st_ino) in self.files:
             self.failed += 1
             raise OSError(self.error, os.strerror(self.error))
         os.fdatasync(fd)
@@ -215,7 +222,7 @@ def test_a_full_disk_takes_the_log_offline_and_a_restart_recovers_what_was_durab
     follower.append_as_follower(leader.read(0, 10**6, max_offset=12).read_bytes())
     follower.flush_now()
     disk = FailingDisk(partial_bytes=40)
-    disk.fds.add(follower.active_segment.file.fileno())
+    disk.fail(follower.active_segment.file.fileno())
     monkeypatch.setattr(segment_module, "os", disk)
     with pytest.raises(LogOfflineError):
         follower.append_as_follower(leader.read(12, 10**6).read_bytes())
@@ -246,7 +253,7 @@ async def test_a_failed_fsync_takes_only_that_log_offline_and_the_flusher_goes_o
     healthy = leader_log(tmp_path / "h-0", batches=1)
     flusher = Flusher()
     disk = FailingDisk(error=errno.EIO)
-    disk.fds.add(broken.active_segment.file.fileno())
+    disk.fail(broken.active_segment.file.fileno())
     monkeypatch.setattr(log_module, "os", disk)
     async with trio.open_nursery() as nursery:
         await nursery.start(flusher.run)
@@ -258,3 +265,51 @@ async def test_a_failed_fsync_takes_only_that_log_offline_and_the_flusher_goes_o
         await flusher.flush(healthy, healthy.log_end_offset)
         assert healthy.flushed_offset == 6
         nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------ recovery that lost data
+def test_recovery_reports_data_lost_below_the_recovery_point_and_not_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=20)
+    end = lg.log_end_offset
+    last = lg.segments[-1]
+    cut_at = last.size_bytes - 30
+    lg.close()  # a clean shutdown: the recovery point is the log end
+    assert not PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0).lost_data
+    # The last segment cut in the middle of a batch below the recovery point: acknowledged
+    # records are gone, and the log says it lost data.
+    with open(last.log_path, "r+b") as f:
+        f.truncate(cut_at)
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    assert lg.log_end_offset == end - 3 and lg.lost_data and lg.unsafe_to_lead
+    lg.close()
+    # The same cut after a crash above the recovery point (data never acknowledged under
+    # flush_policy=always): a torn tail, not lost data.
+    lg = leader_log(tmp_path / "u-0", batches=20)
+    lg.flush_now()
+    recovery_point = lg.log_end_offset
+    lg.append_as_leader(batch(3), leader_epoch=3, now_ms=0)
+    last = lg.segments[-1]
+    size = last.size_bytes
+    lg.abandon()  # as after kill -9: no clean-shutdown checkpoint
+    with open(last.log_path, "r+b") as f:
+        f.truncate(size - 10)
+    lg = PartitionLog.open(tmp_path / "u-0", SMALL, now_ms=0)
+    assert lg.log_end_offset == recovery_point and not lg.lost_data
+
+
+def test_a_damaged_trusted_segment_cut_by_its_index_check_drops_what_follows(
+    tmp_path: Path,
+) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=40)
+    assert len(lg.segments) >= 3
+    first = lg.segments[0]
+    size = first.size_bytes
+    lg.close()
+    with open(first.log_path, "r+b") as f:
+        f.truncate(size - 20)  # the index's last entry now points past the end
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    # No gap may remain between the cut segment and the next one.
+    assert len(lg.segments) == 1 and lg.log_end_offset == lg.segments[0].next_offset
+    assert lg.lost_data

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -167,6 +168,9 @@ class BrokerLifecycle:
         self._shutting_down = False
         self._wake = trio.Event()
         self.shutdown_done = trio.Event()
+        # The replicas this broker must not lead (replication's unsafe_partitions), sent in
+        # every heartbeat so the controller keeps them out of ISRs and elections.
+        self.unsafe_partitions: Callable[[], tuple[tuple[uuid.UUID, int], ...]] = tuple
         self.shutdown_confirmed = False
         self._heartbeat_scope: trio.CancelScope | None = None
 
@@ -229,6 +233,7 @@ class BrokerLifecycle:
             self.broker_epoch,
             self.metadata.applied_offset + 1,
             want_shutdown=self._shutting_down,
+            unsafe_partitions=self.unsafe_partitions(),
         )
 
     def _apply(self, reply: cm.BrokerHeartbeatReply) -> None:

@@ -22,6 +22,7 @@ The driver's duties:
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,6 +37,7 @@ from raftlog.metadata.controller.elections import (
     leave_changes,
     offline_changes,
     preferred_leader_changes,
+    unsafe_changes,
 )
 from raftlog.metadata.controller.messages import (
     AllocateProducerIds,
@@ -65,6 +67,8 @@ __all__ = ["PREFERRED_LEADER_CHECK_INTERVAL_MS", "PRODUCER_ID_BLOCK_SIZE", "Cont
 
 # Kafka's leader.imbalance.check.interval.seconds default; the same pass elects leaders for
 # offline partitions that became electable (e.g. unclean election was switched on).
+log = logging.getLogger("raftlog.metadata")
+
 PREFERRED_LEADER_CHECK_INTERVAL_MS = 300_000
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_PRODUCER_ID = 2**63 - 1
@@ -96,6 +100,9 @@ class Controller:
         # incarnation look alive: after a full restart the new incarnation would otherwise be
         # refused (DUPLICATE_BROKER_REGISTRATION) for a whole session timeout.
         self._heard_from: set[int] = set()
+        # What each broker's last heartbeat reported unsafe to lead (elections.py). Kept in
+        # memory: every heartbeat repeats it, so a new controller knows it within one.
+        self._unsafe: dict[int, frozenset[tuple[uuid.UUID, int]]] = {}
         self._next_periodic_check_ms = now_ms + preferred_leader_check_interval_ms
         # Rotates placement so single-partition topics do not all land on one leader; seeded
         # from the topic count so a new controller continues roughly where the last stopped.
@@ -141,15 +148,19 @@ class Controller:
                 self._fence(batch, broker_id)
         if now_ms >= self._next_periodic_check_ms:
             self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
-            batch.add(*offline_changes(batch.image, self.config.unclean_leader_election))
-            batch.add(*preferred_leader_changes(batch.image))
+            batch.add(
+                *offline_changes(
+                    batch.image, self.config.unclean_leader_election, unsafe=self._unsafe
+                )
+            )
+            batch.add(*preferred_leader_changes(batch.image, self._unsafe))
         self.image = batch.image
         return ControllerResult(tuple(batch.records), None)
 
     def rebalance_preferred_leaders(self) -> ControllerResult:
         """Preferred-leader election now (the periodic pass also does this)."""
         batch = Batch(self.image)
-        batch.add(*preferred_leader_changes(batch.image))
+        batch.add(*preferred_leader_changes(batch.image, self._unsafe))
         self.image = batch.image
         return ControllerResult(tuple(batch.records), None)
 
@@ -173,6 +184,7 @@ class Controller:
         """This standby just became Raft leader: everyone gets a fresh session (grace)."""
         self._last_contact_ms = {b: now_ms for b in self.image.brokers}
         self._heard_from = set()
+        self._unsafe = {}
         self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
 
     def last_contact_ms(self, broker_id: int) -> int | None:
@@ -182,7 +194,11 @@ class Controller:
     def _fence(self, batch: Batch, broker_id: int) -> None:
         reg = batch.image.brokers[broker_id]
         batch.add(r.FenceBroker(broker_id, reg.epoch))
-        batch.add(*leave_changes(batch.image, broker_id, self.config.unclean_leader_election))
+        batch.add(
+            *leave_changes(
+                batch.image, broker_id, self.config.unclean_leader_election, self._unsafe
+            )
+        )
 
     def _register_broker(
         self, batch: Batch, req: RegisterBroker, now_ms: int
@@ -224,8 +240,12 @@ class Controller:
         # A re-registration means the old process is gone: it may have lost unflushed data,
         # so it gives up its leaderships and ISR places until it catches up again.
         if existing is not None:
+            # The new incarnation reports its own unsafe replicas in its first heartbeat.
+            self._unsafe.pop(req.broker_id, None)
             batch.add(
-                *leave_changes(batch.image, req.broker_id, self.config.unclean_leader_election)
+                *leave_changes(
+                    batch.image, req.broker_id, self.config.unclean_leader_election, self._unsafe
+                )
             )
         self._last_contact_ms[req.broker_id] = now_ms
         self._heard_from.add(req.broker_id)
@@ -241,6 +261,7 @@ class Controller:
         self._heard_from.add(req.broker_id)
         caught_up = req.current_metadata_offset >= self.committed_offset
         unclean = self.config.unclean_leader_election
+        self._note_unsafe(batch, req)
 
         if reg.fenced:
             if req.want_shutdown or reg.in_controlled_shutdown:
@@ -251,7 +272,9 @@ class Controller:
             if req.want_fence or not caught_up:
                 return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=True)
             batch.add(r.UnfenceBroker(req.broker_id, reg.epoch))
-            batch.add(*offline_changes(batch.image, unclean, broker_id=req.broker_id))
+            batch.add(
+                *offline_changes(batch.image, unclean, broker_id=req.broker_id, unsafe=self._unsafe)
+            )
             return BrokerHeartbeatReply(is_caught_up=True, is_fenced=False)
 
         if req.want_fence:
@@ -260,7 +283,7 @@ class Controller:
         if req.want_shutdown and not reg.in_controlled_shutdown:
             # Step 1: stop electing it, move its leaderships away, take it out of ISRs.
             batch.add(r.BrokerShutdownBegin(req.broker_id, reg.epoch))
-            batch.add(*leave_changes(batch.image, req.broker_id, unclean))
+            batch.add(*leave_changes(batch.image, req.broker_id, unclean, self._unsafe))
             return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=False)
         if reg.in_controlled_shutdown and caught_up:
             # Step 2: it has seen the leadership moves (its offset reached the committed
@@ -269,6 +292,28 @@ class Controller:
             self._fence(batch, req.broker_id)
             return BrokerHeartbeatReply(is_caught_up=True, is_fenced=True, should_shutdown=True)
         return BrokerHeartbeatReply(is_caught_up=caught_up, is_fenced=False)
+
+    def _note_unsafe(self, batch: Batch, req: BrokerHeartbeat) -> None:
+        """Remember what the broker reports unsafe to lead; take it out of those ISRs and
+        leaderships now (each heartbeat repeats it, so this also covers a replica that got
+        back into an ISR before its broker stopped reporting it)."""
+        unsafe = frozenset(req.unsafe_partitions)
+        if unsafe != self._unsafe.get(req.broker_id, frozenset()):
+            log.warning(
+                "broker %d now reports %d replica(s) unsafe to lead (lost or damaged "
+                "records, or a failed disk)",
+                req.broker_id,
+                len(unsafe),
+            )
+        if not unsafe:
+            self._unsafe.pop(req.broker_id, None)
+            return
+        self._unsafe[req.broker_id] = unsafe
+        batch.add(
+            *unsafe_changes(
+                batch.image, req.broker_id, self.config.unclean_leader_election, self._unsafe
+            )
+        )
 
     def _allocate_producer_ids(
         self, batch: Batch, req: AllocateProducerIds, now_ms: int

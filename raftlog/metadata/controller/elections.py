@@ -13,12 +13,19 @@ Rules (KRaft's):
   then the first eligible replica leads and the ISR shrinks to it (acknowledged data may be
   lost, which is why it is off by default).
 - A leader change bumps leader_epoch (the image does that when it applies PartitionChange).
+- A replica whose broker reports it unsafe (it lost records it may have acknowledged, or holds
+  a damaged batch: KIP-966's unclean replica) leaves the ISR and is never elected leader of
+  that partition, not even as the last ISR member: with no safe ISR member the partition goes
+  offline rather than truncate intact copies to a damaged one. It rejoins the ISR the usual
+  way, when the leader sees it caught up, and its broker stops reporting it once it holds
+  everything committed.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
@@ -27,6 +34,12 @@ from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionR
 from raftlog.metadata.image import MetadataImage, PartitionState
 
 UNCLEAN_KEY = "unclean.leader.election.enable"
+
+log = logging.getLogger("raftlog.metadata")
+
+# broker id -> the partitions (topic id, index) its last heartbeat reported unsafe to lead.
+UnsafeReplicas = Mapping[int, frozenset[tuple[uuid.UUID, int]]]
+NO_UNSAFE_REPLICAS: UnsafeReplicas = {}
 
 
 class Batch:
@@ -74,6 +87,16 @@ def eligible_fn(image: MetadataImage) -> Callable[[int], bool]:
     return eligible
 
 
+def _safe(
+    check: Callable[[int], bool], unsafe: UnsafeReplicas, topic_id: uuid.UUID, index: int
+) -> Callable[[int], bool]:
+    """`check` narrowed to brokers that did not report this partition unsafe."""
+    if not unsafe:
+        return check
+    key = (topic_id, index)
+    return lambda broker_id: check(broker_id) and key not in unsafe.get(broker_id, ())
+
+
 def elect(
     topic_id: uuid.UUID,
     index: int,
@@ -119,6 +142,7 @@ def _changes(
     default_unclean: bool,
     wanted: Callable[[PartitionState], bool],
     drop: int | None,
+    unsafe: UnsafeReplicas,
 ) -> list[r.PartitionChange]:
     eligible = eligible_fn(image)
     alive = alive_fn(image)
@@ -126,14 +150,25 @@ def _changes(
     for topic, index, state in image.iter_partitions():
         if wanted(state):
             unclean = unclean_allowed(image, topic.name, default_unclean)
-            change = elect(topic.topic_id, index, state, eligible, unclean, drop, alive)
+            change = elect(
+                topic.topic_id,
+                index,
+                state,
+                _safe(eligible, unsafe, topic.topic_id, index),
+                unclean,
+                drop,
+                _safe(alive, unsafe, topic.topic_id, index),
+            )
             if change is not None:
                 changes.append(change)
     return changes
 
 
 def leave_changes(
-    image: MetadataImage, broker_id: int, default_unclean: bool
+    image: MetadataImage,
+    broker_id: int,
+    default_unclean: bool,
+    unsafe: UnsafeReplicas = NO_UNSAFE_REPLICAS,
 ) -> list[r.PartitionChange]:
     """After `broker_id` became fenced or began shutting down in `image`: move its leaderships
     and take it out of ISRs."""
@@ -141,29 +176,76 @@ def leave_changes(
         image,
         default_unclean,
         lambda s: s.leader == broker_id or broker_id in s.isr,
-        drop=broker_id,
+        broker_id,
+        unsafe,
     )
 
 
 def offline_changes(
-    image: MetadataImage, default_unclean: bool, broker_id: int | None = None
+    image: MetadataImage,
+    default_unclean: bool,
+    broker_id: int | None = None,
+    unsafe: UnsafeReplicas = NO_UNSAFE_REPLICAS,
 ) -> list[r.PartitionChange]:
     """Elect leaders for offline partitions (only those `broker_id` replicates, if given)."""
     return _changes(
         image,
         default_unclean,
         lambda s: s.leader == NO_LEADER and (broker_id is None or broker_id in s.replicas),
-        drop=None,
+        None,
+        unsafe,
     )
 
 
-def preferred_leader_changes(image: MetadataImage) -> list[r.PartitionChange]:
+def unsafe_changes(
+    image: MetadataImage, broker_id: int, default_unclean: bool, unsafe: UnsafeReplicas
+) -> list[r.PartitionChange]:
+    """`broker_id` reported its replicas of `unsafe[broker_id]` unsafe: take it out of their
+    ISRs and move their leadership to a safe ISR member, or leave them offline (leader -1)
+    when there is none."""
+    changes = []
+    eligible = eligible_fn(image)
+    alive = alive_fn(image)
+    for topic_id, index in sorted(unsafe.get(broker_id, ())):
+        topic = image.topics_by_id.get(topic_id)
+        state = None if topic is None else topic.partitions.get(index)
+        if topic is None or state is None:
+            continue
+        if broker_id not in state.isr and state.leader != broker_id:
+            continue
+        change = elect(
+            topic_id,
+            index,
+            state,
+            _safe(eligible, unsafe, topic_id, index),
+            unclean_allowed(image, topic.name, default_unclean),
+            broker_id,
+            _safe(alive, unsafe, topic_id, index),
+        )
+        if change is None:
+            continue
+        if change.leader == NO_LEADER:
+            log.error(
+                "%s-%d is offline: broker %d reported its replica unsafe to lead (it lost or "
+                "holds damaged records) and no other in-sync replica can lead",
+                topic.name,
+                index,
+                broker_id,
+            )
+        changes.append(change)
+    return changes
+
+
+def preferred_leader_changes(
+    image: MetadataImage, unsafe: UnsafeReplicas = NO_UNSAFE_REPLICAS
+) -> list[r.PartitionChange]:
     """Move leadership back to the first replica where it is in the ISR and eligible."""
     eligible = eligible_fn(image)
     changes = []
     for topic, index, state in image.iter_partitions():
         preferred = state.replicas[0]
-        if state.leader != preferred and preferred in state.isr and eligible(preferred):
+        safe = _safe(eligible, unsafe, topic.topic_id, index)
+        if state.leader != preferred and preferred in state.isr and safe(preferred):
             changes.append(r.PartitionChange(topic.topic_id, index, leader=preferred))
     return changes
 

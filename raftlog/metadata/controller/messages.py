@@ -14,9 +14,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from raftlog.codec import Codec, Int32, NamedExt, NodeId, Offset, Port
+from raftlog.codec import I32_MAX, Codec, Int32, MaxLen, NamedExt, NodeId, Offset, Port, Range
 from raftlog.errors import ErrorCode
 from raftlog.metadata.records import Record
 
@@ -68,6 +68,11 @@ class BrokerHeartbeat:
     current_metadata_offset: Offset
     want_fence: bool = False
     want_shutdown: bool = False
+    # Replicas (topic id, partition) this broker must not lead: they lost records they may
+    # have acknowledged, hold a damaged batch, or sit on a failed disk (KIP-966, KIP-858).
+    unsafe_partitions: Annotated[
+        tuple[tuple[uuid.UUID, Annotated[int, Range(0, I32_MAX)]], ...], MaxLen(1_000_000)
+    ] = ()
 
 
 @dataclass(frozen=True, slots=True)
