@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import struct
 from collections.abc import Callable
 
@@ -81,6 +82,13 @@ class QueuedBytes:
         self._on_full = on_full
         self._lot = trio.lowlevel.ParkingLot()
 
+    def try_reserve(self, want_bytes: int) -> int:
+        """Reserve what is left (at most `want_bytes`) without waiting; 0 when nothing is."""
+        granted = max(0, min(want_bytes, self.limit_bytes - self.used_bytes))
+        self.used_bytes += granted
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+        return granted
+
     async def reserve(self, want_bytes: int) -> int:
         if self.used_bytes >= self.limit_bytes:
             if self._on_full is not None:
@@ -113,6 +121,13 @@ class ByteAccount:
         self._pool = pool
         self.held_bytes = 0
         self._closed = False
+
+    def try_reserve(self, want_bytes: int) -> int:
+        if self._closed:
+            raise trio.ClosedResourceError("the connection's byte account is closed")
+        granted = self._pool.try_reserve(want_bytes)
+        self.held_bytes += granted
+        return granted
 
     async def reserve(self, want_bytes: int) -> int:
         if self._closed:
@@ -159,12 +174,9 @@ class FrameReader:
         self._frame_deadline = math.inf
         self._frame_received_bytes = 0  # of the frame being read, for the timeout's message
         # A connection waiting for its peer must hold no memory, or idle connections alone
-        # would spend the pool: on a socket, reserve only once bytes are there to read.
-        # Inside a frame, after a receive that got all it asked for, more bytes are likely
-        # waiting, so the receive goes ahead at once (as trio's own receive_some tries before
-        # it waits); if the peer stalls there, the read timeout bounds what it holds.
+        # would spend the pool: a socket is read directly (non-blocking), reserving first
+        # and returning the reservation before it waits for bytes.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
-        self._drained = True
 
     def frame_answered(self, payload_bytes: int) -> None:
         """A frame `read_frame` returned has been answered: its bytes no longer count."""
@@ -174,29 +186,66 @@ class FrameReader:
     def _frame_started(self) -> None:
         self._frame_deadline = trio.current_time() + self._read_timeout_s
 
-    async def _receive(self, max_bytes: int, *, mid_frame: bool) -> bytes | bytearray:
+    def _timeout(self) -> FrameError:
+        if self._frame_deadline <= self._idle_deadline:
+            return FrameReadTimeout(
+                f"a frame took longer than {self._read_timeout_s * 1000:.0f} ms to arrive "
+                f"({self._frame_received_bytes} bytes of it received)"
+            )
+        return ConnectionIdle(f"no complete request for {self._idle_timeout_s * 1000:.0f} ms")
+
+    async def _receive(self, max_bytes: int) -> bytes | bytearray:
         if not self._timed:
             return await self._stream.receive_some(max_bytes)
         deadline = min(self._idle_deadline, self._frame_deadline)
+        if self._account is not None and self._socket is not None:
+            return await self._receive_from_socket(self._account, self._socket, max_bytes, deadline)
         with trio.move_on_at(deadline):
             if self._account is None:
                 return await self._stream.receive_some(max_bytes)
-            if self._socket is not None and (self._drained or not mid_frame):
-                await trio.lowlevel.wait_readable(self._socket)
+            # Not a socket (a test's memory stream): the reservation is held while it waits.
             granted = await self._account.reserve(max_bytes)
             chunk: bytes | bytearray = b""
             try:
                 chunk = await self._stream.receive_some(granted)
             finally:
                 self._account.release(granted - len(chunk))
-            self._drained = len(chunk) < granted
             return chunk
-        if self._frame_deadline <= self._idle_deadline:
-            raise FrameReadTimeout(
-                f"a frame took longer than {self._read_timeout_s * 1000:.0f} ms to arrive "
-                f"({self._frame_received_bytes} bytes of it received)"
-            )
-        raise ConnectionIdle(f"no complete request for {self._idle_timeout_s * 1000:.0f} ms")
+        raise self._timeout()
+
+    async def _receive_from_socket(
+        self, account: ByteAccount, sock: trio.socket.SocketType, max_bytes: int, deadline: float
+    ) -> bytes:
+        """What trio's receive_some does (one schedule point per receive that did not wait),
+        with the reservation taken before the read and never held while waiting."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            granted = account.try_reserve(max_bytes)
+            if not granted:
+                with trio.move_on_at(deadline):
+                    granted = await account.reserve(max_bytes)
+                if not granted:
+                    raise self._timeout()
+                waited = True
+            try:
+                # trio keeps its sockets non-blocking; fileno() is -1 once it is closed.
+                chunk = os.read(sock.fileno(), granted)
+            except BlockingIOError:
+                account.release(granted)
+                with trio.move_on_at(deadline) as scope:
+                    await trio.lowlevel.wait_readable(sock)
+                if scope.cancelled_caught:
+                    raise self._timeout() from None
+                waited = True
+                continue
+            except OSError as exc:
+                account.release(granted)
+                raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+            account.release(granted - len(chunk))
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return chunk
 
     async def read_frame(self) -> bytes | None:
         """Return the next frame's payload, or None on a clean end of stream.
@@ -211,7 +260,7 @@ class FrameReader:
             if self._buffer:
                 self._frame_started()
         while len(self._buffer) < FRAME_SIZE_PREFIX_BYTES:
-            chunk = await self._receive(self._receive_chunk_bytes, mid_frame=bool(self._buffer))
+            chunk = await self._receive(self._receive_chunk_bytes)
             if not chunk:
                 if self._buffer:
                     raise trio.BrokenResourceError("stream ended inside a frame header")
@@ -237,9 +286,7 @@ class FrameReader:
         have_bytes = len(self._buffer) - FRAME_SIZE_PREFIX_BYTES
         self._buffer = bytearray()
         while have_bytes < size_bytes:
-            chunk = await self._receive(
-                min(self._receive_chunk_bytes, size_bytes - have_bytes), mid_frame=True
-            )
+            chunk = await self._receive(min(self._receive_chunk_bytes, size_bytes - have_bytes))
             if not chunk:
                 raise trio.BrokenResourceError("stream ended inside a frame")
             have_bytes += len(chunk)
