@@ -263,3 +263,38 @@ async def test_a_partition_whose_only_in_sync_replica_lost_data_stays_offline(
         cluster.commit(cluster.controller.tick(10**12).records)
         assert cluster.partition().leader == -1
         await cluster.stop_all()
+
+
+async def test_a_leader_whose_disk_is_full_hands_its_partition_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        await produce_values(cluster, 2)
+        await wait_until("replicas in sync", cluster.in_sync)
+        expected = cluster.log_bytes(cluster.leader_id)
+        broken = cluster.leader_id
+        manager = cluster.managers[broken]
+        leader_log = cluster.log_managers[broken].get(TOPIC, 0)
+        assert leader_log is not None
+        disk = FailingDisk()
+        disk.fail(leader_log.active_segment.file.fileno())
+        monkeypatch.setattr(segment_module, "os", disk)
+        answer = await produce(cluster)
+        assert answer.error == ErrorCode.kafka_storage_error
+        result, _ = await read_consumer(manager)
+        assert result.error == ErrorCode.kafka_storage_error
+        # Its heartbeat reports the replica: leadership moves to an intact copy.
+        unsafe = manager.unsafe_partitions()
+        assert len(unsafe) == 1
+        report(cluster, broken, unsafe)
+        assert cluster.leader_id != broken and broken not in cluster.partition().isr
+        await wait_until(
+            "the new leader", lambda: cluster.status(cluster.leader_id).role == "leader"
+        )
+        assert (await produce(cluster)).error == ErrorCode.none
+        _, data = await read_consumer(cluster.managers[cluster.leader_id])
+        assert data.startswith(expected) and len(data) > len(expected)
+        monkeypatch.undo()
+        await cluster.stop_all()

@@ -11,9 +11,12 @@ from typing import Any
 import trio
 from trio.testing import MockClock
 
+from raftlog.replication.core.follower import FollowerAction
 from raftlog.replication.scrub import Scrubber
 from raftlog.storage import LogConfig, PartitionLog
 from raftlog.storage.scrubber import ScrubResult
+from tests.replication.memory_log import MemoryLog
+from tests.replication.test_follower import answer, make_follower
 from tests.storage.helpers import batch
 from tests.waiting import wait_until
 
@@ -107,3 +110,25 @@ async def test_damage_on_a_replica_without_a_follower_role_is_marked_not_cut(
         nursery.cancel_scope.cancel()
     assert lg.damaged_range == (27, 30) and not cuts
     assert scrubber.status()["damaged_partitions"] == [("t", 0)]
+
+
+def test_a_damage_cut_forgets_the_fetch_in_flight_and_waits_for_the_driver() -> None:
+    log = MemoryLog()
+    log.append(4, ["a", "b", "c", "d"])
+    log.flush_to(4)
+    follower = make_follower(log)
+    request = follower.fetch_request(now_ms=0)
+    assert request is not None and request.fetch_offset == 4
+    step = follower.truncation_for_damage(offset=2)
+    assert step is not None and step.truncate_to_offset == 2
+    assert follower.truncation_for_damage(offset=1) is None  # one cut at a time
+    # The answer to the fetch from the old end must not be appended after the cut.
+    late = follower.on_fetch_response(
+        now_ms=1, response=answer(request.request_id, has_records=True, high_watermark=4)
+    )
+    assert late.action is FollowerAction.IGNORED
+    assert follower.fetch_request(now_ms=2) is None  # the driver has not cut yet
+    log.truncate_to(2)
+    follower.on_truncated(now_ms=3)
+    again = follower.fetch_request(now_ms=3)
+    assert again is not None and again.fetch_offset == 2
