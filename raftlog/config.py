@@ -226,7 +226,8 @@ class NodeConfig:
     )
     connections_max_idle_ms: int = _key(
         600_000,
-        "Close a connection that has sent no complete request for this long.",
+        "Close a connection that has sent no complete request for this long (time this "
+        "node paused reading for queued_max_request_bytes does not count).",
         lo=1,
         hi=2**31 - 1,
     )

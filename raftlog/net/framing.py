@@ -7,13 +7,16 @@ the node allocate an absurd amount of memory.
 A listener's reader may also be given (raftlog.net.limits builds them from the node config):
 - a `ByteAccount` drawing on the listener's `QueuedBytes`: every byte is reserved before it is
   received, in bounded chunks (never the size a frame claims), and stays charged until the
-  caller says the frame was answered. When the pool is spent, reading pauses (back-pressure:
-  the peer's bytes wait in its socket) until answers free memory;
+  caller says the frame was answered; a connection waiting for bytes holds nothing. When the
+  pool is spent, reading pauses (back-pressure: the peer's bytes wait in its socket) until
+  answers free memory;
 - an idle timeout: no complete frame for that long raises `ConnectionIdle`;
 - a read timeout: a frame whose bytes take longer than that from its first to its last byte
   raises `FrameReadTimeout` (a peer trickling bytes cannot hold a connection and its memory).
-Both clocks include time paused for memory, so every partial frame ends within the read
-timeout and the pool can never stay full of frames that will not complete.
+The read clock includes time paused for memory, so every partial frame ends within the read
+timeout and the pool can never stay full of frames that will not complete. The idle clock does
+not: that pause is this node's doing, and a connection that has not started a frame holds
+nothing.
 """
 
 from __future__ import annotations
@@ -186,8 +189,12 @@ class FrameReader:
     def _frame_started(self) -> None:
         self._frame_deadline = trio.current_time() + self._read_timeout_s
 
+    def _deadline(self) -> float:
+        """Until a frame's first byte the idle clock runs; from then on, the frame's."""
+        return self._idle_deadline if math.isinf(self._frame_deadline) else self._frame_deadline
+
     def _timeout(self) -> FrameError:
-        if self._frame_deadline <= self._idle_deadline:
+        if not math.isinf(self._frame_deadline):
             return FrameReadTimeout(
                 f"a frame took longer than {self._read_timeout_s * 1000:.0f} ms to arrive "
                 f"({self._frame_received_bytes} bytes of it received)"
@@ -197,10 +204,9 @@ class FrameReader:
     async def _receive(self, max_bytes: int) -> bytes | bytearray:
         if not self._timed:
             return await self._stream.receive_some(max_bytes)
-        deadline = min(self._idle_deadline, self._frame_deadline)
         if self._account is not None and self._socket is not None:
-            return await self._receive_from_socket(self._account, self._socket, max_bytes, deadline)
-        with trio.move_on_at(deadline):
+            return await self._receive_from_socket(self._account, self._socket, max_bytes)
+        with trio.move_on_at(self._deadline()):
             if self._account is None:
                 return await self._stream.receive_some(max_bytes)
             # Not a socket (a test's memory stream): the reservation is held while it waits.
@@ -213,8 +219,14 @@ class FrameReader:
             return chunk
         raise self._timeout()
 
+    async def _wait_readable(self, sock: trio.socket.SocketType) -> None:
+        with trio.move_on_at(self._deadline()) as scope:
+            await trio.lowlevel.wait_readable(sock)
+        if scope.cancelled_caught:
+            raise self._timeout()
+
     async def _receive_from_socket(
-        self, account: ByteAccount, sock: trio.socket.SocketType, max_bytes: int, deadline: float
+        self, account: ByteAccount, sock: trio.socket.SocketType, max_bytes: int
     ) -> bytes:
         """What trio's receive_some does (one schedule point per receive that did not wait),
         with the reservation taken before the read and never held while waiting."""
@@ -223,7 +235,10 @@ class FrameReader:
         while True:
             granted = account.try_reserve(max_bytes)
             if not granted:
-                with trio.move_on_at(deadline):
+                # The pool is spent: wait for the peer's bytes (its clock runs), then for
+                # memory (only a started frame's clock runs: see the module docstring).
+                await self._wait_readable(sock)
+                with trio.move_on_at(self._frame_deadline):
                     granted = await account.reserve(max_bytes)
                 if not granted:
                     raise self._timeout()
@@ -233,10 +248,7 @@ class FrameReader:
                 chunk = os.read(sock.fileno(), granted)
             except BlockingIOError:
                 account.release(granted)
-                with trio.move_on_at(deadline) as scope:
-                    await trio.lowlevel.wait_readable(sock)
-                if scope.cancelled_caught:
-                    raise self._timeout() from None
+                await self._wait_readable(sock)
                 waited = True
                 continue
             except OSError as exc:
