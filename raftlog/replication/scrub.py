@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +40,9 @@ SCRUB_IDLE_S = 1.0
 # While a damaged replica waits for a follower role (a new leader elsewhere), its role is
 # looked at this often even when the pacing says to sleep longer.
 REPAIR_CHECK_S = 0.5
+# The sorted list of hosted partitions is rebuilt at most this often (and whenever their
+# number changes): a node with many small logs takes many short steps.
+KEYS_REFRESH_S = 1.0
 
 Truncate = Callable[[HostedPartition, FollowerState, FollowerStep], None]
 RunSync = Callable[[Callable[[], ScrubResult]], Awaitable[ScrubResult]]
@@ -64,13 +68,21 @@ class Scrubber:
         # Replicas holding damage they could not repair yet (no follower role).
         self.damaged: dict[TopicPartition, HostedPartition] = {}
         self.damage_found = 0  # damaged batches found so far (status, tests)
+        self._keys: list[TopicPartition] = []
+        self._keys_built_s = -math.inf
+
+    def _sorted_keys(self) -> list[TopicPartition]:
+        now_s = trio.current_time()
+        if len(self._keys) != len(self.partitions) or now_s - self._keys_built_s >= KEYS_REFRESH_S:
+            self._keys = sorted(self.partitions)
+            self._keys_built_s = now_s
+        return self._keys
 
     async def run(self) -> None:
         while True:
             self._repair_pending()
-            keys = sorted(k for k, h in self.partitions.items() if self._scrubbable(h))
             step = self.schedule.next_step(
-                now_s=trio.current_time(), keys=keys, segments_of=self._segments_of
+                now_s=trio.current_time(), keys=self._sorted_keys(), segments_of=self._segments_of
             )
             if step is None:
                 await trio.sleep(REPAIR_CHECK_S if self.damaged else SCRUB_IDLE_S)
@@ -95,8 +107,10 @@ class Scrubber:
         )
 
     def _segments_of(self, key: TopicPartition) -> list[SegmentExtent]:
-        segments = self.partitions[key].log.segments
-        return [SegmentExtent(s.base_offset, s.size_bytes) for s in segments]
+        hosted = self.partitions.get(key)
+        if hosted is None or not self._scrubbable(hosted):
+            return []  # gone since the keys were listed, or not to be read now
+        return [SegmentExtent(s.base_offset, s.size_bytes) for s in hosted.log.segments]
 
     async def _verify(self, hosted: HostedPartition, step: ScrubRange) -> None:
         schedule = self.schedule

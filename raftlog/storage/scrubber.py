@@ -14,6 +14,7 @@ is the replication driver's decision (replication/scrub.py).
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -112,7 +113,7 @@ class ScrubSchedule:
             return None
         start = 0
         if self._key is not None:
-            start = next((i for i, k in enumerate(keys) if k >= self._key), len(keys))
+            start = bisect.bisect_left(keys, self._key)
         # At most one full turn over the keys (+1 to come back to the cursor's own log).
         for turn in range(len(keys) + 1):
             i = start + turn
