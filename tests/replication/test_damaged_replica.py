@@ -17,6 +17,7 @@ from raftlog.storage import segment as segment_module
 from tests.replication.test_manager import (
     BROKERS,
     TOPIC,
+    cluster_config,
     followers,
     last_offsets,
     produce,
@@ -262,6 +263,24 @@ async def test_a_partition_whose_only_in_sync_replica_lost_data_stays_offline(
         # The periodic election does not bring it back with the damaged copy either.
         cluster.commit(cluster.controller.tick(10**12).records)
         assert cluster.partition().leader == -1
+        await cluster.stop_all()
+
+
+async def test_unclean_election_takes_a_replica_unsafe_to_lead_when_nothing_else_is_left(
+    tmp_path: Path,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        config = cluster_config(unclean_leader_election=True)
+        cluster = await start_cluster(tmp_path, nursery, min_isr=1, config=config)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        leader_id = cluster.leader_id
+        for broker_id in followers(cluster):
+            await cluster.stop(broker_id)
+            cluster.heartbeat(broker_id, want_fence=True)
+        hosted = cluster.managers[leader_id].replicas.partitions[(TOPIC, 0)]
+        # The operator accepted losing data: the damaged copy keeps leading, as the only one.
+        report(cluster, leader_id, ((hosted.topic_id, 0),))
+        assert cluster.partition().leader == leader_id
         await cluster.stop_all()
 
 

@@ -105,11 +105,14 @@ def elect(
     unclean: bool,
     drop: int | None = None,
     alive: Callable[[int], bool] = lambda broker_id: False,
+    last_resort: Callable[[int], bool] | None = None,
 ) -> r.PartitionChange | None:
     """The change that makes `state` obey the rules above, or None when it already does.
 
     `drop` is a broker leaving the ISR (being fenced or shutting down); `alive` says whether
     a broker is unfenced (it may be shutting down, so not eligible for a new election).
+    `last_resort` widens an unclean election when no `eligible` replica is left: an operator
+    who enabled it accepts losing what a replica unsafe to lead lacks, rather than no leader.
     """
     isr = state.isr
     if drop is not None and drop in isr:
@@ -124,6 +127,8 @@ def elect(
             pass  # a leader shutting down keeps leading until it stops if nobody can take over
         else:
             live = [b for b in state.replicas if eligible(b)] if unclean else []
+            if unclean and not live and last_resort is not None:
+                live = [b for b in state.replicas if last_resort(b)]
             leader = live[0] if live else NO_LEADER
             if live:
                 isr = (leader,)
@@ -158,6 +163,7 @@ def _changes(
                 unclean,
                 drop,
                 _safe(alive, unsafe, topic.topic_id, index),
+                eligible,
             )
             if change is not None:
                 changes.append(change)
@@ -221,6 +227,7 @@ def unsafe_changes(
             unclean_allowed(image, topic.name, default_unclean),
             broker_id,
             _safe(alive, unsafe, topic_id, index),
+            eligible,
         )
         if change is None:
             continue
