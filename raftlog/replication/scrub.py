@@ -32,6 +32,7 @@ from raftlog.storage.scrubber import (
     SegmentExtent,
     verify_range,
 )
+from raftlog.storage.segment import LogSegment
 
 log = logging.getLogger("raftlog.replication.scrub")
 
@@ -70,6 +71,10 @@ class Scrubber:
         self.damage_found = 0  # damaged batches found so far (status, tests)
         self._keys: list[TopicPartition] = []
         self._keys_built_s = -math.inf
+        # Per log, the generation and segment object of the last verified step: a cursor
+        # inside a segment is a batch boundary only of the bytes it was found in, and a cut
+        # (a new generation) or a compaction (a new segment object) may have moved them.
+        self._seen: dict[TopicPartition, tuple[int, LogSegment]] = {}
 
     def _sorted_keys(self) -> list[TopicPartition]:
         now_s = trio.current_time()
@@ -122,10 +127,17 @@ class Scrubber:
                 or plog.closed
                 or hosted.log_cut is not None
                 or self.partitions.get(hosted.key) is not hosted
+                or segment.size_bytes < step.end_position  # cut since the step was planned
             ):
                 schedule.on_skipped(now_s=trio.current_time(), step=step)
                 return
             generation = plog.generation
+            seen = (generation, segment)
+            if step.start_position > 0 and self._seen.get(hosted.key) != seen:
+                # The cursor came from other bytes: start this segment again.
+                self._seen[hosted.key] = seen
+                schedule.on_skipped(now_s=trio.current_time(), step=step)
+                return
             verify = functools.partial(verify_range, segment, step, allow_gaps=plog.config.compact)
             try:
                 result = await self.run_sync(verify)
@@ -145,6 +157,7 @@ class Scrubber:
         if changed:
             schedule.on_skipped(now_s=trio.current_time(), step=step)
             return
+        self._seen[hosted.key] = seen
         schedule.on_verified(now_s=trio.current_time(), step=step, result=result)
         if result.damage is not None:
             self.damage_found += 1

@@ -132,3 +132,33 @@ def test_a_damage_cut_forgets_the_fetch_in_flight_and_waits_for_the_driver() -> 
     follower.on_truncated(now_ms=3)
     again = follower.fetch_request(now_ms=3)
     assert again is not None and again.fetch_offset == 2
+
+
+async def test_a_log_cut_and_rewritten_between_steps_is_not_reported_damaged(
+    tmp_path: Path, autojump_clock: MockClock
+) -> None:
+    lg = make_log(tmp_path / "t-0", 6)
+    hosted = FakeHosted("t", 0, lg)
+    partitions: dict[Any, Any] = {hosted.key: hosted}
+    scrubber = Scrubber(
+        partitions=partitions, bytes_per_s=10**6, truncate=lambda *a: None, run_sync=in_loop
+    )
+    scrubber.schedule.chunk_bytes = 400  # a few batches a step: the cursor stops mid-segment
+
+    async def one_step() -> None:
+        step = scrubber.schedule.next_step(
+            now_s=trio.current_time() + 10, keys=[hosted.key], segments_of=scrubber._segments_of
+        )
+        assert step is not None
+        if not isinstance(step, float):  # a float: the pass is over, the next one waits
+            await scrubber._verify(hosted, step)
+
+    await one_step()
+    # A follower's divergent tail is cut and the leader's batches, of other sizes, appended:
+    # the cursor's position is no batch boundary of the new bytes.
+    lg.truncate_to(0)
+    for _ in range(8):
+        lg.append_as_leader(batch(5, value_bytes=37), leader_epoch=2, now_ms=0)
+    while scrubber.schedule.passes == 0:
+        await one_step()
+    assert scrubber.damage_found == 0 and lg.damaged_range is None
