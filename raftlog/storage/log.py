@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -20,6 +19,15 @@ from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
 from raftlog.storage.checkpoint import fsync_dir, write_checkpoint
 from raftlog.storage.config import LogConfig
+from raftlog.storage.log_types import (
+    AppendInfo,
+    FlushTicket,
+    LogOfflineError,
+    OffsetOutOfRangeError,
+    ReadResult,
+    RecordTooLargeError,
+    UnexpectedAppendOffsetError,
+)
 from raftlog.storage.recovery import (
     EPOCH_FILE,
     LOG_START_FILE,
@@ -27,68 +35,9 @@ from raftlog.storage.recovery import (
     RecoveredLog,
     recover_log,
 )
-from raftlog.storage.segment import FileRegion, LogSegment
+from raftlog.storage.segment import LogSegment
 
 log = logging.getLogger("raftlog.storage")
-
-
-class OffsetOutOfRangeError(KafkaError):
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.offset_out_of_range, message)
-
-
-class RecordTooLargeError(KafkaError):
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.message_too_large, message)
-
-
-class UnexpectedAppendOffsetError(KafkaError):
-    """A follower append that does not continue the log exactly where it ends."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.unknown_server_error, message)
-
-
-class LogOfflineError(KafkaError):
-    """The log's directory failed (ENOSPC, EIO): the log takes no appends and serves no reads
-    until the node restarts (Kafka's offline log directory)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.kafka_storage_error, message)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
-    first_offset: int
-    last_offset: int
-    max_timestamp_ms: int
-    offset_of_max_timestamp: int
-    log_start_offset: int
-    batch_count: int
-    size_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    regions: list[FileRegion]
-    log_start_offset: int
-    log_end_offset: int
-    size_bytes: int = 0
-    next_offset: int = -1  # where the next read continues (-1: nothing was read)
-
-    def read_bytes(self) -> bytes:
-        return b"".join(region.read_bytes() for region in self.regions)
-
-
-@dataclass(slots=True)
-class FlushTicket:
-    """What one group-commit fsync must cover for one log (built on the event loop)."""
-
-    target_offset: int
-    fds: list[int]
-    fsync_directory: bool
-    generation: int
-    checkpoints: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 class PartitionLog:
