@@ -51,7 +51,7 @@ class Flusher:
         up_to_offset = min(up_to_offset, log_.log_end_offset)
         while log_.flushed_offset < up_to_offset and not log_.closed:
             if log_.offline_reason is not None:
-                raise LogOfflineError(f"{log_.directory.name} is offline after a disk error")
+                raise LogOfflineError()
             if not self._running:
                 raise RuntimeError("Flusher.run() is not running")
             self._requested[id(log_)] = log_

@@ -210,7 +210,7 @@ class PartitionLog:
             # Part of the batches may be in the file beyond the LEO: nothing may be written
             # after them. Recovery at the next start cuts them.
             self.mark_offline(f"append failed: {exc}")
-            raise LogOfflineError(f"{self.directory.name} is offline: {exc}") from exc
+            raise LogOfflineError() from exc
         if not self._dirty_segments or self._dirty_segments[-1] is not segment:
             self._dirty_segments.append(segment)
         self._leo = last.next_offset
@@ -520,7 +520,7 @@ class PartitionLog:
         if self.closed:
             raise KafkaError(ErrorCode.kafka_storage_error, f"{self.directory.name} is closed")
         if self.offline_reason is not None:
-            raise LogOfflineError(f"{self.directory.name} is offline after a disk error")
+            raise LogOfflineError()
 
     @property
     def offline(self) -> bool:

@@ -27,10 +27,11 @@ class UnexpectedAppendOffsetError(KafkaError):
 
 class LogOfflineError(KafkaError):
     """The log's directory failed (ENOSPC, EIO): the log takes no appends and serves no reads
-    until the node restarts (Kafka's offline log directory)."""
+    until the node restarts (Kafka's offline log directory). The message may reach a client,
+    so it names no file and no errno: the node's log has those (PartitionLog.mark_offline)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.kafka_storage_error, message)
+    def __init__(self) -> None:
+        super().__init__(ErrorCode.kafka_storage_error, "the partition's log is offline")
 
 
 @dataclass(frozen=True, slots=True)
