@@ -47,6 +47,9 @@ log = logging.getLogger("raftlog.replication")
 
 # Kafka's replica.high.watermark.checkpoint.interval.ms.
 HIGH_WATERMARK_CHECKPOINT_INTERVAL_MS = 5_000
+# Kafka's log.flush.offset.checkpoint.interval.ms: how often each log's recovery point is
+# brought up to what was fsynced (recovery's "lost data" test reaches up to it).
+RECOVERY_POINT_CHECKPOINT_INTERVAL_MS = 60_000
 # Kafka's log.retention.check.interval.ms is 5 minutes; compaction runs on the same beat.
 LOG_CLEANUP_INTERVAL_MS = 300_000
 # A follower waits this long after a failed fetch round before the next one.
@@ -291,9 +294,21 @@ class ReplicaManager:
         await trio.to_thread.run_sync(self.log_manager.write_high_watermarks, hws)
         replicas.checkpointed_hws = {**(replicas.checkpointed_hws or {}), **hws}
 
+    def checkpoint_recovery_points(self) -> None:
+        """Ask the flusher to persist every hosted log's recovery point at what it fsynced."""
+        due = [h.log.checkpoint_recovery_point_soon() for h in self.replicas.partitions.values()]
+        if any(due):
+            self.flusher.wake()
+
     async def _checkpoint_loop(self) -> None:
+        next_recovery_points_s = trio.current_time() + RECOVERY_POINT_CHECKPOINT_INTERVAL_MS / 1000
         while True:
             await trio.sleep(self.high_watermark_checkpoint_interval_ms / 1000)
+            if trio.current_time() >= next_recovery_points_s:
+                next_recovery_points_s = (
+                    trio.current_time() + RECOVERY_POINT_CHECKPOINT_INTERVAL_MS / 1000
+                )
+                self.checkpoint_recovery_points()
             if self.replicas.hw_dirty:
                 try:
                     await self.checkpoint_high_watermarks()

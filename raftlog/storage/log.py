@@ -438,6 +438,16 @@ class PartitionLog:
     def checkpoint_due(self) -> bool:
         return self._checkpoint_due
 
+    def checkpoint_recovery_point_soon(self) -> bool:
+        """Have the next flush round persist the recovery point at what it fsyncs, when data
+        was fsynced past the recorded one. Recovery can tell data it lost (below the recovery
+        point: acknowledged) from a torn tail only up to the recorded point, so it should not
+        lag far behind (Kafka's log.flush.offset.checkpoint.interval.ms)."""
+        if self.closed or self.offline_reason is not None or self._flushed <= self._recovery_point:
+            return False
+        self._checkpoint_due = True
+        return True
+
     def needs_flush(self) -> bool:
         return self._flushed < self._leo or self._checkpoint_due or self._directory_dirty
 

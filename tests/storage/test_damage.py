@@ -313,3 +313,27 @@ def test_a_damaged_trusted_segment_cut_by_its_index_check_drops_what_follows(
     # No gap may remain between the cut segment and the next one.
     assert len(lg.segments) == 1 and lg.log_end_offset == lg.segments[0].next_offset
     assert lg.lost_data
+
+
+async def test_a_recovery_point_brought_up_to_date_lets_recovery_see_lost_fsynced_data(
+    tmp_path: Path,
+) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=3)  # one segment: no roll wrote a recovery point
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        await flusher.flush(lg, lg.log_end_offset)
+        # More data in the same epoch and segment: fsynced, but no checkpoint is due.
+        lg.append_as_leader(batch(3), leader_epoch=3, now_ms=0)
+        await flusher.flush(lg, lg.log_end_offset)
+        assert lg.checkpoint_recovery_point_soon()
+        flusher.wake()
+        await flusher.wait_round()
+        assert not lg.checkpoint_recovery_point_soon()  # nothing fsynced past it since
+        nursery.cancel_scope.cancel()
+    size = lg.active_segment.size_bytes
+    path = lg.active_segment.log_path
+    lg.abandon()  # as after kill -9
+    os.truncate(path, size - 10)  # fsynced, acknowledged data cut away
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    assert lg.log_end_offset == 9 and lg.lost_data
