@@ -44,6 +44,9 @@ Handler = Callable[[int, str, Any], Awaitable[Any]]
 """handler(sender_id, method, body) -> response body (ignored for casts)."""
 UnreachableListener = Callable[[int], None]
 """listener(peer_id): a connection attempt to that peer just failed."""
+Identify = Callable[[trio.SocketStream], "PeerIdentity"]
+"""identify(stream): the identity a new connection speaks for (an authenticated listener's
+seam: it returns PeerIdentity(node id proved), already bound)."""
 
 
 class RpcError(RemoteError):
@@ -132,18 +135,21 @@ async def serve_rpc(
     *,
     limits: RpcLimits = RpcLimits(),
     guard: ListenerGuard | None = None,
+    identify: Identify | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept internal connections and dispatch frames to `handler` until cancelled.
 
     `guard` defaults to one built from `limits.listener`; pass one to watch its counters.
+    `identify` gives each new connection its identity (default: bound at its first frame).
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners)
     guard = guard or ListenerGuard("internal", limits.listener, log)
 
     async def serve_one(stream: trio.SocketStream) -> None:
-        await _serve_connection(stream, handler, limits, guard=guard)
+        identity = identify(stream) if identify is not None else None
+        await _serve_connection(stream, handler, limits, identity, guard=guard)
 
     await guard.serve_listeners(serve_one, listeners)
 

@@ -239,3 +239,29 @@ async def test_a_handler_refusing_the_identity_closes_the_connection():
     # An identity bound before the first frame (what authentication will provide) holds too.
     identity = PeerIdentity(5)
     assert not identity.admit(3) and identity.admit(5) and identity.node_id == 5
+
+
+async def test_an_identity_given_by_the_listener_holds_from_the_first_frame():
+    """The seam for an authenticated listener: identify() binds the id before any frame."""
+    from raftlog.net.framing import FrameReader
+    from raftlog.net.rpc import KIND_REQUEST, PeerIdentity, _decode, _encode
+
+    async def handler(sender_id, method, body):
+        return sender_id
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(
+                serve_rpc, handler, "127.0.0.1", 0, identify=lambda _stream: PeerIdentity(4)
+            )
+        )
+        port = listeners[0].socket.getsockname()[1]
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        reader = FrameReader(stream, 1 << 20)
+        await stream.send_all(_encode(KIND_REQUEST, 1, 4, "x", None))
+        with trio.fail_after(5):
+            assert _decode(await reader.read_frame())[4] == 4
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(_encode(KIND_REQUEST, 1, 2, "x", None))  # claims another node
+        assert await _read_answers(stream) == []
+        nursery.cancel_scope.cancel()
