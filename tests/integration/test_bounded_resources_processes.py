@@ -7,6 +7,7 @@ reproduced, all at once, while a confluent-kafka producer keeps producing.
 - 2,000 connections from one IP that never send anything: all but max_connections_per_ip are
   closed at once, the rest after connections_max_idle_ms;
 - 30 connections sending a request one byte a second: cut off at the read deadline.
+The internal listener gets a half-sent 64 MiB frame and 400 idle connections from one IP too.
 Each attacker uses its own loopback address, so the per-IP cap is tested as it is meant: one
 noisy host does not lock out the others. Raw sockets on purpose: stock clients never do this.
 """
@@ -45,6 +46,8 @@ ATTACK_DEADLINE_S = 90.0
 SEND_TIMEOUT_S = 60.0
 
 NORMAL_IP, IDLE_IP, FRAME_IP, SLOW_IP = "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"
+INTERNAL_IP = "127.0.0.5"  # the same attacks on the internal listener
+INTERNAL_FRAME_BYTES = 64 * MIB  # internal_frame_max_bytes
 
 
 def _peak_rss_bytes(pid: int) -> int:
@@ -76,13 +79,15 @@ class FrameAttacker:
     sent_bytes: int = 0
     cut_off: bool = False
 
-    def run(self, address: str) -> None:
-        sock = _connect(address, FRAME_IP, blocking=True)
+    def run(
+        self, address: str, source_ip: str = FRAME_IP, claimed_bytes: int = CLAIMED_FRAME_BYTES
+    ) -> None:
+        sock = _connect(address, source_ip, blocking=True)
         sock.settimeout(SEND_TIMEOUT_S)
         chunk = bytes(MIB)
         try:
-            sock.sendall(struct.pack(">i", CLAIMED_FRAME_BYTES))
-            while self.sent_bytes < CLAIMED_FRAME_BYTES // 2:
+            sock.sendall(struct.pack(">i", claimed_bytes))
+            while self.sent_bytes < claimed_bytes // 2:
                 sock.sendall(chunk)
                 self.sent_bytes += len(chunk)
             # Half sent: now say nothing, as the attacker did, until the node gives up.
@@ -147,15 +152,25 @@ def test_a_node_under_every_attack_stays_bounded_and_keeps_serving(node) -> None
     attack_started = time.monotonic()
     frame_attackers = [FrameAttacker() for _ in range(FRAME_ATTACKERS)]
     threads = [threading.Thread(target=a.run, args=(address,)) for a in frame_attackers]
+    internal_address = process.config.internal_listener
+    internal_attacker = FrameAttacker()
+    threads.append(
+        threading.Thread(
+            target=internal_attacker.run,
+            args=(internal_address, INTERNAL_IP, INTERNAL_FRAME_BYTES),
+        )
+    )
     for thread in threads:
         thread.start()
 
     idle = [_connect(address, IDLE_IP) for _ in range(IDLE_CONNECTIONS)]
-    node.wait_for(
-        lambda: sum(not _closed_by_peer(s) for s in idle) <= PER_IP,
-        f"the node to keep at most {PER_IP} of {IDLE_CONNECTIONS} idle connections",
-        30,
-    )
+    internal_idle = [_connect(internal_address, INTERNAL_IP) for _ in range(PER_IP + 100)]
+    for connections in (idle, internal_idle):
+        node.wait_for(
+            lambda c=connections: sum(not _closed_by_peer(s) for s in c) <= PER_IP,
+            f"the node to keep at most {PER_IP} of {len(connections)} idle connections",
+            30,
+        )
     # Refused at once, not closed later as idle.
     assert time.monotonic() - attack_started < IDLE_MS / 1000
 
@@ -178,13 +193,13 @@ def test_a_node_under_every_attack_stays_bounded_and_keeps_serving(node) -> None
     assert all(sent < len(request) for sent in slow_sent), slow_sent
 
     node.wait_for(
-        lambda: all(_closed_by_peer(s) for s in idle),
+        lambda: all(_closed_by_peer(s) for s in idle + internal_idle),
         "the idle connections to be closed",
         3 * IDLE_MS / 1000,
     )
     for thread in threads:
         thread.join(ATTACK_DEADLINE_S)
-    assert all(a.cut_off for a in frame_attackers)
+    assert all(a.cut_off for a in [*frame_attackers, internal_attacker])
     attack_ended = time.monotonic()
     rss_growth = _peak_rss_bytes(process.process.pid) - rss_before
     sent_total = sum(a.sent_bytes for a in frame_attackers)
@@ -221,8 +236,10 @@ def test_a_node_under_every_attack_stays_bounded_and_keeps_serving(node) -> None
 
     log = Path(process.log_path).read_text()
     assert f"max_connections_per_ip ({PER_IP}) reached" in log
+    assert "internal listener: closing new connection from 127.0.0.5" in log
+    assert "closing internal connection from 127.0.0.5" in log
     assert "queued_max_request_bytes" in log and "reading paused" in log
     assert f"took longer than {READ_TIMEOUT_MS} ms" in log
     assert process.running
-    for sock in idle + slow:
+    for sock in idle + internal_idle + slow:
         sock.close()
