@@ -8,6 +8,7 @@ from __future__ import annotations
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
+MS_PER_S = 1000.0
 # Every frame on the Kafka and internal listeners starts with its size as 4 bytes.
 FRAME_SIZE_PREFIX_BYTES = 4
 

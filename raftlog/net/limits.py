@@ -19,11 +19,11 @@ from typing import Any
 import trio
 
 from raftlog.config import NodeConfig
+from raftlog.constants import MS_PER_S
 from raftlog.net.framing import ByteAccount, FrameReader, QueuedBytes
 
 # At most one line per this interval for each kind of refusal; the line counts the others.
 REFUSAL_LOG_INTERVAL_S = 10.0
-MS_PER_S = 1000
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Every call takes `now_ms`; nothing here reads a clock.
 
 from __future__ import annotations
 
-MS_PER_S = 1000.0
+from raftlog.constants import MS_PER_S
 
 
 class SampledRate:
