@@ -10,6 +10,7 @@ import pytest
 
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.messages import (
+    BeginQuorumEpoch,
     DivergingEpoch,
     Entry,
     Fetch,
@@ -199,7 +200,8 @@ def test_pending_read_fails_when_leadership_is_lost() -> None:
     elect(leader)
     leader.take_ready()
     leader.read_index(now_ms=1, token="r1")
-    leader.receive(now_ms=2, from_id=2, message=Vote(False, 2, leader.epoch + 1, 100, leader.epoch))
+    # A newer leader's claim ends this leadership (a vote request no longer does: KIP-996).
+    leader.receive(now_ms=2, from_id=2, message=BeginQuorumEpoch(leader.epoch + 1, 2))
     assert ("r1", None) in leader.take_ready().reads
 
 

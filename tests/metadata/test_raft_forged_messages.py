@@ -160,3 +160,34 @@ def test_the_core_never_elects_past_the_bound():
         assert core.epoch == EPOCH_MAX
         assert all(m.candidate_epoch <= EPOCH_MAX for _, m in ready.messages if isinstance(m, Vote))
         assert ready.quorum_state is None or ready.quorum_state.epoch <= EPOCH_MAX
+
+
+def test_a_vote_request_for_a_newer_epoch_moves_nothing_while_a_leader_is_heard():
+    """KIP-996: the pre-vote rule for real votes too. A vote request in a voter's name (all a
+    connection can prove until the internal listener is authenticated) no longer forces an
+    election on a healthy quorum; once the leader is gone it counts as before."""
+    from tests.metadata.test_raft_core import elect, make
+
+    leader = make(1)
+    elect(leader)
+    epoch = leader.epoch
+    follower = make(3)
+    follower.receive(now_ms=0, from_id=1, message=BeginQuorumEpoch(epoch, 1))
+    leader.take_ready()
+    # One fetch round: the follower has heard from its leader.
+    ((_, fetch),) = [(to, m) for to, m in follower.take_ready().messages if isinstance(m, Fetch)]
+    leader.receive(now_ms=0, from_id=3, message=fetch)
+    for to, answer in leader.take_ready().messages:
+        if to == 3:
+            follower.receive(now_ms=0, from_id=1, message=answer)
+    follower.take_ready()
+    forged = Vote(False, 2, epoch + 5, 10**6, epoch)
+    for core in (leader, follower):
+        core.receive(now_ms=1, from_id=2, message=forged)
+        ready = core.take_ready()
+        assert core.epoch == epoch and ready.quorum_state is None
+        assert [m.vote_granted for _, m in ready.messages if isinstance(m, VoteResponse)] == [False]
+    # The leader is no longer heard: the same request is a real election's and is granted.
+    late_ms = follower.next_deadline_ms() - 1
+    follower.receive(now_ms=late_ms + 2, from_id=2, message=forged)
+    assert follower.epoch == epoch + 5

@@ -255,6 +255,13 @@ class Elections:
             )
             self._send(from_id, VoteResponse(True, self.epoch, self.leader_id, granted))
             return
+        if msg.candidate_epoch > self.epoch and self._has_live_leader(now_ms):
+            # KIP-996: the pre-vote rule holds for real votes too. While this node hears from
+            # a leader (or is one), a newer epoch's vote request moves nothing: a candidate
+            # that won a pre-vote majority does not need this node, and a repeated (or
+            # forged) vote request cannot force an election on a healthy quorum.
+            self._send(from_id, VoteResponse(False, self.epoch, self.leader_id, False))
+            return
         if msg.candidate_epoch > self.epoch and msg.candidate_id in self.voters and self.is_voter:
             self._become(Unattached(msg.candidate_epoch, self._election_deadline(now_ms)))
         role = self._role
