@@ -19,8 +19,19 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import crc32c
+
 from raftlog.errors import CorruptRecordError
-from raftlog.records import LOG_OVERHEAD_BYTES, batch_size_at, validate_batch
+from raftlog.records import (
+    ATTRIBUTES_OFFSET,
+    HEADER_SIZE_BYTES,
+    HEADER_STRUCT,
+    LOG_OVERHEAD_BYTES,
+    MAGIC_V2,
+    BatchHeader,
+    batch_size_at,
+    validate_batch,
+)
 from raftlog.storage.segment import LogSegment
 
 # One verification step reads at most this much (or one batch, if a batch is bigger): large
@@ -211,11 +222,13 @@ def verify_range(segment: LogSegment, step: ScrubRange, *, allow_gaps: bool) -> 
     fd = segment.file.fileno()
     data = os.pread(fd, end - position, position)
     if len(data) >= LOG_OVERHEAD_BYTES:
-        # A first batch bigger than the chunk is read whole (it is never split across steps).
+        # A first batch bigger than the chunk is checked piece by piece: its length field
+        # may itself be damaged, and memory stays bounded by the chunk either way.
         first = batch_size_at(data, 0)
         if first > len(data) and position + first <= step.segment_size_bytes:
-            data = os.pread(fd, first, position)
-            end = position + len(data)
+            return _verify_large_batch(
+                fd, step, first, max(len(data), HEADER_SIZE_BYTES), allow_gaps=allow_gaps
+            )
     expected = step.expected_offset
     rel = 0
     while rel + LOG_OVERHEAD_BYTES <= len(data):
@@ -253,3 +266,44 @@ def verify_range(segment: LogSegment, step: ScrubRange, *, allow_gaps: bool) -> 
             f"{step.segment_size_bytes - position} bytes at byte {position} are not a whole batch",
         )
     return ScrubResult(position + rel, expected, len(data))
+
+
+def _verify_large_batch(
+    fd: int, step: ScrubRange, size: int, chunk_bytes: int, *, allow_gaps: bool
+) -> ScrubResult:
+    """The checks of validate_batch for one batch larger than a chunk, CRC32C computed over
+    chunk-sized reads."""
+    position = step.start_position
+    expected = step.expected_offset
+
+    def damaged(why: str, bytes_read: int) -> ScrubResult:
+        return ScrubResult(position, expected, bytes_read, f"batch at byte {position} {why}")
+
+    if size < HEADER_SIZE_BYTES:
+        return damaged(f"has impossible batchLength {size - LOG_OVERHEAD_BYTES}", 0)
+    head = os.pread(fd, HEADER_SIZE_BYTES, position)
+    if len(head) < HEADER_SIZE_BYTES:
+        return damaged("has no whole header", len(head))
+    header = BatchHeader._make(HEADER_STRUCT.unpack(head))
+    if header.magic != MAGIC_V2:
+        return damaged(f"has magic {header.magic}", len(head))
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        return damaged("has a negative lastOffsetDelta or recordCount", len(head))
+    crc = 0
+    offset = position + ATTRIBUTES_OFFSET
+    end = position + size
+    while offset < end:
+        piece = os.pread(fd, min(chunk_bytes, end - offset), offset)
+        if not piece:
+            return damaged(f"ends at byte {offset}, before its {size} bytes", offset - position)
+        crc = crc32c.crc32c(piece, crc)
+        offset += len(piece)
+    if crc != header.crc:
+        return damaged(
+            f"(baseOffset {header.base_offset}) fails CRC32C: stored {header.crc:#010x}, "
+            f"computed {crc:#010x}",
+            size,
+        )
+    if header.base_offset != expected and not (allow_gaps and header.base_offset > expected):
+        return damaged(f"has base offset {header.base_offset}, expected {expected}", size)
+    return ScrubResult(position + size, header.next_offset, size)

@@ -337,3 +337,17 @@ async def test_a_recovery_point_brought_up_to_date_lets_recovery_see_lost_fsynce
     os.truncate(path, size - 10)  # fsynced, acknowledged data cut away
     lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
     assert lg.log_end_offset == 9 and lg.lost_data
+
+
+def test_a_batch_larger_than_a_scrub_step_is_checked_piece_by_piece(tmp_path: Path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    lg.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+    lg.append_as_leader(batch(5, value_bytes=900), leader_epoch=1, now_ms=0)  # ~4.6 KB
+    lg.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+    results = scrub_all(lg, ScrubSchedule(bytes_per_s=10**6, chunk_bytes=1000))
+    assert all(r.damage is None for r in results)
+    assert max(r.bytes_read for r in results) > 1000  # the large batch, read in pieces
+    flip_byte_on_disk(lg, 3, from_end=2000)  # inside the large batch, far from its end
+    results = scrub_all(lg, ScrubSchedule(bytes_per_s=10**6, chunk_bytes=1000))
+    bad = [r for r in results if r.damage]
+    assert len(bad) == 1 and bad[0].next_offset == 3 and "CRC" in str(bad[0].damage)
