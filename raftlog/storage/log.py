@@ -398,7 +398,13 @@ class PartitionLog:
             self._generation += 1
             self._flushed = min(self._flushed, self._leo)
             self._recovery_point = min(self._recovery_point, self._leo)
-            self._write_checkpoints_locked(self._checkpoint_payloads(self._recovery_point))
+            try:
+                self._write_checkpoints_locked(self._checkpoint_payloads(self._recovery_point))
+            except OSError as exc:
+                # The files on disk still describe the uncut log: anything appended on top
+                # could be trusted by recovery below a stale recovery point. Stop here.
+                self.mark_offline(f"checkpoint after truncation failed: {exc}")
+                raise LogOfflineError() from exc
 
     def advance_log_start(self, offset: int) -> int:
         """Move the log start up to `offset`, deleting whole segments below it.

@@ -351,3 +351,27 @@ def test_a_batch_larger_than_a_scrub_step_is_checked_piece_by_piece(tmp_path: Pa
     results = scrub_all(lg, ScrubSchedule(bytes_per_s=10**6, chunk_bytes=1000))
     bad = [r for r in results if r.damage]
     assert len(bad) == 1 and bad[0].next_offset == 3 and "CRC" in str(bad[0].damage)
+
+
+def test_a_truncation_whose_checkpoint_cannot_be_written_takes_the_log_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=8)
+    lg.flush_now()
+
+    def full_disk(payloads: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(lg, "_write_checkpoints_locked", full_disk)
+    with pytest.raises(LogOfflineError):
+        lg.truncate_to(6)
+    # Nothing may be appended over a cut whose checkpoints still describe the uncut log.
+    assert lg.offline
+    with pytest.raises(LogOfflineError):
+        lg.read(0, 10**6)
+    lg.close()
+    monkeypatch.undo()
+    # The segment was cut before the checkpoint failed: recovery finds the log below its
+    # recorded recovery point and keeps the replica from leading until it catches up.
+    reopened = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    assert reopened.log_end_offset == 6 and reopened.unsafe_to_lead
