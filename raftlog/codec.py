@@ -21,7 +21,8 @@ How a class sits on the wire is its ``__wire__`` layout:
   may send more).
 - ``NamedExt(code)``: extension ``code`` holding ``[class name, [field0, ...]]``.
 A field annotated ``Annotated[Any, Opaque()]`` passes through as it is, for a later step to
-decode with its own declaration.
+decode with its own declaration. ``Added()`` marks a field appended to a positional layout
+after it was pinned: omitted while it holds its default, its default when absent.
 UUIDs travel as extension UUID_EXT (16 bytes). An ``ErrorCode`` travels as extension
 ERROR_CODE_EXT in a codec made with ``error_code_ext=True``, else as a plain integer.
 """
@@ -77,6 +78,7 @@ __all__ = [
     "I64_MAX",
     "I64_MIN",
     "UUID_EXT",
+    "Added",
     "Array",
     "Codec",
     "DecodeError",
@@ -145,6 +147,14 @@ class UnknownAs:
     """An enum field reads a value outside the enum as this member instead of refusing it."""
 
     member: enum.Enum
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    """``Annotated[T, Added()]``: a field added to a positional format (Array, NamedExt)
+    after peers and files already held it. Added fields come last and have defaults; while
+    they hold their defaults they are left off the wire, and absent on the wire they read
+    as their defaults, so an older peer and a newer one read each other's values."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +320,9 @@ class Codec:
             else:
                 env[f"e{index}"] = encoder
                 parts.append(f"(None if o.{name} is None else e{index}(o.{name}))")
+        added = _added_count(cls)
+        if added and not isinstance(layout, Map):
+            return self._trailing_encoder(cls, layout, env, parts, added)
         if isinstance(layout, Array):
             env["header"] = [getattr(cls, attr) for attr in layout.header]
             expr = f"[*header, {', '.join(parts)}]" if layout.header else f"[{', '.join(parts)}]"
@@ -321,6 +334,38 @@ class Codec:
             values = f"[{cls.__name__!r}, [{', '.join(parts)}]]"
             expr = f"ExtType({layout.code}, packb({values}, use_bin_type=True))"
         exec(f"def encode(o):\n    return {expr}\n", env)
+        encode: Encoder = env["encode"]
+        return encode
+
+    def _trailing_encoder(
+        self, cls: type, layout: Layout, env: dict[str, Any], parts: list[str], added: int
+    ) -> Encoder:
+        """The generated encoder of a positional class with Added fields: the values, less
+        the trailing Added fields that hold their defaults."""
+        fields = dataclasses.fields(cls)
+        names = [f.name for f in fields[-added:]]
+        env["defaults"] = tuple(_default(f) for f in fields[-added:])
+        fixed, tail = parts[:-added], parts[-added:]
+        raw = ", ".join(f"o.{name}" for name in names)
+        lines = [
+            f"v = [{', '.join(fixed)}]",
+            f"t = [{', '.join(tail)}]",
+            f"r = ({raw},)",
+            "n = len(t)",
+            "while n and r[n - 1] == defaults[n - 1]:",
+            "    n -= 1",
+            "v += t[:n]",
+        ]
+        if isinstance(layout, Array):
+            env["header"] = [getattr(cls, attr) for attr in layout.header]
+            lines.append("return [*header, *v]")
+        else:
+            assert isinstance(layout, NamedExt)
+            lines.append(
+                f"return ExtType({layout.code}, packb([{cls.__name__!r}, v], use_bin_type=True))"
+            )
+        body = "\n".join(f"    {line}" for line in lines)
+        exec(f"def encode(o):\n{body}\n", env)
         encode: Encoder = env["encode"]
         return encode
 
@@ -383,13 +428,14 @@ class Codec:
         fields = _fields(cls)
         names = [name for name, _ in fields]
         decoders = [self.decoder(ftp) for _, ftp in fields]
+        added = _added_count(cls)
         if isinstance(layout, Array):
             header = tuple(getattr(cls, attr) for attr in layout.header)
-            return array_decoder(cls, header, names, decoders)
+            return array_decoder(cls, header, names, decoders, optional_tail=added)
         if isinstance(layout, Map):
             header = tuple((key, getattr(cls, attr)) for key, attr in layout.header)
             return map_decoder(cls, header, names, decoders)
-        return named_ext_decoder(cls, layout.code, names, decoders)
+        return named_ext_decoder(cls, layout.code, names, decoders, optional_tail=added)
 
     def _union_decoder(self, arms: tuple[Any, ...]) -> Decoder:
         optional = type(None) in arms
@@ -456,6 +502,27 @@ def _fields(cls: type) -> list[tuple[str, Any]]:
         hints = typing.get_type_hints(cls, include_extras=True)
         fields = _FIELDS[cls] = [(f.name, hints[f.name]) for f in dataclasses.fields(cls)]
     return fields
+
+
+def _added_count(cls: type) -> int:
+    """How many trailing fields are Added; refuses an Added field before a plain one or one
+    without a default (it could not be left off the wire)."""
+    flags = [any(isinstance(m, Added) for m in _split_annotated(tp)[1]) for _, tp in _fields(cls)]
+    count = 0
+    while count < len(flags) and flags[len(flags) - 1 - count]:
+        count += 1
+    if any(flags[: len(flags) - count]):
+        raise TypeError(f"{cls.__name__}: Added fields must come after every other field")
+    for f in dataclasses.fields(cls)[len(flags) - count :]:
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: an Added field needs a default")
+    return count
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[operator]
 
 
 def _names(classes: Any) -> str:

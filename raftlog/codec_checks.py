@@ -174,8 +174,15 @@ def mapping_decoder(key: Decoder, value: Decoder, max_items: int) -> Decoder:
 
 
 def array_decoder(
-    cls: type, header: tuple[Any, ...], names: list[str], decoders: list[Decoder]
+    cls: type,
+    header: tuple[Any, ...],
+    names: list[str],
+    decoders: list[Decoder],
+    *,
+    optional_tail: int = 0,
 ) -> Decoder:
+    """optional_tail: how many trailing fields may be absent (Added fields, read as their
+    defaults)."""
     width = len(header)
     arity = width + len(decoders)
     what = cls.__name__
@@ -183,7 +190,7 @@ def array_decoder(
     def decode(wire: Any) -> Any:
         if not isinstance(wire, list | tuple):
             raise DecodeError(f"{what}: expected a list, got {show(wire)}")
-        if len(wire) != arity:
+        if not arity - optional_tail <= len(wire) <= arity:
             raise DecodeError(f"{what} has {arity} items on the wire, got {len(wire)}")
         if width and tuple(wire[:width]) != header:
             raise DecodeError(f"{what}: header {show(tuple(wire[:width]))} != {header}")
@@ -240,8 +247,12 @@ def ext_class_name(wire: Any, code: int) -> Any:
     return inner[0]
 
 
-def named_ext_decoder(cls: type, code: int, names: list[str], decoders: list[Decoder]) -> Decoder:
+def named_ext_decoder(
+    cls: type, code: int, names: list[str], decoders: list[Decoder], *, optional_tail: int = 0
+) -> Decoder:
+    """optional_tail: as for array_decoder."""
     what = cls.__name__
+    arity = len(decoders)
 
     def decode(wire: Any) -> Any:
         if not isinstance(wire, msgpack.ExtType) or wire.code != code:
@@ -252,8 +263,8 @@ def named_ext_decoder(cls: type, code: int, names: list[str], decoders: list[Dec
         name, values = inner
         if name != what:
             raise DecodeError(f"expected a {what}, got {show(name)}")
-        if len(values) != len(decoders):
-            raise DecodeError(f"{what} has {len(decoders)} fields, the wire value {len(values)}")
+        if not arity - optional_tail <= len(values) <= arity:
+            raise DecodeError(f"{what} has {arity} fields, the wire value {len(values)}")
         return build(cls, names, decoders, values)
 
     return decode

@@ -14,6 +14,7 @@ from raftlog.codec import (
     DEFAULT_MAX_ITEMS,
     I32_MAX,
     I64_MAX,
+    Added,
     Array,
     Codec,
     DecodeError,
@@ -300,3 +301,80 @@ def test_opaque_fields_pass_through_for_a_later_declaration():
     assert codec.to_wire(Envelope("m", body)) == ["m", body]
     assert codec.from_wire(Envelope, ["m", body]) == Envelope("m", body)
     _bad(Envelope, ["m" * 9, None], "Envelope.method")
+
+
+# ---------------------------------------------------------------- fields added to a pinned format
+@dataclass(frozen=True, slots=True)
+class PinnedV1:
+    __wire__: ClassVar = Array(header=("TAG",))
+    TAG: ClassVar[str] = "p"
+    a: int
+    b: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedV2:
+    __wire__: ClassVar = Array(header=("TAG",))
+    TAG: ClassVar[str] = "p"
+    a: int
+    b: int = 0
+    c: Annotated[tuple[int, ...], MaxLen(3), Added()] = ()
+    d: Annotated[int, Added()] = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ExtV2:
+    __wire__: ClassVar = NamedExt(7)
+    a: int
+    more: Annotated[tuple[int, ...], Added()] = ()
+
+
+def test_added_fields_at_their_defaults_leave_the_pinned_bytes_alone() -> None:
+    codec = Codec()
+    assert codec.encode(PinnedV2(1)) == codec.encode(PinnedV1(1))
+    assert codec.encode(PinnedV2(1, 2)) == codec.encode(PinnedV1(1, 2))
+    assert codec.decode(PinnedV2, codec.encode(PinnedV1(1, 2))) == PinnedV2(1, 2)
+    # A trailing default is dropped, one before a set field is not.
+    assert msgpack.unpackb(codec.encode(PinnedV2(1, 0, (5,)))) == ["p", 1, 0, [5]]
+    assert msgpack.unpackb(codec.encode(PinnedV2(1, 0, (), 9))) == ["p", 1, 0, [], 9]
+    for value in (PinnedV2(1, 0, (5,)), PinnedV2(1, 0, (), 9), PinnedV2(3, 4, (1, 2), 7)):
+        assert codec.decode(PinnedV2, codec.encode(value)) == value
+    # An older reader still refuses what it cannot hold; a newer one, more than it declares.
+    with pytest.raises(DecodeError):
+        codec.decode(PinnedV1, codec.encode(PinnedV2(1, 0, (5,))))
+    with pytest.raises(DecodeError):
+        codec.decode(PinnedV2, msgpack.packb(["p", 1, 0, [], 9, 10]))
+    with pytest.raises(DecodeError):
+        codec.decode(PinnedV2, msgpack.packb(["p"]))
+    with pytest.raises(DecodeError, match=r"PinnedV2\.c"):
+        codec.decode(PinnedV2, msgpack.packb(["p", 1, 0, [1, 2, 3, 4]]))
+
+
+def test_added_fields_in_a_named_extension() -> None:
+    codec = Codec()
+
+    def fields(data: bytes) -> Any:
+        return msgpack.unpackb(msgpack.unpackb(data).data)
+
+    assert fields(codec.encode(ExtV2(1))) == ["ExtV2", [1]]
+    assert fields(codec.encode(ExtV2(1, (2,)))) == ["ExtV2", [1, [2]]]
+    older = msgpack.packb(msgpack.ExtType(7, msgpack.packb(["ExtV2", [4]])))
+    assert codec.decode(ExtV2, older) == ExtV2(4)
+    assert codec.decode(ExtV2, codec.encode(ExtV2(4, (1,)))) == ExtV2(4, (1,))
+
+
+def test_an_added_field_must_come_last_and_have_a_default() -> None:
+    @dataclass(frozen=True, slots=True)
+    class AddedFirst:
+        __wire__: ClassVar = Array()
+        a: Annotated[int, Added()] = 0
+        b: int = 0
+
+    @dataclass(frozen=True, slots=True)
+    class NoDefault:
+        __wire__: ClassVar = Array()
+        a: Annotated[int, Added()]
+
+    for cls in (AddedFirst, NoDefault):
+        with pytest.raises(TypeError):
+            Codec().encode(cls(0))

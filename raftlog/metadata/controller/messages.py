@@ -16,7 +16,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from raftlog.codec import I32_MAX, Codec, Int32, MaxLen, NamedExt, NodeId, Offset, Port, Range
+from raftlog.codec import (
+    I32_MAX,
+    Added,
+    Codec,
+    Int32,
+    MaxLen,
+    NamedExt,
+    NodeId,
+    Offset,
+    Port,
+    Range,
+)
 from raftlog.errors import ErrorCode
 from raftlog.metadata.records import Record
 
@@ -71,7 +82,9 @@ class BrokerHeartbeat:
     # Replicas (topic id, partition) this broker must not lead: they lost records they may
     # have acknowledged, hold a damaged batch, or sit on a failed disk (KIP-966, KIP-858).
     unsafe_partitions: Annotated[
-        tuple[tuple[uuid.UUID, Annotated[int, Range(0, I32_MAX)]], ...], MaxLen(1_000_000)
+        tuple[tuple[uuid.UUID, Annotated[int, Range(0, I32_MAX)]], ...],
+        MaxLen(1_000_000),
+        Added(),
     ] = ()
 
 
