@@ -3,7 +3,8 @@
 - No acknowledged write is lost or reordered: the current leader's log holds every acked
   write at its acked offset, and a write sent after another one was acked sits after it.
 - The HW never moves back on a leader within its epoch, and never exceeds the durable
-  (flushed) offset of any ISR member, the leader's own included.
+  (flushed) offset of any ISR member, the leader's own included (a replica that reported
+  lost or damaged records is exempt until it has repaired).
 - Replicas are identical up to the smaller of their two HWs.
 - One leader per leader epoch.
 - What a consumer read (below the HW) stays in the log: same offset, same payload.
@@ -110,6 +111,10 @@ class Checker:
             members = set(leader.isr)
             if broker is active:
                 members |= sim.controller.state.isr
+            # A damaged replica's disk broke the durability the HW counted on; it is out of
+            # the ISR (or on its way out) until it holds everything below the HW again.
+            members -= sim.controller.repairing
+            members -= {b.broker_id for b in sim.brokers.values() if b.unsafe}
             for member in members:
                 durable = sim.brokers[member].log.flushed_offset
                 if hw > durable:

@@ -22,6 +22,13 @@ class SimController:
         self.sim = sim
         self.state = LeaderAndIsr(1, 1, 1, BROKER_IDS, frozenset(BROKER_IDS))
         self.live = set(BROKER_IDS)
+        # Replicas their brokers report unsafe to lead (lost or damaged records): as
+        # metadata/controller/elections.py, out of the ISR and never elected, not even as
+        # the last ISR member.
+        self.unsafe: set[int] = set()
+        # Damaged replicas not yet back in a committed ISR (a leader's stale view may still
+        # count the durability they lost).
+        self.repairing: set[int] = set()
 
     def commit(self, state: LeaderAndIsr) -> None:
         self.state = state
@@ -34,21 +41,25 @@ class SimController:
             return ErrorCode.fenced_leader_epoch
         if request.partition_epoch != state.partition_epoch:
             return ErrorCode.invalid_update_version
-        if any(r not in self.live for r in request.new_isr - state.isr):
+        # The real controller lets an unsafe replica in and takes it out at the next
+        # heartbeat; refusing it is the same end state.
+        if any(r not in self.live or r in self.unsafe for r in request.new_isr - state.isr):
             return ErrorCode.ineligible_replica
         if request.leader_id not in request.new_isr:
             return ErrorCode.invalid_request
         new = replace(state, partition_epoch=state.partition_epoch + 1, isr=request.new_isr)
+        self.repairing -= request.new_isr - state.isr
         self.commit(new)
         return new
 
     def _elect(self, isr: frozenset[int], exclude: int | None = None) -> LeaderAndIsr:
         state = self.state
-        candidates = [r for r in state.replicas if r in isr and r in self.live and r != exclude]
+        safe = self.live - self.unsafe
+        candidates = [r for r in state.replicas if r in isr and r in safe and r != exclude]
         if candidates:
             leader = self.sim.rng.choice(candidates)
-        elif self.sim.config.unclean_leader_election and self.live - {exclude}:
-            leader = self.sim.rng.choice(sorted(self.live - {exclude}))
+        elif self.sim.config.unclean_leader_election and safe - {exclude}:
+            leader = self.sim.rng.choice(sorted(safe - {exclude}))
             isr = frozenset({leader})
         else:
             leader = NO_LEADER
@@ -76,6 +87,23 @@ class SimController:
             self.commit(self._elect(self.state.isr))
         else:
             self.sim.publish_metadata(broker_id, self.state)
+
+    def report_unsafe(self, broker_id: int) -> None:
+        """Out of the ISR (never emptied) and out of leadership; offline if no safe member."""
+        self.unsafe.add(broker_id)
+        self.repairing.add(broker_id)
+        state = self.state
+        isr = state.isr - {broker_id} or state.isr
+        if state.leader_id == broker_id or state.leader_id == NO_LEADER:
+            self.commit(self._elect(isr))
+        elif isr != state.isr:
+            self.commit(replace(state, partition_epoch=state.partition_epoch + 1, isr=isr))
+
+    def clear_unsafe(self, broker_id: int) -> None:
+        # It rejoins the ISR the usual way, when the leader sees it caught up.
+        self.unsafe.discard(broker_id)
+        if self.state.leader_id == NO_LEADER:
+            self.commit(self._elect(self.state.isr))
 
     def move_leader(self) -> None:
         """A controlled leader change: another live ISR member takes over."""

@@ -50,6 +50,8 @@ class SimConfig:
     acks: int = -1
     flush_policy: str = "always"
     producers: int = 2
+    # Disk damage faults (#13): a lost suffix of the flushed log, and a flipped byte.
+    disk_faults: bool = False
     fault_period_ms: int = 1200
     settle_ms: int = 1500
     fault_interval_ms: tuple[int, int] = (30, 200)
@@ -71,6 +73,8 @@ SAFE_MIN_ISR_ONE = SimConfig(min_insync_replicas=1)
 UNSAFE_UNCLEAN = SimConfig(min_insync_replicas=1, unclean_leader_election=True)
 # acks=1: the leader answers before anyone else has the write.
 UNSAFE_ACKS_ONE = SimConfig(min_insync_replicas=1, acks=1)
+# The safe configuration plus damaged disks, one replica at a time.
+SAFE_DISK_FAULTS = SimConfig(disk_faults=True)
 
 
 class SimBroker:
@@ -81,9 +85,16 @@ class SimBroker:
         self.alive = True
         self.incarnation = 0
         self.flush_in_progress = False
+        # Unsafe to lead: it lost flushed records or found a damaged one, and has not yet
+        # fetched back everything below its leader's HW. Survives restarts, as on disk.
+        self.unsafe = False
+        # First offset of a damaged batch on a leader: reads stop before it.
+        self.damaged_from: int | None = None
         self._fresh_state()
 
     def _fresh_state(self) -> None:
+        # The highest HW a leader sent in a valid fetch answer to this process.
+        self.valid_leader_hw: int | None = None
         self.partition = Partition(replica_id=self.broker_id, log=self.log, settings=self.settings)
         self.purgatory = Purgatory(max_waiters=1000)
 
@@ -92,6 +103,10 @@ class SimBroker:
         self.incarnation += 1
         self.log.crash()
         self.flush_in_progress = False
+        if self.damaged_from is not None:
+            # Recovery finds the bad CRC and cuts before it.
+            self.log.truncate_to(self.damaged_from)
+            self.damaged_from = None
 
     def restart(self) -> None:
         self.alive = True
@@ -211,7 +226,10 @@ class PartitionSim:
         rng = self.rng
         live = [b for b in BROKER_IDS if self.brokers[b].alive]
         dead = [b for b in BROKER_IDS if not self.brokers[b].alive]
-        kind = rng.choice(["crash", "restart", "restart", "cut", "isolate", "heal", "move"])
+        kinds = ["crash", "restart", "restart", "cut", "isolate", "heal", "move"]
+        if self.config.disk_faults:
+            kinds += ["lose_suffix", "flip"]
+        kind = rng.choice(kinds)
         if kind == "crash" and len(live) > 1:
             victim = rng.choice(live)
             self.brokers[victim].crash()
@@ -227,10 +245,87 @@ class PartitionSim:
             self.cut_links.clear()
         elif kind == "move":
             self.controller.move_leader()
+        elif kind in ("lose_suffix", "flip"):
+            self._damage(kind)
         self.at(rng.randint(*self.config.fault_interval_ms), self._fault)
 
+    def _damage_victim(self) -> SimBroker | None:
+        # One damaged replica at a time (what RF 3 with min ISR 2 survives): none may still
+        # be repairing, and an ISR member is hit only while another live ISR member can lead.
+        if self.controller.unsafe or any(b.unsafe for b in self.brokers.values()):
+            return None
+        isr = self.controller.state.isr
+        candidates = []
+        for broker_id in BROKER_IDS:
+            broker = self.brokers[broker_id]
+            if not broker.alive or broker.log.flushed_offset <= broker.log.log_start_offset:
+                continue
+            others = [b for b in isr if b != broker_id and self.brokers[b].alive]
+            if broker_id not in isr or others:
+                candidates.append(broker)
+        return self.rng.choice(candidates) if candidates else None
+
+    def _damage(self, kind: str) -> None:
+        broker = self._damage_victim()
+        if broker is None:
+            return
+        log = broker.log
+        offset = self.rng.randint(log.log_start_offset, log.flushed_offset - 1)
+        if kind == "lose_suffix":
+            # Fsynced records vanish (a lying disk, or a torn tail cut by recovery). Recovery
+            # sees it lost data below its recovery point: the replica restarts unsafe.
+            broker.crash()
+            log.truncate_to(offset)
+            broker.unsafe = True
+            self.controller.broker_crashed(broker.broker_id)
+            return
+        # A byte flips in a flushed batch: the CRC (scrubber or read) finds it at once.
+        follower = broker.partition.follower
+        if follower is not None:
+            step = follower.truncation_for_damage(offset=offset)
+            if step is None:
+                return  # a cut is already out: the next scrub pass finds the damage again
+            assert step.truncate_to_offset is not None
+            log.truncate_to(step.truncate_to_offset)
+            follower.on_truncated(now_ms=self.now_ms)
+        else:
+            # A leader marks the range damaged and serves nothing from it; it cuts once it
+            # follows another leader.
+            broker.damaged_from = offset
+        broker.unsafe = True
+        # Only a HW sent after the damage proves what it must fetch back.
+        broker.valid_leader_hw = None
+        self.controller.report_unsafe(broker.broker_id)
+        self._drive_follower(broker)
+
+    def _maybe_clear_unsafe(self, broker: SimBroker) -> None:
+        # As the real fetcher: safe again once it holds, flushed, everything below a HW its
+        # leader sent in a valid answer. The heartbeat carries it to the controller.
+        if not broker.unsafe or broker.damaged_from is not None:
+            return
+        hw = broker.valid_leader_hw
+        if hw is None or broker.log.flushed_offset < hw or broker.log.log_end_offset < hw:
+            return
+        broker.unsafe = False
+        self.at(
+            self.rng.randint(*self.config.network_delay_ms),
+            self._deliver,
+            broker.broker_id,
+            broker.incarnation,
+            self._heartbeat_safe,
+            (),
+        )
+
+    def _heartbeat_safe(self, broker: SimBroker) -> None:
+        if not broker.unsafe:
+            self.controller.clear_unsafe(broker.broker_id)
+
     def _restart(self, broker_id: int) -> None:
-        self.brokers[broker_id].restart()
+        broker = self.brokers[broker_id]
+        broker.restart()
+        if broker.unsafe:
+            # Its registration heartbeat already says so.
+            self.controller.report_unsafe(broker_id)
         self.controller.broker_restarted(broker_id)
 
     def _heal_everything(self) -> None:
@@ -268,6 +363,14 @@ class PartitionSim:
             self.checker.on_become_leader(broker.broker_id, state.leader_epoch)
         if result.effects is not None:
             self._leader_effects(broker, result.effects)
+        follower = broker.partition.follower
+        if follower is not None and broker.damaged_from is not None:
+            step = follower.truncation_for_damage(offset=broker.damaged_from)
+            if step is not None:
+                assert step.truncate_to_offset is not None
+                broker.log.truncate_to(step.truncate_to_offset)
+                follower.on_truncated(now_ms=self.now_ms)
+                broker.damaged_from = None
         self._drive_follower(broker)
 
     def _leader_effects(self, broker: SimBroker, effects: LeaderEffects) -> None:
@@ -333,6 +436,7 @@ class PartitionSim:
         leader = broker.partition.leader
         if leader is not None:
             self._leader_effects(broker, leader.on_flushed(now_ms=self.now_ms))
+        self._maybe_clear_unsafe(broker)
         follower = broker.partition.follower
         if follower is not None and follower.on_flushed(now_ms=self.now_ms):
             self._drive_follower(broker)
@@ -389,6 +493,7 @@ class PartitionSim:
         leader = broker.partition.leader
         hw = broker.partition.high_watermark
         if error == ErrorCode.none and diverging is None and leader is not None:
+            end_offset = _readable_end(broker, end_offset)
             count = min(self.config.replica_fetch_max_entries, end_offset - request.fetch_offset)
             entries = log.read(request.fetch_offset, max(0, count))
         response = FetchResponse(
@@ -401,6 +506,9 @@ class PartitionSim:
         if follower is None:
             return
         step = follower.on_fetch_response(now_ms=self.now_ms, response=response)
+        valid = response.error == ErrorCode.none and response.diverging_epoch is None
+        if valid and step.action is not FollowerAction.IGNORED:
+            broker.valid_leader_hw = response.high_watermark
         if step.action is FollowerAction.APPEND:
             broker.log.append_entries(entries)
             self._request_flush(broker)
@@ -412,6 +520,7 @@ class PartitionSim:
             assert step.truncate_to_offset is not None
             broker.log.truncate_to(step.truncate_to_offset)
             follower.on_truncated(now_ms=self.now_ms)
+        self._maybe_clear_unsafe(broker)
         self._drive_follower(broker)
 
     # ------------------------------------------------------------------ produce
@@ -537,9 +646,8 @@ class PartitionSim:
     def _answer_consumer(self, broker, consumer, position, completion: FetchCompletion) -> None:
         entries: list[Entry] = []
         if completion.error == ErrorCode.none:
-            count = min(
-                self.config.replica_fetch_max_entries, completion.readable_end_offset - position
-            )
+            end_offset = _readable_end(broker, completion.readable_end_offset)
+            count = min(self.config.replica_fetch_max_entries, end_offset - position)
             entries = broker.log.read(position, max(0, count))
         self.at(
             self.rng.randint(*self.config.network_delay_ms),
@@ -556,6 +664,13 @@ class PartitionSim:
         for entry in entries:
             self.checker.on_consumed(entry.offset, entry.payload)
             consumer.position = entry.offset + 1
+
+
+def _readable_end(broker: SimBroker, end_offset: int) -> int:
+    # A leader's damaged range fails reads; reads before it stop at it.
+    if broker.damaged_from is None:
+        return end_offset
+    return min(end_offset, broker.damaged_from)
 
 
 def _bytes_between(key, start_offset: int, end_offset: int) -> int:
