@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.metadata.controller.messages",
         "raftlog.quotas.entity",
         "raftlog.client",
+        "raftlog.security",
     ),
     # 3: the metadata image; the sans-IO cores and the services' state machines
     (
