@@ -121,7 +121,7 @@ class ReplicaManager:
             bytes_per_s=max(1, config.log_scrub_bytes_per_s),
             truncate=self._truncate_follower,
         )
-        self.reads = ReadPaths(self.replicas)
+        self.reads = ReadPaths(self.replicas, on_damage=self.scrubber.report_damage)
         self.writes = ProducePath(self.replicas)
         # incarnation_id: this process's broker registration (BrokerLifecycle); its unfencing
         # tells the assignment the image is caught up, so stray logs may go.

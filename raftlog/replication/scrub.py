@@ -159,6 +159,7 @@ class Scrubber:
             return
         self._seen[hosted.key] = seen
         schedule.on_verified(now_s=trio.current_time(), step=step, result=result)
+        segment.mark_verified(step.start_position, result.position)
         if result.damage is not None:
             self.damage_found += 1
             log.error(
@@ -170,6 +171,23 @@ class Scrubber:
                 result.damage,
             )
             self._on_damage(hosted, result.next_offset)
+
+    def report_damage(self, hosted: HostedPartition, offset: int, reason: str) -> None:
+        """A read found a damaged batch at `offset` before serving it: the same repair as
+        the scrubber's own finding (reads stop short of it, the replica reports itself unsafe
+        and, once a follower, fetches it again)."""
+        plog = hosted.log
+        if plog.damaged_range is not None and plog.damaged_range[0] <= offset:
+            return  # known already
+        self.damage_found += 1
+        log.error(
+            "%s-%d: a read found a damaged batch at offset %d: %s",
+            hosted.topic,
+            hosted.partition,
+            offset,
+            reason,
+        )
+        self._on_damage(hosted, offset)
 
     def _on_damage(self, hosted: HostedPartition, offset: int) -> None:
         plog = hosted.log

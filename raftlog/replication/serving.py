@@ -8,6 +8,7 @@ get the same bytes read in a worker thread (they travel inside a msgpack frame).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -32,6 +33,8 @@ from raftlog.replication.fetch_wire import (
 from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.replicas import Replicas
 from raftlog.storage import OffsetOutOfRangeError, PartitionLog
+from raftlog.storage.log_types import ReadResult
+from raftlog.storage.scrubber import ScrubResult, verify_read
 
 log = logging.getLogger("raftlog.replication")
 
@@ -58,11 +61,37 @@ def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorC
     return ErrorCode.unknown_leader_epoch
 
 
-class ReadPaths:
-    """Consumer and replica reads of the partitions this broker leads."""
+# on_damage(hosted, offset, reason): a read found the batch at `offset` damaged (the scrubber
+# takes it from there: Scrubber.report_damage).
+OnDamage = Callable[[HostedPartition, int, str], None]
 
-    def __init__(self, replicas: Replicas) -> None:
+
+def _ignore_damage(hosted: HostedPartition, offset: int, reason: str) -> None:
+    log.error("%s-%d: damaged batch at offset %d: %s", *hosted.key, offset, reason)
+
+
+class ReadPaths:
+    """Consumer and replica reads of the partitions this broker leads.
+
+    Bytes a log took on trust at start-up (below its recovery point) are verified before they
+    are served, the first time they are read: a batch that was damaged while the node was down
+    never reaches a consumer or a follower; the read stops before it and the damage goes to
+    `on_damage`."""
+
+    def __init__(self, replicas: Replicas, on_damage: OnDamage = _ignore_damage) -> None:
         self.replicas = replicas
+        self.on_damage = on_damage
+
+    def _verified(self, hosted: HostedPartition, result: ReadResult, outcome: ScrubResult) -> int:
+        """Record what `verify_read` found for `result`; returns the bytes of the read that
+        may be served (all of it, or those before a damaged batch)."""
+        unverified = result.unverified
+        assert unverified is not None
+        unverified.segment.mark_verified(unverified.start_position, outcome.position)
+        if outcome.damage is None:
+            return result.size_bytes
+        self.on_damage(hosted, outcome.next_offset, outcome.damage)
+        return max(0, outcome.position - unverified.start_position)
 
     def _leader_for(
         self, topic: str, partition: int, current_leader_epoch: int
@@ -118,6 +147,21 @@ class ReadPaths:
             )
         except KafkaError as exc:
             return FetchResult(exc.code)
+        if result.unverified is not None:
+            try:
+                outcome = await trio.to_thread.run_sync(verify_read, result.unverified)
+            except (OSError, ValueError) as exc:
+                log.warning("%s-%d: verifying a read failed: %r", topic, partition, exc)
+                return FetchResult(ErrorCode.kafka_storage_error)
+            if self._verified(hosted, result, outcome) < result.size_bytes:
+                if outcome.next_offset <= fetch_offset:
+                    return FetchResult(ErrorCode.kafka_storage_error)
+                # Serve the whole batches before the damaged one (verified just now).
+                limit = min(high_watermark, outcome.next_offset)
+                try:
+                    result = partition_log.read(fetch_offset, max_bytes, max_offset=limit)
+                except KafkaError as exc:
+                    return FetchResult(exc.code)
         records = list(result.regions)
         return FetchResult(
             high_watermark=high_watermark,
@@ -276,15 +320,32 @@ class ReadPaths:
             budget_bytes -= result.size_bytes
             regions.append((item, hosted, leader, result))
 
-        def read_all() -> list[bytes]:
-            return [result.read_bytes() for _, _, _, result in regions]
+        def read_all() -> list[tuple[bytes, ScrubResult | None]]:
+            return [
+                (
+                    result.read_bytes(),
+                    None if result.unverified is None else verify_read(result.unverified),
+                )
+                for _, _, _, result in regions
+            ]
 
         total_bytes = sum(result.size_bytes for _, _, _, result in regions)
-        if total_bytes <= INLINE_REPLICA_READ_MAX_BYTES:
+        if total_bytes <= INLINE_REPLICA_READ_MAX_BYTES and not any(
+            result.unverified for _, _, _, result in regions
+        ):
             payloads = read_all()
         else:
             payloads = await trio.to_thread.run_sync(read_all)
-        for (item, hosted, leader, _), records in zip(regions, payloads, strict=True):
+        for (item, hosted, leader, result), (records, outcome) in zip(
+            regions, payloads, strict=True
+        ):
+            if outcome is not None:
+                records = records[: self._verified(hosted, result, outcome)]
+                if not records and outcome.damage is not None:
+                    answers[(item.topic, item.partition)] = _refusal(
+                        item, ErrorCode.kafka_storage_error
+                    )
+                    continue
             answers[(item.topic, item.partition)] = ReplicaFetchAnswer(
                 item.topic,
                 item.partition,

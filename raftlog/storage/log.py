@@ -27,6 +27,7 @@ from raftlog.storage.log_types import (
     ReadResult,
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
+    UnverifiedRead,
 )
 from raftlog.storage.recovery import (
     EPOCH_FILE,
@@ -310,12 +311,22 @@ class PartitionLog:
                     return empty
                 end = position + header.size_bytes  # KIP-74: one batch even if too big
                 next_offset = header.next_offset
+            unverified = None
+            if segment.needs_verify(position, end):
+                unverified = UnverifiedRead(
+                    segment,
+                    position,
+                    end,
+                    segment.header_at(position).base_offset,
+                    allow_gaps=self.config.compact,
+                )
             return ReadResult(
                 [segment.region(position, end)],
                 self._log_start,
                 self._leo,
                 end - position,
                 next_offset,
+                unverified,
             )
         return empty
 

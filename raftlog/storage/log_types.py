@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.storage.segment import FileRegion
+from raftlog.storage.segment import FileRegion, LogSegment
 
 
 class OffsetOutOfRangeError(KafkaError):
@@ -35,6 +35,17 @@ class LogOfflineError(KafkaError):
 
 
 @dataclass(frozen=True, slots=True)
+class UnverifiedRead:
+    """A read's region in a segment that still holds bytes taken on trust at start-up."""
+
+    segment: LogSegment
+    start_position: int
+    end_position: int
+    first_batch_offset: int  # base offset of the batch at start_position
+    allow_gaps: bool  # a compacted log's offsets only increase
+
+
+@dataclass(frozen=True, slots=True)
 class AppendInfo:
     first_offset: int
     last_offset: int
@@ -52,6 +63,9 @@ class ReadResult:
     log_end_offset: int
     size_bytes: int = 0
     next_offset: int = -1  # where the next read continues (-1: nothing was read)
+    # Set when the region holds bytes this process has not verified since it opened the
+    # segment: the reader checks them (storage.scrubber.verify_read) before serving them.
+    unverified: UnverifiedRead | None = None
 
     def read_bytes(self) -> bytes:
         return b"".join(region.read_bytes() for region in self.regions)

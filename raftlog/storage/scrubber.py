@@ -32,6 +32,7 @@ from raftlog.records import (
     batch_size_at,
     validate_batch,
 )
+from raftlog.storage.log_types import UnverifiedRead
 from raftlog.storage.segment import LogSegment
 
 # One verification step reads at most this much (or one batch, if a batch is bigger): large
@@ -208,6 +209,22 @@ class ScrubSchedule:
         if (step.key, step.base_offset) == (self._key, self._base_offset):
             self._position = 0
             self._expected_offset = step.base_offset
+
+
+def verify_read(read: UnverifiedRead) -> ScrubResult:
+    """Check the batches of a read before they are served (blocking: a worker thread):
+    the bytes were taken on trust at start-up, and a damaged batch must never reach a
+    consumer or a follower. `damage` set means the read must stop at `next_offset`."""
+    segment = read.segment
+    step = ScrubRange(
+        key=("", -1),
+        base_offset=segment.base_offset,
+        start_position=read.start_position,
+        end_position=read.end_position,
+        expected_offset=read.first_batch_offset,
+        segment_size_bytes=segment.size_bytes,
+    )
+    return verify_range(segment, step, allow_gaps=read.allow_gaps)
 
 
 def verify_range(segment: LogSegment, step: ScrubRange, *, allow_gaps: bool) -> ScrubResult:

@@ -89,6 +89,27 @@ class LogSegment:
         self.first_batch_timestamp_ms: int | None = None
         self.created_ms: int | None = None
         self._bytes_since_index_entry = 0
+        # [from, to): bytes this process took on trust when it opened the segment (below the
+        # recovery point, so recovery did not scan them) and has not verified since. A byte
+        # may have flipped there while the node was down: reads check these batches' CRCs
+        # before serving them (`needs_verify`), and the scrubber and those reads shrink the
+        # range from below as they verify it. Bytes appended or scanned here are verified.
+        self.unverified_from = 0
+        self.unverified_to = 0
+
+    # ------------------------------------------------------------------ verification
+    def needs_verify(self, start: int, end: int) -> bool:
+        """Whether any byte of [start, end) is one this process has not verified."""
+        return start < self.unverified_to and end > self.unverified_from
+
+    def mark_verified(self, start: int, end: int) -> None:
+        """[start, end) was read and every batch in it checked. Verification moves forward
+        (the scrubber's passes and consumers' reads both do), so the unverified range shrinks
+        from its lower end; a range verified above it is simply verified again later."""
+        if start <= self.unverified_from < end:
+            self.unverified_from = min(end, self.unverified_to)
+        if self.unverified_from >= self.unverified_to:
+            self.unverified_from = self.unverified_to = 0
 
     # ------------------------------------------------------------------ reading
     def header_at(self, position: int) -> BatchHeader:
@@ -207,6 +228,7 @@ class LogSegment:
                 self.max_timestamp_ms = self.time_index.max_timestamp()
                 self.offset_of_max_timestamp = self.base_offset + self.time_index.rel_offsets[-1]
             self._bytes_since_index_entry = self.size_bytes - last_position
+            self.unverified_from, self.unverified_to = 0, self.size_bytes
         except (IndexMismatch, CorruptRecordError) as exc:
             log.warning("rebuilding the indexes of %s: %s", self.log_path, exc)
             truncated, reason = self.recover(on_batch=None)
@@ -220,6 +242,7 @@ class LogSegment:
     ) -> tuple[int, str]:
         """Validate every batch (CRC included), rebuild both indexes, and cut the file at the
         first bad batch. Returns (bytes cut, why)."""
+        self.unverified_from = self.unverified_to = 0
         self.index.rel_offsets, self.index.positions = array("q"), array("q")
         self.time_index.reset()
         self.next_offset = self.base_offset
@@ -284,6 +307,8 @@ class LogSegment:
         removed = self.size_bytes - position
         self.file.truncate(position)
         self.size_bytes = position
+        self.unverified_to = min(self.unverified_to, position)
+        self.mark_verified(position, position)
         self.file.seek(position)
         self.index.truncate_to_position(position)
         self.time_index.truncate_to_offset(offset)

@@ -152,6 +152,41 @@ async def test_a_damaged_leader_refuses_the_range_and_repairs_once_another_repli
         await cluster.stop_all()
 
 
+async def test_a_replica_restarted_over_a_damaged_batch_never_serves_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No scrubber here: the damaged replica becomes leader before any pass could find the
+    flip, and its first read of the bytes it took on trust finds it instead."""
+    caplog.set_level(logging.INFO, "raftlog")
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(
+            tmp_path, nursery, config=cluster_config(log_scrub_bytes_per_s=0)
+        )
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        await produce_values(cluster, 40)
+        await wait_until("replicas in sync", cluster.in_sync)
+        expected = cluster.log_bytes(cluster.leader_id)
+        victim = followers(cluster)[0]
+        await cluster.stop(victim)
+        flip_byte_in_segment(segment_file(tmp_path, victim), 4)  # offsets 12..14
+        manager = await cluster.start(victim)
+        await wait_until("the victim back in sync", cluster.in_sync)
+        # Every other replica is fenced: the damaged one is the only leader left.
+        for broker_id in BROKERS:
+            if broker_id != victim:
+                cluster.heartbeat(broker_id, want_fence=True)
+        assert cluster.leader_id == victim
+        result, data = await read_consumer(manager)
+        assert result.error == ErrorCode.none
+        assert data == expected[: len(data)] and last_offsets(data)[-1] == 11
+        result, _ = await read_consumer(manager, 12)
+        assert result.error == ErrorCode.kafka_storage_error
+        assert manager.unsafe_partitions() != ()  # it reports itself: no more elections
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("a read found a damaged batch at offset 12" in m for m in messages)
+        await cluster.stop_all()
+
+
 async def test_a_follower_whose_disk_is_full_takes_the_partition_offline_and_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,7 +16,13 @@ from raftlog.records import set_offset_and_epoch
 from raftlog.storage import Flusher, LogConfig, LogOfflineError, PartitionLog
 from raftlog.storage import log as log_module
 from raftlog.storage import segment as segment_module
-from raftlog.storage.scrubber import ScrubResult, ScrubSchedule, SegmentExtent, verify_range
+from raftlog.storage.scrubber import (
+    ScrubResult,
+    ScrubSchedule,
+    SegmentExtent,
+    verify_range,
+    verify_read,
+)
 from tests.storage.helpers import batch
 
 SMALL = LogConfig(segment_bytes=2000, index_interval_bytes=200)
@@ -375,3 +381,42 @@ def test_a_truncation_whose_checkpoint_cannot_be_written_takes_the_log_offline(
     # recorded recovery point and keeps the replica from leading until it catches up.
     reopened = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
     assert reopened.log_end_offset == 6 and reopened.unsafe_to_lead
+
+
+def test_reads_of_bytes_taken_on_trust_are_verified_once_and_stop_at_damage(
+    tmp_path: Path,
+) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=60)
+    flip_byte_on_disk(lg, 100)
+    lg.close()
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    # Everything below the recovery point was taken on trust: a read says so.
+    first = lg.read(0, 10_000)
+    assert first.unverified is not None and first.unverified.first_batch_offset == 0
+    outcome = verify_read(first.unverified)
+    assert outcome.damage is None
+    first.unverified.segment.mark_verified(first.unverified.start_position, outcome.position)
+    assert lg.read(0, 10_000).unverified is None  # verified once, served by sendfile after
+    # The damaged batch (99..101) is found before it is served; what precedes it is good.
+    damaged = lg.read(96, 10_000)
+    assert damaged.unverified is not None
+    outcome = verify_read(damaged.unverified)
+    assert outcome.next_offset == 99 and "CRC" in str(outcome.damage)
+    # A log this process wrote, or one recovery scanned, needs no second look.
+    fresh = leader_log(tmp_path / "t-1", batches=10)
+    assert fresh.read(0, 10_000).unverified is None
+
+
+def test_the_scrubber_and_reads_shrink_the_unverified_range_from_below(tmp_path: Path) -> None:
+    lg = leader_log(tmp_path / "t-0", batches=60)
+    lg.close()
+    lg = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    segment = lg.segments[0]
+    size = segment.size_bytes
+    assert (segment.unverified_from, segment.unverified_to) == (0, size)
+    segment.mark_verified(size // 2, size)  # above the range's start: not recorded
+    assert segment.needs_verify(size // 2, size)
+    segment.mark_verified(0, size // 2)
+    assert (segment.unverified_from, segment.unverified_to) == (size // 2, size)
+    segment.mark_verified(size // 2, size)
+    assert not segment.needs_verify(0, size)
