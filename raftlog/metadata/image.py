@@ -21,6 +21,7 @@ from raftlog.config_keys import parse_topic_config
 from raftlog.constants import NO_LEADER
 from raftlog.errors import LocalError
 from raftlog.metadata import records as r
+from raftlog.security.acl import AclBinding, ScramCredential, ScramMechanism
 
 __all__ = [
     "BrokerRegistration",
@@ -35,6 +36,7 @@ __all__ = [
 _EMPTY: Mapping[Any, Any] = MappingProxyType({})
 ConfigResource = tuple[str, str]
 QuotaEntity = tuple[tuple[str, str | None], ...]
+ScramKey = tuple[str, ScramMechanism]  # (user name, mechanism)
 
 
 class MetadataApplyError(LocalError):
@@ -105,6 +107,8 @@ class MetadataDelta:
     producer_ids_changed: bool = False
     controller_changed: bool = False
     features_changed: bool = False
+    acls_changed: bool = False
+    changed_scram_credentials: set[ScramKey] = field(default_factory=set)
 
     @property
     def empty(self) -> bool:
@@ -118,6 +122,8 @@ class MetadataDelta:
             or self.producer_ids_changed
             or self.controller_changed
             or self.features_changed
+            or self.acls_changed
+            or self.changed_scram_credentials
         )
 
     def local_changes(self, broker_id: int) -> LocalChanges:
@@ -183,6 +189,9 @@ class MetadataImage:
     controller_epoch: int = -1
     last_applied_offset: int = -1
     last_applied_epoch: int = -1
+    # ACLs by the id their AccessControlEntry record gave them (Kafka's AclControlManager).
+    acls: Mapping[uuid.UUID, AclBinding] = field(default_factory=lambda: _EMPTY)
+    scram_credentials: Mapping[ScramKey, ScramCredential] = field(default_factory=lambda: _EMPTY)
 
     # ---------------------------------------------------------------- lookups
     @classmethod
@@ -275,6 +284,8 @@ class _Builder:
         self.next_producer_id = image.next_producer_id
         self.controller = (image.controller_id, image.controller_epoch)
         self.delta = MetadataDelta()
+        self.acls = _Cow(image.acls)
+        self.scram = _Cow(image.scram_credentials)
 
     # -------------------------------------------------------------- helpers
     def _broker(self, broker_id: int, what: str) -> BrokerRegistration:
@@ -435,6 +446,31 @@ class _Builder:
         self.features.set(rec.name, rec.level)
         self.delta = replace(self.delta, features_changed=True)
 
+    def access_control_entry(self, rec: r.AccessControlEntry) -> None:
+        if rec.id in self.acls:
+            raise MetadataApplyError(f"AccessControlEntry {rec.id} already exists")
+        self.acls.set(rec.id, rec.binding)
+        self.delta = replace(self.delta, acls_changed=True)
+
+    def remove_access_control_entry(self, rec: r.RemoveAccessControlEntry) -> None:
+        if self.acls.pop(rec.id) is None:
+            raise MetadataApplyError(f"RemoveAccessControlEntry for unknown ACL id {rec.id}")
+        self.delta = replace(self.delta, acls_changed=True)
+
+    def user_scram_credential(self, rec: r.UserScramCredential) -> None:
+        credential = rec.credential
+        key = (rec.name, credential.mechanism)
+        self.scram.set(key, credential)
+        self.delta.changed_scram_credentials.add(key)
+
+    def remove_user_scram_credential(self, rec: r.RemoveUserScramCredential) -> None:
+        key = (rec.name, ScramMechanism(rec.mechanism))
+        if self.scram.pop(key) is None:
+            raise MetadataApplyError(
+                f"RemoveUserScramCredential for {rec.name!r} {key[1].sasl_name}, which has none"
+            )
+        self.delta.changed_scram_credentials.add(key)
+
     # -------------------------------------------------------------- finish
     def finish(self, offset: int, epoch: int | None) -> tuple[MetadataImage, MetadataDelta]:
         old = self.old
@@ -481,6 +517,8 @@ class _Builder:
             last_applied_epoch=epoch
             if epoch is not None
             else max(old.last_applied_epoch, controller_epoch),
+            acls=self.acls.result(),
+            scram_credentials=self.scram.result(),
         )
         return image, self.delta
 
@@ -499,6 +537,10 @@ _HANDLERS: dict[type[r.Record], Any] = {
     r.ProducerIds: _Builder.producer_ids,
     r.LeaderChange: _Builder.leader_change,
     r.FeatureLevel: _Builder.feature_level,
+    r.AccessControlEntry: _Builder.access_control_entry,
+    r.RemoveAccessControlEntry: _Builder.remove_access_control_entry,
+    r.UserScramCredential: _Builder.user_scram_credential,
+    r.RemoveUserScramCredential: _Builder.remove_user_scram_credential,
 }
 
 
@@ -543,4 +585,10 @@ def diff_images(old: MetadataImage, new: MetadataImage) -> MetadataDelta:
         controller_changed=(old.controller_id, old.controller_epoch)
         != (new.controller_id, new.controller_epoch),
         features_changed=dict(old.features) != dict(new.features),
+        acls_changed=dict(old.acls) != dict(new.acls),
+        changed_scram_credentials={
+            key
+            for key in old.scram_credentials.keys() | new.scram_credentials.keys()
+            if old.scram_credentials.get(key) != new.scram_credentials.get(key)
+        },
     )

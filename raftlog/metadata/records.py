@@ -29,9 +29,23 @@ from raftlog.codec import (
     unpack,
 )
 from raftlog.errors import CorruptRecordError
+from raftlog.security.acl import (
+    CONCRETE_OPERATIONS,
+    CONCRETE_PATTERN_TYPES,
+    CONCRETE_PERMISSIONS,
+    CONCRETE_RESOURCE_TYPES,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+    ScramCredential,
+    ScramMechanism,
+)
 
 __all__ = [
     "RECORD_TYPES",
+    "AccessControlEntry",
     "BrokerShutdownBegin",
     "ClientQuota",
     "Config",
@@ -44,9 +58,12 @@ __all__ = [
     "Record",
     "RecordDecodeError",
     "RegisterBroker",
+    "RemoveAccessControlEntry",
     "RemoveTopic",
+    "RemoveUserScramCredential",
     "Topic",
     "UnfenceBroker",
+    "UserScramCredential",
     "decode_entry",
     "decode_record",
     "encode_entry",
@@ -221,6 +238,153 @@ class FeatureLevel(Record):
     level: Annotated[int, Range(0, 2**15 - 1)]
 
 
+# ---------------------------------------------------------------- ACLs and SCRAM (#14)
+# Bounds of what an ACL or a SCRAM credential may hold. The controller refuses more with a
+# Kafka error before it writes a record, and decoding refuses more again: a record past them
+# is damage, never something a client managed to store.
+# Group and transactional ids have no Kafka limit short of the protocol's 32767 bytes; 1024
+# characters covers every real id (and topic names, capped at 249) and bounds memory.
+MAX_ACL_RESOURCE_NAME_CHARS = 1024
+MAX_ACL_PRINCIPAL_CHARS = 512  # "User:" + a user name of up to MAX_SCRAM_USER_NAME_CHARS, etc.
+MAX_ACL_HOST_CHARS = 255  # a host name or an IPv4/IPv6 literal, or "*"
+MAX_SCRAM_USER_NAME_CHARS = 255
+# Kafka's ScramMechanism.minIterations/maxIterations.
+MIN_SCRAM_ITERATIONS = 4096
+MAX_SCRAM_ITERATIONS = 16384
+# Clients generate 16-64 random bytes (Java's ScramFormatter about 26, librdkafka 64); fewer
+# than 16 (128 bits, NIST SP 800-132) is a weak salt, more than 256 is not a salt.
+MIN_SCRAM_SALT_BYTES = 16
+MAX_SCRAM_SALT_BYTES = 256
+# The digest size of each mechanism: a stored key, a server key and a salted password are
+# exactly this long.
+SCRAM_KEY_BYTES = {ScramMechanism.SCRAM_SHA_256: 32, ScramMechanism.SCRAM_SHA_512: 64}
+
+
+def _contiguous(values: frozenset[int]) -> Range:
+    """The Range of a set of enum codes, which must have no gap (else a Range would let a
+    non-concrete code through)."""
+    low, high = min(values), max(values)
+    assert set(range(low, high + 1)) == set(values), f"codes {sorted(values)} have a gap"
+    return Range(low, high)
+
+
+AclResourceTypeCode = Annotated[int, _contiguous(frozenset(CONCRETE_RESOURCE_TYPES))]
+AclPatternTypeCode = Annotated[int, _contiguous(frozenset(CONCRETE_PATTERN_TYPES))]
+AclOperationCode = Annotated[int, _contiguous(frozenset(CONCRETE_OPERATIONS))]
+AclPermissionCode = Annotated[int, _contiguous(frozenset(CONCRETE_PERMISSIONS))]
+ScramMechanismCode = Annotated[int, _contiguous(frozenset(SCRAM_KEY_BYTES))]
+ScramUserName = Annotated[str, MaxLen(MAX_SCRAM_USER_NAME_CHARS)]
+
+
+@dataclass(frozen=True, slots=True)
+class AccessControlEntry(Record):
+    """An ACL was created (Kafka's AccessControlEntryRecord). The enum fields hold their Kafka
+    codes, bounded at decode to the values a stored binding may have (no ANY, MATCH or
+    UNKNOWN); `binding` gives the typed AclBinding."""
+
+    TYPE_ID: ClassVar[int] = 14
+    id: uuid.UUID
+    resource_type: AclResourceTypeCode
+    resource_name: Annotated[str, MaxLen(MAX_ACL_RESOURCE_NAME_CHARS)]
+    pattern_type: AclPatternTypeCode
+    principal: Annotated[str, MaxLen(MAX_ACL_PRINCIPAL_CHARS)]
+    host: Annotated[str, MaxLen(MAX_ACL_HOST_CHARS)]
+    operation: AclOperationCode
+    permission: AclPermissionCode
+
+    @classmethod
+    def of(cls, acl_id: uuid.UUID, binding: AclBinding) -> AccessControlEntry:
+        return cls(
+            acl_id,
+            int(binding.resource_type),
+            binding.resource_name,
+            int(binding.pattern_type),
+            binding.principal,
+            binding.host,
+            int(binding.operation),
+            int(binding.permission),
+        )
+
+    @property
+    def binding(self) -> AclBinding:
+        return AclBinding(
+            ResourceType(self.resource_type),
+            self.resource_name,
+            PatternType(self.pattern_type),
+            self.principal,
+            self.host,
+            AclOperation(self.operation),
+            AclPermissionType(self.permission),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveAccessControlEntry(Record):
+    """The ACL with this id was deleted (Kafka's RemoveAccessControlEntryRecord)."""
+
+    TYPE_ID: ClassVar[int] = 15
+    id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredential(Record):
+    """A user's SCRAM credential for one mechanism was set (Kafka's UserScramCredentialRecord):
+    what RFC 5802 has the server keep, never the password."""
+
+    TYPE_ID: ClassVar[int] = 16
+    name: ScramUserName
+    mechanism: ScramMechanismCode
+    salt: Annotated[bytes, MaxLen(MAX_SCRAM_SALT_BYTES)]
+    stored_key: Annotated[bytes, MaxLen(max(SCRAM_KEY_BYTES.values()))]
+    server_key: Annotated[bytes, MaxLen(max(SCRAM_KEY_BYTES.values()))]
+    iterations: Annotated[int, Range(MIN_SCRAM_ITERATIONS, MAX_SCRAM_ITERATIONS)]
+
+    def __post_init__(self) -> None:
+        # What the annotations cannot say: the key lengths depend on the mechanism. Raised
+        # as a DecodeError, decoding reports it as a damaged record.
+        want = SCRAM_KEY_BYTES[ScramMechanism(self.mechanism)]
+        if len(self.stored_key) != want or len(self.server_key) != want:
+            raise DecodeError(
+                f"UserScramCredential keys of {len(self.stored_key)} and "
+                f"{len(self.server_key)} bytes; {ScramMechanism(self.mechanism).sasl_name} "
+                f"keys are {want} bytes"
+            )
+        if len(self.salt) < MIN_SCRAM_SALT_BYTES:
+            raise DecodeError(
+                f"UserScramCredential salt of {len(self.salt)} bytes, under {MIN_SCRAM_SALT_BYTES}"
+            )
+
+    @classmethod
+    def of(cls, name: str, credential: ScramCredential) -> UserScramCredential:
+        return cls(
+            name,
+            int(credential.mechanism),
+            credential.salt,
+            credential.stored_key,
+            credential.server_key,
+            credential.iterations,
+        )
+
+    @property
+    def credential(self) -> ScramCredential:
+        return ScramCredential(
+            ScramMechanism(self.mechanism),
+            self.salt,
+            self.stored_key,
+            self.server_key,
+            self.iterations,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveUserScramCredential(Record):
+    """The user's credential for this mechanism was deleted."""
+
+    TYPE_ID: ClassVar[int] = 17
+    name: ScramUserName
+    mechanism: ScramMechanismCode
+
+
 RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
     (cls.TYPE_ID, cls.VERSION): cls
     for cls in (
@@ -237,6 +401,10 @@ RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
         ProducerIds,
         LeaderChange,
         FeatureLevel,
+        AccessControlEntry,
+        RemoveAccessControlEntry,
+        UserScramCredential,
+        RemoveUserScramCredential,
     )
 }
 
@@ -255,6 +423,10 @@ AnyRecord = (
     | ProducerIds
     | LeaderChange
     | FeatureLevel
+    | AccessControlEntry
+    | RemoveAccessControlEntry
+    | UserScramCredential
+    | RemoveUserScramCredential
 )
 CODEC = Codec()
 

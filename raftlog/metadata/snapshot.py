@@ -100,6 +100,10 @@ def image_records(image: MetadataImage) -> list[r.Record]:
             out.append(r.ClientQuota(entity, key, quota))
     if image.next_producer_id:
         out.append(r.ProducerIds(-1, -1, image.next_producer_id))
+    for acl_id, binding in sorted(image.acls.items(), key=lambda kv: kv[0].int):
+        out.append(r.AccessControlEntry.of(acl_id, binding))
+    for (user, _mechanism), credential in sorted(image.scram_credentials.items()):
+        out.append(r.UserScramCredential.of(user, credential))
     return out
 
 

@@ -48,6 +48,31 @@ RECORDS = st.one_of(
     st.builds(r.ProducerIds, small, offsets, producer_ids),
     st.builds(r.LeaderChange, small, small),
     st.builds(r.FeatureLevel, text, levels),
+    # ACLs and SCRAM credentials: their own bounds are tested in tests/metadata/test_acls_records.py
+    st.builds(
+        r.AccessControlEntry,
+        uuids,
+        st.integers(2, 5),
+        text.filter(bool),
+        st.integers(3, 4),
+        text,
+        text,
+        st.integers(2, 14),
+        st.integers(2, 3),
+    ),
+    st.builds(r.RemoveAccessControlEntry, uuids),
+    st.sampled_from([(1, 32), (2, 64)]).flatmap(
+        lambda mechanism_size: st.builds(
+            r.UserScramCredential,
+            text,
+            st.just(mechanism_size[0]),
+            st.binary(min_size=16, max_size=64),
+            st.binary(min_size=mechanism_size[1], max_size=mechanism_size[1]),
+            st.binary(min_size=mechanism_size[1], max_size=mechanism_size[1]),
+            st.integers(4096, 16384),
+        )
+    ),
+    st.builds(r.RemoveUserScramCredential, text, st.sampled_from([1, 2])),
 )
 
 
@@ -75,6 +100,10 @@ def test_every_record_type_is_covered_by_the_strategy():
         "ProducerIds",
         "LeaderChange",
         "FeatureLevel",
+        "AccessControlEntry",
+        "RemoveAccessControlEntry",
+        "UserScramCredential",
+        "RemoveUserScramCredential",
     }
 
 
