@@ -30,6 +30,7 @@ from raftlog.codec import (
 )
 from raftlog.errors import ErrorCode
 from raftlog.metadata.records import Record
+from raftlog.security.acl import AclBinding, AclBindingFilter
 
 NONE = ErrorCode.none
 QuotaEntity = tuple[tuple[str, str | None], ...]
@@ -287,6 +288,91 @@ class AlterClientQuotasReply:
     results: tuple[QuotaEntryResult, ...]
 
 
+# ---------------------------------------------------------------- ACLs and SCRAM (#14)
+# Bound what one request can make the controller write or hold, beyond the frame size.
+MAX_ACLS_PER_REQUEST = 10_000
+MAX_SCRAM_ALTERATIONS_PER_REQUEST = 10_000
+Int8 = Annotated[int, Range(-128, 127)]  # what a Kafka client may send as INT8
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAcls:
+    """Kafka's CreateAcls; enum codes a client sent that Kafka does not know arrive as the
+    enum's UNKNOWN member, which validation refuses."""
+
+    creations: Annotated[tuple[AclBinding, ...], MaxLen(MAX_ACLS_PER_REQUEST)]
+
+
+@dataclass(frozen=True, slots=True)
+class AclCreationResult:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateAclsReply:
+    results: tuple[AclCreationResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAcls:
+    filters: Annotated[tuple[AclBindingFilter, ...], MaxLen(MAX_ACLS_PER_REQUEST)]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsFilterResult:
+    """What one filter matched (and so deleted); an ACL two filters match is in both."""
+
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+    matching: tuple[AclBinding, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteAclsReply:
+    results: tuple[DeleteAclsFilterResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialDeletion:
+    name: str
+    mechanism: Int8  # ScramMechanism's code; others get UNSUPPORTED_SASL_MECHANISM
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialUpsertion:
+    """KIP-554: the client salts and hashes the password; the controller derives the stored
+    and server keys from the salted password and keeps only those."""
+
+    name: str
+    mechanism: Int8
+    iterations: Int32
+    salt: bytes
+    salted_password: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentials:
+    deletions: Annotated[
+        tuple[ScramCredentialDeletion, ...], MaxLen(MAX_SCRAM_ALTERATIONS_PER_REQUEST)
+    ] = ()
+    upsertions: Annotated[
+        tuple[ScramCredentialUpsertion, ...], MaxLen(MAX_SCRAM_ALTERATIONS_PER_REQUEST)
+    ] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScramUserResult:
+    user: str
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterUserScramCredentialsReply:
+    results: tuple[ScramUserResult, ...]
+
+
 ControllerRequest = (
     RegisterBroker
     | BrokerHeartbeat
@@ -298,6 +384,9 @@ ControllerRequest = (
     | AlterConfigs
     | IncrementalAlterConfigs
     | AlterClientQuotas
+    | CreateAcls
+    | DeleteAcls
+    | AlterUserScramCredentials
 )
 ControllerReply = (
     RegisterBrokerReply
@@ -309,6 +398,9 @@ ControllerReply = (
     | AlterPartitionReply
     | AlterConfigsReply
     | AlterClientQuotasReply
+    | CreateAclsReply
+    | DeleteAclsReply
+    | AlterUserScramCredentialsReply
 )
 # Every class above without a layout of its own travels as a named extension.
 CODEC = Codec(error_code_ext=True, default_layout=NamedExt(CONTROLLER_EXT))
