@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,23 @@ HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 
 ROLES = ("controller", "broker")
+# Kafka's security protocols; a listener's protocol comes from listener_security_protocol_map.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+INTERNAL_SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+SSL_CLIENT_AUTH = ("none", "requested", "required")
+# The SASL mechanisms raftlog implements (raftlog.security.sasl); GSSAPI and OAUTHBEARER are not.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# authorizer_class_name values that turn on the ACL authorizer (Kafka's KRaft one, by its
+# short or full class name, so a Kafka server.properties carries over).
+STANDARD_AUTHORIZER_NAMES = (
+    "StandardAuthorizer",
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+)
+# The listener a config without `listeners` has: the one at client_listener.
+DEFAULT_LISTENER_NAME = "PLAINTEXT"
+_LISTENER_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 FLUSH_POLICIES = ("always", "interval")
 CLEANUP_POLICIES = ("delete", "compact")
 
@@ -66,6 +84,87 @@ def parse_voters(value: str) -> dict[int, tuple[str, int]]:
     return voters
 
 
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """One named Kafka listener: where it binds (or is advertised) and its security protocol."""
+
+    name: str
+    host: str
+    port: int
+    security_protocol: str
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in TLS_PROTOCOLS
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol in SASL_PROTOCOLS
+
+
+def parse_protocol_map(value: str) -> dict[str, str]:
+    """Parse listener_security_protocol_map: "NAME:PROTOCOL,..." (names upper-cased)."""
+    mapping: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, protocol = item.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or not _LISTENER_NAME.fullmatch(name):
+            raise ConfigError(
+                f"listener_security_protocol_map: expected NAME:PROTOCOL entries, got {item!r}"
+            )
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"listener_security_protocol_map: {name} maps to unknown security protocol "
+                f"{protocol!r}; known: {', '.join(SECURITY_PROTOCOLS)}"
+            )
+        if name in mapping:
+            raise ConfigError(f"listener_security_protocol_map: {name} is listed twice")
+        mapping[name] = protocol
+    return mapping
+
+
+def parse_listeners(value: str, what: str) -> list[tuple[str, str, int]]:
+    """Parse Kafka's listener list "NAME://HOST:PORT,..." into (NAME, host, port); an empty
+    host ("PLAINTEXT://:9092") means every interface, as in Kafka."""
+    out: list[tuple[str, str, int]] = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, address = item.partition("://")
+        name = name.strip().upper()
+        if not sep or not _LISTENER_NAME.fullmatch(name):
+            raise ConfigError(f"{what}: expected NAME://HOST:PORT entries, got {item!r}")
+        if address.startswith(":"):
+            address = "0.0.0.0" + address
+        host, port = parse_host_port(address, f"{what}[{name}]")
+        if any(name == seen for seen, _, _ in out):
+            raise ConfigError(f"{what}: listener name {name} is used twice")
+        out.append((name, host, port))
+    return out
+
+
+def parse_sasl_mechanisms(value: str) -> tuple[str, ...]:
+    mechanisms = tuple(m.strip().upper() for m in value.split(",") if m.strip())
+    for mechanism in mechanisms:
+        if mechanism not in SASL_MECHANISMS:
+            raise ConfigError(
+                f"sasl_enabled_mechanisms: {mechanism!r} is not supported; "
+                f"supported: {', '.join(SASL_MECHANISMS)}"
+            )
+    return mechanisms
+
+
+def parse_super_users(value: str) -> frozenset[str]:
+    """Kafka's super.users: "User:alice;User:bob" (principal type and name, ';'-separated)."""
+    users = set()
+    for item in filter(None, (part.strip() for part in value.split(";"))):
+        kind, sep, name = item.partition(":")
+        if not sep or not kind.strip() or not name.strip():
+            raise ConfigError(
+                f"super_users: expected TYPE:NAME entries like User:alice, got {item!r}"
+            )
+        users.add(f"{kind.strip()}:{name.strip()}")
+    return frozenset(users)
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     # -- identity and layout
@@ -99,6 +198,85 @@ class NodeConfig:
         "HOST:PORT other nodes are told to use for the internal listener (broker "
         "registration, observer replies); empty means internal_listener. Set it when "
         "internal_listener binds 0.0.0.0.",
+    )
+    listeners: str = _key(
+        "",
+        "Kafka listeners as NAME://HOST:PORT,... (Kafka's listeners; an empty host binds every "
+        "interface); each name's security protocol comes from listener_security_protocol_map. "
+        "Empty means one PLAINTEXT listener at client_listener.",
+    )
+    advertised_listeners: str = _key(
+        "",
+        "NAME://HOST:PORT,... clients are told to use, per listener name; a listener not "
+        "named here is advertised at its bind address. Metadata answers a client with the "
+        "endpoints of the listener its request came in on.",
+    )
+    listener_security_protocol_map: str = _key(
+        "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+        "Listener name -> security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) as "
+        "NAME:PROTOCOL,...; Kafka's default map.",
+    )
+    internal_security_protocol: str = _key(
+        "PLAINTEXT",
+        "Security of the internal listener and of this node's connections to other nodes: "
+        "PLAINTEXT, or SSL = mutual TLS with the ssl_* certificate, key and CA. Under SSL a "
+        "node certificate's subject CN must be node-<node id> (e.g. CN=node-2): a peer speaks "
+        "only for the node its certificate names.",
+        choices=INTERNAL_SECURITY_PROTOCOLS,
+    )
+    # -- TLS (PEM files: librdkafka's names, since Kafka's JKS/PKCS12 keystores are Java's)
+    ssl_certificate_location: str = _key(
+        "",
+        "PEM certificate (chain) this node presents on SSL/SASL_SSL listeners and, with "
+        "internal_security_protocol = SSL, to other nodes (librdkafka's name; Kafka's "
+        "keystores are Java-only).",
+    )
+    ssl_key_location: str = _key("", "PEM private key of ssl_certificate_location.")
+    ssl_key_password: str = _key(
+        "", "Password of an encrypted ssl_key_location (empty: the key is not encrypted)."
+    )
+    ssl_ca_location: str = _key(
+        "",
+        "PEM CA certificate(s) that client and node certificates must chain to (empty: "
+        "the system's default CAs for clients; required for internal mutual TLS).",
+    )
+    ssl_client_auth: str = _key(
+        "none",
+        "Client certificates on SSL listeners: 'none', 'requested' (checked if sent) or "
+        "'required'. A verified certificate gives the connection its principal.",
+        choices=SSL_CLIENT_AUTH,
+    )
+    ssl_principal_mapping_rules: str = _key(
+        "DEFAULT",
+        "Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU],...,DEFAULT "
+        "mapping a client certificate's distinguished name to a user name.",
+    )
+    # -- SASL
+    sasl_enabled_mechanisms: str = _key(
+        "SCRAM-SHA-256,SCRAM-SHA-512",
+        "SASL mechanisms offered on SASL_PLAINTEXT/SASL_SSL listeners, comma-separated: "
+        "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512. Kafka's default GSSAPI is not implemented; "
+        "PLAIN sends the password itself, so it is left out unless asked for (use it under "
+        "SASL_SSL only).",
+    )
+    connections_max_reauth_ms: int = _key(
+        0,
+        "KIP-368: a SASL session lasts at most this long; the client must re-authenticate "
+        "(as the same principal) before it ends or its connection is closed. 0: no limit.",
+        lo=0,
+        hi=2**62,
+    )
+    # -- authorization
+    authorizer_class_name: str = _key(
+        "",
+        "'' (no authorization) or StandardAuthorizer (also accepted by Kafka's full name "
+        "org.apache.kafka.metadata.authorizer.StandardAuthorizer): ACLs decide every request.",
+    )
+    super_users: str = _key(
+        "", "Principals every ACL check allows, as Kafka's super.users: User:alice;User:bob."
+    )
+    allow_everyone_if_no_acl_found: bool = _key(
+        False, "With the authorizer on: allow access to a resource no ACL matches."
     )
     controller_quorum_voters: str = _key(
         "1@127.0.0.1:19092",
@@ -298,6 +476,71 @@ class NodeConfig:
         return parse_host_port(value, "advertised_internal_listener")
 
     @property
+    def protocol_map(self) -> dict[str, str]:
+        return parse_protocol_map(self.listener_security_protocol_map)
+
+    @property
+    def client_listeners(self) -> tuple[Listener, ...]:
+        """The Kafka listeners to bind, in configured order."""
+        if not self.listeners.strip():
+            host, port = self.client_address
+            return (Listener(DEFAULT_LISTENER_NAME, host, port, "PLAINTEXT"),)
+        protocols = self.protocol_map
+        out = []
+        for name, host, port in parse_listeners(self.listeners, "listeners"):
+            if name not in protocols:
+                raise ConfigError(
+                    f"listeners: {name} has no entry in listener_security_protocol_map "
+                    f"({self.listener_security_protocol_map!r})"
+                )
+            out.append(Listener(name, host, port, protocols[name]))
+        return tuple(out)
+
+    @property
+    def advertised_client_listeners(self) -> tuple[Listener, ...]:
+        """What clients are told, one per bound listener, same names and order."""
+        bound = self.client_listeners
+        if not self.listeners.strip():
+            host, port = self.advertised_client_address
+            advertised = {DEFAULT_LISTENER_NAME: (host, port)}
+        else:
+            advertised = {b.name: (b.host, b.port) for b in bound}
+        names = {b.name for b in bound}
+        for name, host, port in parse_listeners(self.advertised_listeners, "advertised_listeners"):
+            if name not in names:
+                raise ConfigError(
+                    f"advertised_listeners: {name} is not one of the listeners "
+                    f"({', '.join(sorted(names))})"
+                )
+            advertised[name] = (host, port)
+        out = []
+        for b in bound:
+            host, port = advertised[b.name]
+            if host in ("0.0.0.0", "::", ""):
+                raise ConfigError(
+                    f"listener {b.name} binds every interface ({host}); name the address "
+                    f"clients should use in advertised_listeners"
+                )
+            out.append(Listener(b.name, host, port, b.security_protocol))
+        return tuple(out)
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return parse_sasl_mechanisms(self.sasl_enabled_mechanisms)
+
+    @property
+    def internal_tls(self) -> bool:
+        return self.internal_security_protocol == "SSL"
+
+    @property
+    def authorizer_enabled(self) -> bool:
+        return self.authorizer_class_name in STANDARD_AUTHORIZER_NAMES
+
+    @property
+    def super_user_principals(self) -> frozenset[str]:
+        return parse_super_users(self.super_users)
+
+    @property
     def voters(self) -> dict[int, tuple[str, int]]:
         return parse_voters(self.controller_quorum_voters)
 
@@ -366,6 +609,75 @@ class NodeConfig:
             raise ConfigError(
                 f"{source}: broker_heartbeat_interval_ms must be below broker_session_timeout_ms"
             )
+        try:
+            self._validate_security()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    def _validate_security(self) -> None:
+        """Listeners, TLS files, SASL mechanisms and the authorizer keys, checked together."""
+        self.protocol_map  # noqa: B018 - parse for the error
+        if self.advertised_listeners.strip() and not self.listeners.strip():
+            for name, _, _ in parse_listeners(self.advertised_listeners, "advertised_listeners"):
+                if name != DEFAULT_LISTENER_NAME:
+                    raise ConfigError(
+                        f"advertised_listeners names {name}, but listeners is empty (one "
+                        f"{DEFAULT_LISTENER_NAME} listener at client_listener)"
+                    )
+        listeners = self.client_listeners if self.is_broker else ()
+        if self.is_broker:
+            self.advertised_client_listeners  # noqa: B018 - parse for the error
+        # Port 0 (pick a free port) may repeat; a fixed port bound twice fails at start-up,
+        # so say which keys collide now.
+        taken: dict[tuple[str, int], str] = {}
+        internal_host, internal_port = self.internal_address
+        for what, host, port in [
+            ("internal_listener", internal_host, internal_port),
+            *((f"listener {b.name}", b.host, b.port) for b in listeners),
+        ]:
+            if port == 0:
+                continue
+            for (other_host, other_port), other in taken.items():
+                wildcard = "0.0.0.0" in (host, other_host) or "::" in (host, other_host)
+                if other_port == port and (other_host == host or wildcard):
+                    raise ConfigError(f"{what} and {other} both use port {port}")
+            taken[(host, port)] = what
+        mechanisms = self.sasl_mechanisms
+        for b in listeners:
+            if b.sasl and not mechanisms:
+                raise ConfigError(
+                    f"listener {b.name} is {b.security_protocol} but sasl_enabled_mechanisms "
+                    f"is empty"
+                )
+        tls_users = [f"listener {b.name} ({b.security_protocol})" for b in listeners if b.tls]
+        if self.internal_tls:
+            tls_users.append("internal_security_protocol = SSL")
+        if tls_users:
+            for key in ("ssl_certificate_location", "ssl_key_location"):
+                if not getattr(self, key):
+                    raise ConfigError(f"{tls_users[0]} needs {key} (a PEM file)")
+        needs_ca = self.internal_tls or (tls_users and self.ssl_client_auth != "none")
+        if needs_ca and not self.ssl_ca_location:
+            why = (
+                "internal_security_protocol = SSL (mutual TLS between nodes)"
+                if self.internal_tls
+                else f"ssl_client_auth = {self.ssl_client_auth}"
+            )
+            raise ConfigError(f"{why} needs ssl_ca_location (PEM CA certificates)")
+        if tls_users:
+            for key in ("ssl_certificate_location", "ssl_key_location", "ssl_ca_location"):
+                location = getattr(self, key)
+                if location and not Path(location).is_file():
+                    raise ConfigError(f"{key}: {location!r} is not a readable file")
+        rules = self.ssl_principal_mapping_rules.strip()
+        if not rules:
+            raise ConfigError("ssl_principal_mapping_rules is empty (Kafka's default: DEFAULT)")
+        if self.authorizer_class_name and not self.authorizer_enabled:
+            raise ConfigError(
+                f"authorizer_class_name: {self.authorizer_class_name!r} is unknown; use '' "
+                f"or {' / '.join(STANDARD_AUTHORIZER_NAMES)}"
+            )
+        self.super_user_principals  # noqa: B018 - parse for the error
 
     def to_toml(self) -> str:
         """Render as TOML (used by `raftlog cluster up` to write node configs)."""

@@ -82,3 +82,134 @@ def test_queued_max_request_bytes_must_hold_the_largest_frame():
         {"socket_request_max_bytes": 1024 * 1024, "queued_max_request_bytes": 65 * 1024 * 1024}
     )
     assert config.queued_max_request_bytes == 65 * 1024 * 1024
+
+
+# ---------------------------------------------------------------- listeners and security
+def _pem_files(tmp_path):
+    paths = {}
+    for key in ("ssl_certificate_location", "ssl_key_location", "ssl_ca_location"):
+        path = tmp_path / f"{key}.pem"
+        path.write_text("placeholder: validate checks presence, tls.py checks content\n")
+        paths[key] = str(path)
+    return paths
+
+
+def test_no_listeners_means_one_plaintext_listener_at_client_listener():
+    config = NodeConfig.from_dict(
+        {"client_listener": "127.0.0.1:9500", "advertised_client_listener": "kafka1:9500"}
+    )
+    (bound,) = config.client_listeners
+    assert (bound.name, bound.host, bound.port, bound.security_protocol) == (
+        "PLAINTEXT",
+        "127.0.0.1",
+        9500,
+        "PLAINTEXT",
+    )
+    (advertised,) = config.advertised_client_listeners
+    assert (advertised.host, advertised.port) == ("kafka1", 9500)
+    assert not config.internal_tls and not config.authorizer_enabled
+
+
+def test_named_listeners_take_protocols_from_the_map(tmp_path):
+    config = NodeConfig.from_dict(
+        {
+            "listeners": "PLAINTEXT://127.0.0.1:9092,secure://127.0.0.1:9093,"
+            "SASL_SSL://0.0.0.0:9094",
+            "advertised_listeners": "SASL_SSL://kafka1.example:9094",
+            "listener_security_protocol_map": "PLAINTEXT:PLAINTEXT,SECURE:SSL,SASL_SSL:SASL_SSL",
+            **_pem_files(tmp_path),
+        }
+    )
+    assert [(b.name, b.port, b.security_protocol) for b in config.client_listeners] == [
+        ("PLAINTEXT", 9092, "PLAINTEXT"),
+        ("SECURE", 9093, "SSL"),
+        ("SASL_SSL", 9094, "SASL_SSL"),
+    ]
+    assert [(b.host, b.port) for b in config.advertised_client_listeners] == [
+        ("127.0.0.1", 9092),
+        ("127.0.0.1", 9093),
+        ("kafka1.example", 9094),
+    ]
+    assert config.sasl_mechanisms == ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def test_authorizer_keys():
+    for name in ("StandardAuthorizer", "org.apache.kafka.metadata.authorizer.StandardAuthorizer"):
+        config = NodeConfig.from_dict(
+            {"authorizer_class_name": name, "super_users": "User:admin; User:ops"}
+        )
+        assert config.authorizer_enabled
+        assert config.super_user_principals == {"User:admin", "User:ops"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"listeners": "PLAINTEXT:9092"}, "listeners: expected NAME://HOST:PORT"),
+        ({"listeners": "EXTERNAL://127.0.0.1:9092"}, "EXTERNAL has no entry in"),
+        (
+            {"listeners": "PLAINTEXT://127.0.0.1:9092,PLAINTEXT://127.0.0.1:9093"},
+            "listener name PLAINTEXT is used twice",
+        ),
+        (
+            {"listeners": "PLAINTEXT://127.0.0.1:9092,SASL_PLAINTEXT://127.0.0.1:9092"},
+            "both use port 9092",
+        ),
+        (
+            {"listeners": "PLAINTEXT://127.0.0.1:19092"},
+            "listener PLAINTEXT and internal_listener both use port 19092",
+        ),
+        (
+            {"listener_security_protocol_map": "PLAINTEXT:KERBEROS"},
+            "unknown security protocol 'KERBEROS'",
+        ),
+        (
+            {"listeners": "PLAINTEXT://0.0.0.0:9092"},
+            "name the address clients should use in advertised_listeners",
+        ),
+        (
+            {"listeners": "PLAINTEXT://127.0.0.1:9092", "advertised_listeners": "SSL://a:1"},
+            "advertised_listeners: SSL is not one of the listeners",
+        ),
+        ({"advertised_listeners": "SSL://a:1"}, "but listeners is empty"),
+        ({"listeners": "SSL://127.0.0.1:9093"}, "SSL) needs ssl_certificate_location"),
+        ({"internal_security_protocol": "SSL"}, "needs ssl_certificate_location"),
+        ({"internal_security_protocol": "SASL_SSL"}, "internal_security_protocol must be one"),
+        (
+            {"listeners": "SASL_PLAINTEXT://127.0.0.1:9093", "sasl_enabled_mechanisms": ""},
+            "SASL_PLAINTEXT but sasl_enabled_mechanisms is empty",
+        ),
+        ({"sasl_enabled_mechanisms": "GSSAPI"}, "'GSSAPI' is not supported"),
+        ({"ssl_client_auth": "maybe"}, "ssl_client_auth must be one of"),
+        ({"ssl_principal_mapping_rules": " "}, "ssl_principal_mapping_rules is empty"),
+        ({"authorizer_class_name": "AclAuthorizer"}, "'AclAuthorizer' is unknown"),
+        ({"super_users": "admin"}, "super_users: expected TYPE:NAME"),
+        ({"connections_max_reauth_ms": -1}, "below the minimum 0"),
+    ],
+)
+def test_bad_security_values_are_refused_clearly(values, message):
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_dict(values)
+    assert message in str(info.value)
+
+
+def test_tls_files_must_exist_and_mutual_tls_needs_a_ca(tmp_path):
+    files = _pem_files(tmp_path)
+    with pytest.raises(ConfigError, match=r"ssl_key_location: .* is not a readable file"):
+        NodeConfig.from_dict(
+            {
+                "listeners": "SSL://127.0.0.1:9093",
+                **files,
+                "ssl_key_location": str(tmp_path / "absent.pem"),
+            }
+        )
+    without_ca = {k: v for k, v in files.items() if k != "ssl_ca_location"}
+    with pytest.raises(ConfigError, match=r"mutual TLS between nodes.*needs ssl_ca_location"):
+        NodeConfig.from_dict({"internal_security_protocol": "SSL", **without_ca})
+    with pytest.raises(ConfigError, match="ssl_client_auth = required needs ssl_ca_location"):
+        NodeConfig.from_dict(
+            {"listeners": "SSL://127.0.0.1:9093", "ssl_client_auth": "required", **without_ca}
+        )
+    # A server-only SSL listener needs no CA.
+    NodeConfig.from_dict({"listeners": "SSL://127.0.0.1:9093", **without_ca})
+    assert NodeConfig.from_dict({"internal_security_protocol": "SSL", **files}).internal_tls
