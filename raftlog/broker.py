@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 import trio
@@ -22,11 +23,14 @@ from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.acls import check_filter
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.controller.messages import CONFIG_OPS
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.backend import (
+    AclCreateResult,
+    AclDeleteResult,
     AlterConfigOp,
     BrokerInfo,
     ConfigResourceType,
@@ -41,9 +45,12 @@ from raftlog.net.kafka.backend import (
     QuotaEntity,
     QuotaFilter,
     ReplicaState,
+    ScramAlterResult,
+    ScramUserDescription,
     TopicInfo,
 )
 from raftlog.replication.manager import ReplicaManager
+from raftlog.security.acl import AclBinding, AclBindingFilter, ScramCredential, ScramMechanism
 
 log = logging.getLogger("raftlog.broker")
 
@@ -392,6 +399,108 @@ class BrokerBackend:
                 start = reply.producer_id_start
                 self._producer_ids = list(range(start + reply.producer_id_len - 1, start - 1, -1))
             return self._producer_ids.pop()
+
+    # ---------------------------------------------------------------- ACLs and SCRAM
+    async def _await_caught_up(self) -> None:
+        """Wait (bounded) until this broker's image holds everything committed so far, so a
+        client that changed ACLs or credentials here reads its change back here."""
+        quorum = self.metadata.quorum
+        if quorum is not None:
+            high_watermark = quorum.high_watermark
+            await self._await_image(
+                lambda image: image.last_applied_offset + 1 >= high_watermark,
+                self.config.request_timeout_ms,
+            )
+
+    async def create_acls(self, creations: Sequence[AclBinding]) -> Sequence[AclCreateResult]:
+        if not creations:
+            return []
+        if len(creations) > cm.MAX_ACLS_PER_REQUEST:
+            raise KafkaError(
+                ErrorCode.invalid_request, f"over {cm.MAX_ACLS_PER_REQUEST} ACLs in one request"
+            )
+        reply: cm.CreateAclsReply = await self._call(cm.CreateAcls(tuple(creations)), 0)
+        if any(r.error_code == ErrorCode.none for r in reply.results):
+            await self._await_caught_up()
+        return [AclCreateResult(r.error_code, r.error_message) for r in reply.results]
+
+    async def describe_acls(self, acl_filter: AclBindingFilter) -> Sequence[AclBinding]:
+        message = check_filter(acl_filter)
+        if message is not None:
+            raise KafkaError(ErrorCode.invalid_request, message)
+        return [b for b in self.image.acls.values() if acl_filter.matches(b)]
+
+    async def delete_acls(self, filters: Sequence[AclBindingFilter]) -> Sequence[AclDeleteResult]:
+        if not filters:
+            return []
+        if len(filters) > cm.MAX_ACLS_PER_REQUEST:
+            raise KafkaError(
+                ErrorCode.invalid_request, f"over {cm.MAX_ACLS_PER_REQUEST} filters in one request"
+            )
+        reply: cm.DeleteAclsReply = await self._call(cm.DeleteAcls(tuple(filters)), 0)
+        if any(r.matching for r in reply.results):
+            await self._await_caught_up()
+        return [AclDeleteResult(r.error_code, r.error_message, r.matching) for r in reply.results]
+
+    async def describe_user_scram_credentials(
+        self, users: Sequence[str] | None
+    ) -> Sequence[ScramUserDescription]:
+        return scram_descriptions(self.image, users)
+
+    async def alter_user_scram_credentials(
+        self,
+        deletions: Sequence[cm.ScramCredentialDeletion],
+        upsertions: Sequence[cm.ScramCredentialUpsertion],
+    ) -> Sequence[ScramAlterResult]:
+        if not deletions and not upsertions:
+            return []
+        limit = cm.MAX_SCRAM_ALTERATIONS_PER_REQUEST
+        if len(deletions) > limit or len(upsertions) > limit:
+            raise KafkaError(ErrorCode.invalid_request, f"over {limit} alterations in one request")
+        request = cm.AlterUserScramCredentials(tuple(deletions), tuple(upsertions))
+        reply: cm.AlterUserScramCredentialsReply = await self._call(request, 0)
+        if any(r.error_code == ErrorCode.none for r in reply.results):
+            await self._await_caught_up()
+        return [ScramAlterResult(r.user, r.error_code, r.error_message) for r in reply.results]
+
+    def scram_credential(self, user: str, mechanism: ScramMechanism) -> ScramCredential | None:
+        return self.image.scram_credentials.get((user, mechanism))
+
+    def acl_bindings(self) -> Collection[AclBinding]:
+        # A view of the image's read-only map, which is never changed in place: a snapshot.
+        return self.image.acls.values()
+
+
+def scram_descriptions(
+    image: MetadataImage, users: Sequence[str] | None
+) -> list[ScramUserDescription]:
+    """DescribeUserScramCredentials from an image (KIP-554): every user when `users` is None
+    or empty; otherwise one result per distinct name, in request order."""
+    by_user: dict[str, list[tuple[ScramMechanism, int]]] = {}
+    for (user, mechanism), credential in sorted(image.scram_credentials.items()):
+        by_user.setdefault(user, []).append((mechanism, credential.iterations))
+    if not users:
+        return [ScramUserDescription(u, credentials=tuple(c)) for u, c in sorted(by_user.items())]
+    counts = Counter(users)
+    out = []
+    for user in dict.fromkeys(users):
+        if counts[user] > 1:
+            out.append(
+                ScramUserDescription(
+                    user,
+                    ErrorCode.duplicate_resource,
+                    "cannot describe the same user twice in one request",
+                )
+            )
+        elif user not in by_user:
+            out.append(
+                ScramUserDescription(
+                    user, ErrorCode.resource_not_found, "the user has no SCRAM credentials"
+                )
+            )
+        else:
+            out.append(ScramUserDescription(user, credentials=tuple(by_user[user])))
+    return out
 
 
 def _quota_matches(entity: QuotaEntity, filters: Sequence[QuotaFilter], strict: bool) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
+from raftlog.metadata.controller.acls import create_acls, delete_acls
 from raftlog.metadata.controller.configs import alter_client_quotas, alter_configs
 from raftlog.metadata.controller.elections import (
     Batch,
@@ -45,16 +46,20 @@ from raftlog.metadata.controller.messages import (
     AlterClientQuotas,
     AlterConfigs,
     AlterPartition,
+    AlterUserScramCredentials,
     BrokerHeartbeat,
     BrokerHeartbeatReply,
     ControllerResult,
+    CreateAcls,
     CreatePartitions,
     CreateTopics,
+    DeleteAcls,
     DeleteTopics,
     IncrementalAlterConfigs,
     RegisterBroker,
     RegisterBrokerReply,
 )
+from raftlog.metadata.controller.scram import alter_user_scram_credentials
 from raftlog.metadata.controller.topics import (
     create_partitions,
     create_topics,
@@ -87,6 +92,7 @@ class Controller:
         *,
         topic_id_source: Callable[[], uuid.UUID] = uuid.uuid4,
         preferred_leader_check_interval_ms: int = PREFERRED_LEADER_CHECK_INTERVAL_MS,
+        acl_id_source: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
         self.image = image
         self.config = config
@@ -119,6 +125,11 @@ class Controller:
             AlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
             IncrementalAlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
             AlterClientQuotas: lambda batch, req, now_ms: alter_client_quotas(batch, req),
+            CreateAcls: lambda batch, req, now_ms: create_acls(batch, req, acl_id_source),
+            DeleteAcls: lambda batch, req, now_ms: delete_acls(batch, req),
+            AlterUserScramCredentials: lambda batch, req, now_ms: alter_user_scram_credentials(
+                batch, req
+            ),
         }
 
     @classmethod

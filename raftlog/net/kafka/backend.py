@@ -14,7 +14,7 @@ logs the traceback.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
@@ -22,7 +22,12 @@ from typing import Protocol, runtime_checkable
 import trio
 
 from raftlog.errors import ErrorCode
-from raftlog.metadata.controller.messages import NewTopic
+from raftlog.metadata.controller.messages import (
+    NewTopic,
+    ScramCredentialDeletion,
+    ScramCredentialUpsertion,
+)
+from raftlog.security.acl import AclBinding, AclBindingFilter, ScramCredential, ScramMechanism
 from raftlog.storage.segment import FileRegion
 
 # Kafka's special ListOffsets timestamps.
@@ -237,6 +242,40 @@ class ProducerIdResult:
     producer_epoch: int = -1
 
 
+# ------------------------------------------------------------------------------ security
+@dataclass(frozen=True)
+class AclCreateResult:
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class AclDeleteResult:
+    """What one DeleteAcls filter matched, and so deleted."""
+
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+    matching: Sequence[AclBinding] = ()
+
+
+@dataclass(frozen=True)
+class ScramUserDescription:
+    """DescribeUserScramCredentials for one user: mechanisms and iteration counts only,
+    never salts or keys."""
+
+    user: str
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+    credentials: Sequence[tuple[ScramMechanism, int]] = ()  # (mechanism, iterations)
+
+
+@dataclass(frozen=True)
+class ScramAlterResult:
+    user: str
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+
 # ------------------------------------------------------------------------------ the seam
 @runtime_checkable
 class KafkaBackend(Protocol):
@@ -377,3 +416,42 @@ class KafkaBackend(Protocol):
         producer_id: int,
         producer_epoch: int,
     ) -> ProducerIdResult: ...
+
+    # -- ACLs and SCRAM credentials (writes go to the controller; reads from this image)
+    async def create_acls(self, creations: Sequence[AclBinding]) -> Sequence[AclCreateResult]:
+        """One result per creation; answered once the ACLs are committed and in this node's
+        image. Creating a binding that exists succeeds and changes nothing."""
+        ...
+
+    async def describe_acls(self, acl_filter: AclBindingFilter) -> Sequence[AclBinding]:
+        """The ACLs the filter matches; raises KafkaError(INVALID_REQUEST) for a filter
+        with an UNKNOWN field."""
+        ...
+
+    async def delete_acls(self, filters: Sequence[AclBindingFilter]) -> Sequence[AclDeleteResult]:
+        """Delete what each filter matches; one result per filter."""
+        ...
+
+    async def describe_user_scram_credentials(
+        self, users: Sequence[str] | None
+    ) -> Sequence[ScramUserDescription]:
+        """Every user with a credential when users is None (or empty), else one result per
+        named user (RESOURCE_NOT_FOUND, DUPLICATE_RESOURCE per KIP-554)."""
+        ...
+
+    async def alter_user_scram_credentials(
+        self,
+        deletions: Sequence[ScramCredentialDeletion],
+        upsertions: Sequence[ScramCredentialUpsertion],
+    ) -> Sequence[ScramAlterResult]:
+        """One result per user named; answered once the changes are committed and here."""
+        ...
+
+    def scram_credential(self, user: str, mechanism: ScramMechanism) -> ScramCredential | None:
+        """The user's stored credential for SASL/SCRAM authentication (None: no such user)."""
+        ...
+
+    def acl_bindings(self) -> Collection[AclBinding]:
+        """Every ACL in this node's committed image, for the authorizer. The collection
+        is a snapshot: a later change gives a new one."""
+        ...
