@@ -53,6 +53,16 @@ class BrokerRegistration:
     rack: str | None
     fenced: bool = True
     in_controlled_shutdown: bool = False
+    # (name, host, port, security protocol) per client listener; empty: an older broker
+    # whose one PLAINTEXT listener is client_endpoint.
+    listeners: tuple[tuple[str, str, int, str], ...] = ()
+
+    def listener_endpoint(self, name: str) -> tuple[str, int] | None:
+        """The broker's advertised endpoint on listener `name`, None if it has none."""
+        for listener_name, host, port, _protocol in self.listeners:
+            if listener_name == name:
+                return host, port
+        return None
 
     @property
     def eligible_leader(self) -> bool:
@@ -340,6 +350,7 @@ class _Builder:
                 client_endpoint=(rec.client_host, rec.client_port),
                 internal_endpoint=(rec.internal_host, rec.internal_port),
                 rack=rec.rack,
+                listeners=rec.listeners,
             )
         )
 

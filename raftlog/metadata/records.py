@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from raftlog.codec import (
+    Added,
     Array,
     Codec,
     DecodeError,
@@ -84,6 +85,14 @@ TopicName = Annotated[str, MaxLen(249)]  # Kafka's limit, which the controller e
 BrokerEpoch = Offset  # a broker epoch is the metadata offset of its registration
 PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]
 Replicas = tuple[NodeId, ...]
+# A broker's Kafka listener as registered: (name, advertised host, port, security protocol),
+# e.g. ("SASL_SSL", "kafka1", 9094, "SASL_SSL"). Bounds: Kafka's listener names are short
+# identifiers, a host is a DNS name (255) and the protocol one of four names.
+MAX_BROKER_LISTENERS = 64
+BrokerListener = tuple[
+    Annotated[str, MaxLen(64)], Annotated[str, MaxLen(255)], Port, Annotated[str, MaxLen(16)]
+]
+BrokerListeners = Annotated[tuple[BrokerListener, ...], MaxLen(MAX_BROKER_LISTENERS)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,9 @@ class RegisterBroker(Record):
     internal_host: str
     internal_port: Port
     rack: str | None = None
+    # Every client listener the broker advertises; empty (an older broker) means the one
+    # PLAINTEXT endpoint client_host:client_port.
+    listeners: Annotated[BrokerListeners, Added()] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from raftlog.codec import (
     Range,
 )
 from raftlog.errors import ErrorCode
-from raftlog.metadata.records import Record
+from raftlog.metadata.records import BrokerListeners, Record
 from raftlog.security.acl import AclBinding, AclBindingFilter
 
 NONE = ErrorCode.none
@@ -64,6 +64,8 @@ class RegisterBroker:
     internal_port: Port
     rack: str | None = None
     cluster_id: str | None = None  # None skips the check (tests, single-node bootstrap)
+    # The broker's client listeners (records.BrokerListener); empty: client_host/port only.
+    listeners: Annotated[BrokerListeners, Added()] = ()
 
 
 @dataclass(frozen=True, slots=True)
