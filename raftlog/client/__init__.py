@@ -22,6 +22,16 @@ from raftlog.client.admin import (
     ResourceType,
     TopicResult,
 )
+from raftlog.client.admin_security import (
+    AclDeletion,
+    AclResult,
+    DeletedAcl,
+    ScramDeletion,
+    ScramUpsertion,
+    UserResult,
+    UserScramCredentials,
+)
+from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
 from raftlog.client.cluster import (
     Cluster,
     ClusterLimits,
@@ -47,6 +57,14 @@ from raftlog.client.group_consumer import (
 from raftlog.client.group_member import GroupMember
 from raftlog.client.member_state import GroupMemberError, MemberConfig
 from raftlog.client.producer import Producer, ProduceResult, murmur2, partition_for_key
+from raftlog.client.properties import (
+    ClientProperties,
+    ClientPropertiesError,
+    ClientSecurity,
+    SecurityProtocol,
+    load_client_properties,
+    parse_client_properties,
+)
 from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
 from raftlog.metadata.controller.messages import NewTopic
 
@@ -54,8 +72,14 @@ __all__ = [
     "ACKS_ALL",
     "ACKS_LEADER",
     "ACKS_NONE",
+    "AclDeletion",
+    "AclResult",
     "Admin",
+    "AuthenticationFailed",
     "BrokerConnection",
+    "ClientProperties",
+    "ClientPropertiesError",
+    "ClientSecurity",
     "Cluster",
     "ClusterDescription",
     "ClusterLimits",
@@ -64,6 +88,7 @@ __all__ = [
     "ConnectionLimits",
     "ConsumedRecord",
     "Consumer",
+    "DeletedAcl",
     "FetchResult",
     "GroupConsumer",
     "GroupConsumerConfig",
@@ -78,12 +103,20 @@ __all__ = [
     "QuotaMatch",
     "RequestTimeout",
     "ResourceType",
+    "ScramDeletion",
+    "ScramUpsertion",
+    "SecurityProtocol",
+    "TlsHandshakeFailed",
     "TopicInfo",
     "TopicResult",
     "UnsupportedVersion",
+    "UserResult",
+    "UserScramCredentials",
+    "load_client_properties",
     "murmur2",
     "open_cluster",
     "open_connection",
     "open_group_consumer",
+    "parse_client_properties",
     "partition_for_key",
 ]

@@ -1,4 +1,5 @@
-"""Admin operations on a Cluster: topics, configs, cluster and quorum, client quotas, offsets.
+"""Admin operations on a Cluster: topics, configs, cluster and quorum, client quotas, offsets
+(ACLs and SCRAM users: admin_security.py).
 
 Every method returns plain Python values (dicts, dataclasses) rather than kio entities, so
 the CLI renders them without knowing the protocol. Per-item errors (one topic of several)
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raftlog.client.admin_security import SecurityAdminMixin
 from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
 from raftlog.client.protocol import error_of
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
@@ -64,8 +66,9 @@ class ListedOffset:
     leader_epoch: int
 
 
-class Admin:
-    """Admin client over a Cluster (see raftlog.client.open_cluster)."""
+class Admin(SecurityAdminMixin):
+    """Admin client over a Cluster (see raftlog.client.open_cluster); the ACL and SCRAM
+    methods are in raftlog.client.admin_security."""
 
     def __init__(self, cluster: Cluster, *, timeout_ms: int = DEFAULT_ADMIN_TIMEOUT_MS) -> None:
         self.cluster = cluster

@@ -10,6 +10,7 @@ again — a bounded number of times, then the error reaches the caller.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from raftlog.client.auth import client_ssl_context
 from raftlog.client.connection import (
     BrokerConnection,
     ConnectionClosed,
@@ -25,6 +27,7 @@ from raftlog.client.connection import (
     RequestTimeout,
     serve_connection,
 )
+from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.client.protocol import error_of
 from raftlog.config import parse_host_port
 from raftlog.errors import ErrorCode, KafkaError
@@ -94,11 +97,18 @@ class Cluster:
         *,
         client_id: str | None,
         limits: ClusterLimits,
+        security: ClientSecurity = PLAINTEXT,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._nursery = nursery
         self.bootstrap = bootstrap
         self.client_id = client_id
         self.limits = limits
+        self.security = security
+        # One TLS context for every connection: its files are read once.
+        if ssl_context is None and security.uses_tls:
+            ssl_context = client_ssl_context(security)
+        self._ssl_context = ssl_context
         self._connections: dict[tuple[str, int], BrokerConnection] = {}
         self._connect_locks: dict[tuple[str, int], trio.Lock] = {}
         self.brokers: dict[int, tuple[str, int]] = {}
@@ -112,6 +122,10 @@ class Cluster:
         lock = self._connect_locks.setdefault(address, trio.Lock())
         async with lock:
             connection = self._connections.get(address)
+            if connection is not None and connection.session_expiring:
+                # Requests in flight on it fail and are retried on the new one.
+                log.debug("SASL session to %s:%d is expiring; reconnecting", *address)
+                await connection.aclose()
             if connection is None or connection.closed:
                 connection = await self._nursery.start(
                     partial(
@@ -120,6 +134,8 @@ class Cluster:
                         address[1],
                         client_id=self.client_id,
                         limits=self.limits.connection,
+                        security=self.security,
+                        ssl_context=self._ssl_context,
                     )
                 )
                 self._connections[address] = connection
@@ -252,12 +268,24 @@ async def open_cluster(
     *,
     client_id: str | None = "raftlog",
     limits: ClusterLimits | None = None,
+    security: ClientSecurity = PLAINTEXT,
 ) -> AsyncIterator[Cluster]:
-    """Connect to the cluster and load its metadata; connections close on exit."""
+    """Connect to the cluster and load its metadata; connections close on exit.
+
+    security: TLS and SASL settings for every connection (see raftlog.client.properties).
+    """
     limits = limits or ClusterLimits()
+    bootstrap = parse_bootstrap(bootstrap_servers)
+    # Built before the nursery so a bad CA or key file is raised as itself.
+    ssl_context = client_ssl_context(security) if security.uses_tls else None
     async with trio.open_nursery() as nursery:
         cluster = Cluster(
-            nursery, parse_bootstrap(bootstrap_servers), client_id=client_id, limits=limits
+            nursery,
+            bootstrap,
+            client_id=client_id,
+            limits=limits,
+            security=security,
+            ssl_context=ssl_context,
         )
         try:
             await cluster.refresh_metadata()

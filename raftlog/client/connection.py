@@ -1,7 +1,9 @@
 """One trio TCP connection to a Kafka broker: pipelined requests matched by correlation id.
 
-`open_connection()` connects, starts the reader task in its own nursery, negotiates API
-versions (ApiVersions, highest version both sides support) and yields a BrokerConnection.
+`open_connection()` connects (with TLS when the ClientSecurity asks for it), starts the reader
+task in its own nursery, negotiates API versions (ApiVersions, highest version both sides
+support), authenticates with SASL when asked (SaslHandshake v1, then SaslAuthenticate rounds,
+the order librdkafka uses) and yields a BrokerConnection.
 Requests from many tasks may be in flight at once, up to `max_in_flight_requests`; the reader
 hands each response to the task waiting on its correlation id.
 
@@ -13,6 +15,7 @@ A caller cancelled from outside merely abandons its request; the answer is read 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,6 +23,12 @@ from typing import Any
 
 import trio
 
+from raftlog.client.auth import (
+    TlsHandshakeFailed,
+    authenticate,
+    client_ssl_context,
+)
+from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.client.protocol import (
     API_KEYS,
     API_VERSIONS_KEY,
@@ -104,10 +113,18 @@ class BrokerConnection:
         self.versions: dict[str, int] = {}
         # api key -> (min, max) the broker announced.
         self.broker_versions: dict[int, tuple[int, int]] = {}
+        # trio.current_time() after which the SASL session should be renewed (KIP-368:
+        # the broker closes a connection whose session has run out); None: never.
+        self.session_renew_at: float | None = None
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def session_expiring(self) -> bool:
+        """Whether the SASL session is near its end: open a new connection instead."""
+        return self.session_renew_at is not None and trio.current_time() >= self.session_renew_at
 
     def version(self, api: str) -> int:
         try:
@@ -287,21 +304,82 @@ async def open_connection(
     *,
     client_id: str | None = "raftlog",
     limits: ConnectionLimits | None = None,
+    security: ClientSecurity = PLAINTEXT,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[BrokerConnection]:
-    """Connect, negotiate versions, and yield the connection; closes it on exit."""
+    """Connect, negotiate versions, authenticate, and yield the connection; closes it on exit.
+
+    ssl_context: a context built once by the caller (Cluster shares one); made from
+    `security` when None. Errors while setting up (TLS, ApiVersions, SASL) are raised as
+    themselves, not inside an exception group.
+    """
     limits = limits or ConnectionLimits()
-    with trio.fail_after(limits.connect_timeout_ms / 1000):
-        stream = await trio.open_tcp_stream(host, port)
+    timeout_s = limits.connect_timeout_ms / 1000
+    stream = await _connect_stream(host, port, timeout_s, security, ssl_context)
     connection = BrokerConnection(stream, client_id=client_id, limits=limits, address=(host, port))
+    setup_error: Exception | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connection.read_loop)
         try:
-            with trio.fail_after(limits.connect_timeout_ms / 1000):
+            with trio.fail_after(timeout_s):
                 await connection.negotiate()
-            yield connection
-        finally:
+                if security.uses_sasl:
+                    await authenticate(connection, security)
+        except Exception as exc:
+            setup_error = exc
             with trio.CancelScope(shield=True):
                 await connection.aclose()
+        else:
+            try:
+                yield connection
+            finally:
+                with trio.CancelScope(shield=True):
+                    await connection.aclose()
+    if setup_error is not None:
+        raise setup_error
+
+
+async def _connect_stream(
+    host: str,
+    port: int,
+    timeout_s: float,
+    security: ClientSecurity,
+    ssl_context: ssl.SSLContext | None,
+) -> trio.abc.Stream:
+    with trio.fail_after(timeout_s):
+        tcp = await trio.open_tcp_stream(host, port)
+    if not security.uses_tls:
+        return tcp
+    if ssl_context is None:
+        ssl_context = client_ssl_context(security)
+    # The name checked against the certificate is the host we dialled, as in every Kafka
+    # client (an address from Metadata is dialled by the name the broker advertised).
+    stream = trio.SSLStream(tcp, ssl_context, server_hostname=host)
+    try:
+        with trio.fail_after(timeout_s):
+            await stream.do_handshake()
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(tcp)
+        raise TlsHandshakeFailed(
+            f"TLS handshake with {host}:{port} failed: {_tls_reason(exc.__cause__)}"
+        ) from exc
+    except BaseException:
+        await trio.aclose_forcefully(tcp)
+        raise
+    return stream
+
+
+def _tls_reason(cause: BaseException | None) -> str:
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {cause.verify_message}"
+    if isinstance(cause, ssl.SSLError):
+        reason = cause.reason or str(cause)
+        if reason == "WRONG_VERSION_NUMBER":
+            return "the port does not speak TLS (is its listener PLAINTEXT?)"
+        return reason.replace("_", " ").lower()
+    if cause is None:
+        return "the connection closed"
+    return str(cause) or type(cause).__name__
 
 
 async def serve_connection(
@@ -310,6 +388,8 @@ async def serve_connection(
     *,
     client_id: str | None,
     limits: ConnectionLimits,
+    security: ClientSecurity = PLAINTEXT,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[BrokerConnection] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a connection as a nursery task: `conn = await nursery.start(serve_connection, ...)`.
@@ -317,6 +397,8 @@ async def serve_connection(
     The task ends when the connection closes, so a pool can hold connections with lifetimes
     of their own inside one long-lived nursery.
     """
-    async with open_connection(host, port, client_id=client_id, limits=limits) as connection:
+    async with open_connection(
+        host, port, client_id=client_id, limits=limits, security=security, ssl_context=ssl_context
+    ) as connection:
         task_status.started(connection)
         await connection.closed_event.wait()

@@ -55,6 +55,14 @@ CLIENT_API_VERSIONS: dict[str, tuple[int, int]] = {
     "describe_quorum": (0, 1),
     "describe_client_quotas": (0, 1),
     "alter_client_quotas": (0, 1),
+    # v1: authentication bytes travel in SaslAuthenticate requests (KIP-152), never raw.
+    "sasl_handshake": (1, 1),
+    "sasl_authenticate": (0, 2),
+    "describe_acls": (1, 3),
+    "create_acls": (1, 3),
+    "delete_acls": (1, 3),
+    "describe_user_scram_credentials": (0, 0),
+    "alter_user_scram_credentials": (0, 0),
 }
 
 
