@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -23,6 +24,9 @@ from pathlib import Path
 
 import trio
 
+from jepsen import damage as disk_damage
+from jepsen.forger import Forger, Target
+from jepsen.nemesis import PartitionReplicas
 from jepsen.netns import RunNetwork
 from raftlog.config import NodeConfig
 
@@ -277,6 +281,53 @@ class Cluster:
             except Exception as exc:
                 log.info("partition leader lookup failed: %r", exc)
         return {}
+
+    async def partition_replicas(self) -> dict[int, PartitionReplicas]:
+        """{partition: its leader, replicas and ISR} of the run's topic, as metadata says."""
+        from raftlog.client.cluster import open_cluster
+
+        with trio.move_on_after(ADMIN_TIMEOUT_S):
+            try:
+                async with open_cluster(self._live_bootstrap()) as client:
+                    await client.refresh_metadata([self.opts.topic])
+                    info = client.topics.get(self.opts.topic)
+                    if info is None:
+                        return {}
+                    return {
+                        p.partition: PartitionReplicas(
+                            self.name_of(p.leader_id),
+                            tuple(n for n in map(self.name_of, p.replicas) if n is not None),
+                            tuple(n for n in map(self.name_of, p.isr) if n is not None),
+                        )
+                        for p in info.partitions
+                    }
+            except Exception as exc:
+                log.info("partition replicas lookup failed: %r", exc)
+        return {}
+
+    def partition_dir(self, name: str, partition: int) -> Path:
+        from raftlog.node import PARTITIONS_DIR
+
+        data_dir = self.nodes[name].dir / "data" / PARTITIONS_DIR
+        return disk_damage.partition_dir(data_dir, self.opts.topic, partition)
+
+    async def damage(self, name: str, partition: int, kind: str, rng: random.Random) -> str:
+        """Kill `name`, damage its replica of `partition`, start it again."""
+        damage_fn = disk_damage.flip_byte if kind == "corrupt" else disk_damage.cut_mid_batch
+        directory = self.partition_dir(name, partition)
+        await self.kill(name)
+        try:
+            done = await trio.to_thread.run_sync(damage_fn, directory, rng)
+        finally:
+            await self.start(name)
+        if done is None:
+            raise RuntimeError(f"{directory} holds no batch to damage")
+        return done.describe()
+
+    def forger(self, rng: random.Random) -> Forger:
+        addresses = {n.node_id: (n.address, INTERNAL_PORT) for n in self.nodes.values()}
+        target = Target(sorted(addresses), self.opts.topic, self.opts.partitions)
+        return Forger(addresses, target, rng)
 
     def _live_bootstrap(self) -> str:
         live = [n for n in self.nodes.values() if n.running and not n.paused]

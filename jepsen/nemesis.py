@@ -8,7 +8,18 @@ Families (``--nemesis kill,pause,partition,restart``; ``all`` is every one):
                 partition leader;
 - ``partition`` dropped packets (a grudge): isolate one node, the controller leader or a
                 partition leader, random halves, a majorities ring, or a bridge;
-- ``restart``   every node killed and restarted together (no membership change).
+- ``restart``   every node killed and restarted together (no membership change);
+- ``corrupt``   one replica of one partition (its leader's or a follower's) gets a flipped
+                byte in an old batch of its segment files: the node is killed, the file
+                damaged, the node started again;
+- ``truncate``  the same, but the replica's last segment is cut in the middle of a batch (a
+                torn write below what it had flushed);
+- ``forge``     a rogue client on the internal listener sends forged Raft, replication and
+                controller messages (jepsen.forger) for the whole fault window.
+
+Damage hits one replica of a partition at a time, and only a partition whose replicas are
+all in sync (the previous damage repaired): the failure RF 3 with min ISR 2 promises to
+survive.
 
 The schedule is Jepsen's: wait an interval, start a fault of a random enabled family, wait
 an interval, stop it, repeat, until cancelled. A ``--nemesis`` entry is a family (a random
@@ -29,18 +40,23 @@ from typing import Protocol
 
 import trio
 
+from jepsen.forger import Forger
 from jepsen.history import FAULT_START, FAULT_STOP, Recorder
 from raftlog.metadata.raft.majority import majority_size
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("kill", "pause", "partition", "restart")
+FAMILIES = ("kill", "pause", "partition", "restart", "corrupt", "truncate", "forge")
 MODES = {
     "kill": ("one", "controller-leader", "partition-leader", "majority"),
     "pause": ("one", "controller-leader", "partition-leader"),
     "partition": ("one", "controller-leader", "partition-leader", "halves", "ring", "bridge"),
     "restart": ("all",),
+    "corrupt": ("follower", "leader"),
+    "truncate": ("follower", "leader"),
+    "forge": ("internal",),
 }
+DAMAGE_FAMILIES = ("corrupt", "truncate")
 # Healing must finish even when the run is being cancelled; past this something is wrong
 # with the machine and the run reports it rather than hanging.
 HEAL_TIMEOUT_S = 60.0
@@ -61,6 +77,25 @@ class ClusterControl(Protocol):
     async def heal_network(self) -> None: ...
     async def controller_leader(self) -> str | None: ...
     async def partition_leaders(self) -> dict[int, str]: ...
+    async def partition_replicas(self) -> dict[int, PartitionReplicas]: ...
+    async def damage(self, name: str, partition: int, kind: str, rng: random.Random) -> str:
+        """Kill `name`, damage its replica of `partition` ("corrupt" or "truncate"), start
+        it again; returns what was done (raises if there was nothing to damage)."""
+        ...
+
+    def forger(self, rng: random.Random) -> Forger: ...
+
+
+@dataclass(frozen=True)
+class PartitionReplicas:
+    leader: str | None
+    replicas: tuple[str, ...]
+    isr: tuple[str, ...]
+
+    @property
+    def whole(self) -> bool:
+        """Every replica in sync and a leader: any earlier damage here has been repaired."""
+        return self.leader is not None and set(self.isr) == set(self.replicas)
 
 
 def split_kind(entry: str) -> tuple[str, str | None] | None:
@@ -158,6 +193,9 @@ class Fault:
     family: str
     kind: str
     targets: list[str]
+    # A fault that runs for its whole window (forge): cancelling this scope ends it.
+    scope: trio.CancelScope | None = None
+    forger: Forger | None = None
 
 
 class Nemesis:
@@ -182,21 +220,26 @@ class Nemesis:
         self.interval_s = interval_s
         self.active: list[Fault] = []
         self.started = 0
+        # Where running faults (forge) live; run() opens it.
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ schedule
     async def run(self) -> None:
         """Start and stop faults until cancelled, then heal everything (shielded)."""
         try:
-            if not self.families:
-                await trio.sleep_forever()
-            while True:
-                await trio.sleep(self.interval_s)
-                entry = self.rng.choice(self.families)
-                with trio.move_on_after(START_TIMEOUT_S):
-                    await self.start_fault(entry)
-                await trio.sleep(self.interval_s)
-                await self.stop_all_active()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if not self.families:
+                    await trio.sleep_forever()
+                while True:
+                    await trio.sleep(self.interval_s)
+                    entry = self.rng.choice(self.families)
+                    with trio.move_on_after(START_TIMEOUT_S):
+                        await self.start_fault(entry)
+                    await trio.sleep(self.interval_s)
+                    await self.stop_all_active()
         finally:
+            self._nursery = None
             with trio.CancelScope(shield=True):
                 await self.heal_all()
 
@@ -268,9 +311,44 @@ class Nemesis:
             for name in names:
                 await self.cluster.kill(name)
             return Fault(family, "restart-all", sorted(names))
+        if family in DAMAGE_FAMILIES:
+            return await self._damage(family, mode)
+        if family == "forge":
+            if self._nursery is None:
+                raise RuntimeError("forge runs inside Nemesis.run()")
+            forger = self.cluster.forger(self.rng)
+            scope = trio.CancelScope()
+
+            async def forge() -> None:
+                with scope:
+                    await forger.run()
+
+            self._nursery.start_soon(forge)
+            return Fault(family, "forge-internal", sorted(names), scope=scope, forger=forger)
         raise ValueError(f"unknown nemesis family {family!r}")
 
+    async def _damage(self, family: str, mode: str) -> Fault:
+        """Damage one replica of a partition whose replicas are all in sync."""
+        states = await self.cluster.partition_replicas()
+        whole = sorted(p for p, state in states.items() if state.whole)
+        if not whole:
+            raise RuntimeError("no partition has every replica in sync: nothing may be damaged")
+        partition = self.rng.choice(whole)
+        state = states[partition]
+        assert state.leader is not None
+        if mode == "leader":
+            target = state.leader
+        else:
+            target = self.rng.choice(sorted(set(state.replicas) - {state.leader}))
+        what = await self.cluster.damage(target, partition, family, self.rng)
+        log.info("nemesis %s-%s: %s on %s (partition %d)", family, mode, what, target, partition)
+        return Fault(family, f"{family}-{mode}", [target])
+
     async def stop_fault(self, fault: Fault) -> None:
+        if fault.scope is not None:
+            fault.scope.cancel()
+            if fault.forger is not None:
+                log.info("nemesis forge: %s", fault.forger.summary() or "nothing sent")
         if fault.family in ("kill", "restart"):
             for name in fault.targets:
                 await self.cluster.start(name)

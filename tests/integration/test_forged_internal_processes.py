@@ -146,3 +146,42 @@ def test_forged_replica_fetches_do_not_keep_a_stopped_follower_in_the_isr(tmp_pa
         assert list(partition_info(cluster, TOPIC)["isr"]) == [leader]
         log_text = cluster.nodes[leader].log_path.read_text(errors="replace")
         assert "replica.fetch a replica fetch names another replica" in log_text
+
+
+def test_the_forge_nemesis_changes_nothing_on_three_real_nodes(tmp_path):
+    """Every forgery the Jepsen `forge` nemesis sends, for a few seconds, against every node:
+    no election, no fenced broker, no leader change, and acks=all still works."""
+    import random
+
+    import trio
+
+    from jepsen.forger import Forger, Target
+
+    with ProcessCluster(tmp_path / "c", 3) as cluster:
+        create_topic(cluster, TOPIC, partitions=3, rf=3, min_isr=2)
+        before = cluster.describe()
+        addresses = {}
+        for node_id, node in cluster.nodes.items():
+            host, port = node.config.internal_listener.rsplit(":", 1)
+            addresses[node_id] = (host, int(port))
+        forger = Forger(addresses, Target(sorted(addresses), TOPIC, 3), random.Random(13), 0.01)
+
+        async def forge_for_a_while() -> None:
+            with trio.move_on_after(6):
+                await forger.run()
+
+        trio.run(forge_for_a_while)
+        cluster.wait_ready()
+        after = cluster.describe()
+        assert after["controller_id"] == before["controller_id"]
+        assert after["topics"][TOPIC] == before["topics"][TOPIC]  # leaders, epochs, ISRs
+        # Only a node that is not the controller answers a heartbeat (it names the controller,
+        # as Metadata does to anyone); everything else is dropped or closes the connection.
+        answered = {name for (name, outcome) in forger.outcomes if outcome == "answered"}
+        assert answered <= {"shutdown_heartbeat"}, forger.summary()
+        assert sum(forger.outcomes.values()) > 30, forger.summary()
+        producer = KafkaProducer(bootstrap_servers=cluster.bootstrap_servers, acks="all")
+        try:
+            producer.send(TOPIC, b"after", partition=0).get(timeout=30)
+        finally:
+            producer.close()

@@ -11,10 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trio.testing import MockClock
 
+from jepsen.forger import Forger, Target
 from jepsen.history import FAULT_START, FAULT_STOP, Recorder
 from jepsen.nemesis import (
     FAMILIES,
     Nemesis,
+    PartitionReplicas,
     bridge,
     halves,
     isolate,
@@ -69,6 +71,21 @@ class FakeCluster:
 
     async def partition_leaders(self) -> dict[int, str]:
         return {0: "n2", 1: "n3"}
+
+    async def partition_replicas(self) -> dict[int, PartitionReplicas]:
+        replicas = tuple(self.names[:3])
+        return {
+            0: PartitionReplicas("n2", replicas, replicas),
+            1: PartitionReplicas("n3", replicas, replicas[:2]),  # not whole: never damaged
+        }
+
+    async def damage(self, name: str, partition: int, kind: str, rng: random.Random) -> str:
+        self._log("damage", (name, partition, kind))
+        return f"{kind} of partition {partition}"
+
+    def forger(self, rng: random.Random) -> Forger:
+        # Nothing listens there: every forgery counts as unreachable.
+        return Forger({1: ("127.0.0.1", 1)}, Target([1], "t", 1), rng)
 
     @property
     def whole(self) -> bool:
@@ -236,3 +253,30 @@ def test_grudges_are_symmetric_and_shaped(n: int, seed: int) -> None:
     check_grudge(g, names)
     assert hears(g, middle, names) == set(names)
     assert all(len(hears(g, node, names)) < n for node in names if node != middle)
+
+
+@pytest.mark.parametrize("mode", ["leader", "follower"])
+async def test_damage_hits_one_replica_of_a_partition_whose_replicas_are_all_in_sync(
+    mode: str, mock_clock: MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0
+    for seed in range(10):
+        cluster, rec = FakeCluster(), recorder()
+        nemesis = Nemesis(cluster, [f"corrupt-{mode}"], rec, random.Random(seed), interval_s=1)
+        fault = await nemesis.start_fault(f"corrupt-{mode}")
+        assert fault is not None and fault.kind == f"corrupt-{mode}", f"seed={seed}"
+        damaged = [arg for _, what, arg in cluster.calls if what == "damage"]
+        assert len(damaged) == 1, f"seed={seed}"
+        name, partition, kind = damaged[0]  # type: ignore[misc]
+        assert partition == 0 and kind == "corrupt", f"seed={seed}"  # partition 1 lacks a replica
+        assert (name == "n2") == (mode == "leader") and name in ("n1", "n2", "n3"), f"seed={seed}"
+
+
+async def test_forge_runs_for_its_window_and_stops_with_it(mock_clock: MockClock) -> None:
+    mock_clock.autojump_threshold = 0
+    cluster, rec = FakeCluster(), recorder()
+    nemesis = Nemesis(cluster, ["forge"], rec, random.Random(5), interval_s=10)
+    await run_nemesis(nemesis, 25)
+    windows = rec.history.fault_windows()
+    assert [w.kind for w in windows] == ["forge-internal"] and windows[0].healed
+    assert not nemesis.active
