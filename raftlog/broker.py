@@ -84,6 +84,7 @@ class BrokerBackend:
         self.list_offset = replicas.reads.list_offset
         self.offset_for_leader_epoch = replicas.reads.offset_for_leader_epoch
         self.data_event = replicas.replicas.data_event
+        self._unsafe_partitions = replicas.unsafe_partitions
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
 
@@ -125,6 +126,10 @@ class BrokerBackend:
         by_name = image.topics_by_name
         wanted = sorted(by_name) if names is None else [n for n in names if n in by_name]
         fenced = {b for b, reg in image.brokers.items() if reg.fenced}
+        # Offline replicas (Kafka: on a failed log dir): those of fenced brokers, and this
+        # broker's own that lost or damaged data or sit on a failed disk (KIP-966's unsafe
+        # replicas). Each broker knows only its own: `raftlog cluster status` asks them all.
+        unsafe_here = set(self._unsafe_partitions())
         out = []
         for name in wanted:
             topic = by_name[name]
@@ -135,7 +140,12 @@ class BrokerBackend:
                     state.leader_epoch,
                     tuple(state.replicas),
                     tuple(state.isr),
-                    tuple(r for r in state.replicas if r in fenced),
+                    tuple(
+                        r
+                        for r in state.replicas
+                        if r in fenced
+                        or (r == self.config.node_id and (topic.topic_id, index) in unsafe_here)
+                    ),
                     ErrorCode.leader_not_available if state.leader == NO_LEADER else ErrorCode.none,
                 )
                 for index, state in sorted(topic.partitions.items())

@@ -68,6 +68,9 @@ class PartitionInfo:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    # Replicas the answering broker knows to be offline: fenced brokers', and its own when
+    # they lost or damaged data (a broker knows that only of itself).
+    offline_replicas: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class Cluster:
                     leader_epoch=int(getattr(p, "leader_epoch", -1)),
                     replicas=tuple(int(r) for r in p.replica_nodes),
                     isr=tuple(int(r) for r in p.isr_nodes),
+                    offline_replicas=tuple(int(r) for r in getattr(p, "offline_replicas", ())),
                 )
                 for p in topic.partitions
             )
