@@ -52,6 +52,16 @@ def test_upsert_stores_keys_derived_from_the_salted_password_never_the_password(
     assert all(salted not in (rec.stored_key, rec.server_key) for rec in result.records)
 
 
+def test_one_user_two_mechanisms_in_one_request():
+    c = controller()
+    _, codes = alter(c, upsertions=[upsert("alice"), upsert("alice", SHA512, "other")])
+    assert codes == {"alice": (ErrorCode.none, None)}
+    _, codes = alter(c, [delete("alice", SHA512)], [upsert("alice", password="new")])
+    assert codes == {"alice": (ErrorCode.none, None)}
+    assert list(c.image.scram_credentials) == [("alice", SHA256)]
+    assert verify_password(c.image.scram_credentials[("alice", SHA256)], "new")
+
+
 def test_upsert_replaces_and_delete_removes():
     c = controller()
     alter(c, upsertions=[upsert("alice"), upsert("alice2", SHA512)])
@@ -86,10 +96,18 @@ def test_upsert_replaces_and_delete_removes():
         ([], [upsert("carol", salted=b"x" * 64)], ErrorCode.unacceptable_credential, "salted"),
         ([], [upsert("")], ErrorCode.unacceptable_credential, "empty"),
         ([], [upsert("u" * 256)], ErrorCode.unacceptable_credential, "over 255"),
-        # KIP-554: a user named twice (any mechanisms, deletions or upsertions) is refused.
-        ([delete("alice"), delete("alice", SHA512)], [], ErrorCode.duplicate_resource, "once"),
+        # KIP-554: a (user, mechanism) named twice, deleted or upserted, is refused.
+        ([delete("alice"), delete("alice")], [], ErrorCode.duplicate_resource, "once"),
         ([delete("alice")], [upsert("alice")], ErrorCode.duplicate_resource, "once"),
-        ([], [upsert("alice"), upsert("alice", SHA512)], ErrorCode.duplicate_resource, "once"),
+        ([], [upsert("alice", SHA512), upsert("alice", SHA512)], ErrorCode.duplicate_resource, ""),
+        # A user's changes are made together or not at all (93: UNACCEPTABLE_CREDENTIAL).
+        ([delete("alice", SHA512)], [upsert("alice")], ErrorCode.resource_not_found, ""),
+        (
+            [delete("alice")],
+            [upsert("alice", SHA512, iterations=1)],
+            ErrorCode.unacceptable_credential,
+            "too few",
+        ),
     ],
 )
 def test_refusals_fail_only_that_user(deletions, upsertions, code, message):

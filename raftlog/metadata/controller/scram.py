@@ -91,36 +91,34 @@ def alter_user_scram_credentials(
 ) -> AlterUserScramCredentialsReply:
     """One result per user, in the order users first appear (deletions, then upsertions).
 
-    A user named twice anywhere in the request gets DUPLICATE_RESOURCE and none of its
-    changes; any other refusal fails only that user's changes (KIP-554)."""
-    users: dict[str, int] = {}
-    for name in [d.name for d in req.deletions] + [u.name for u in req.upsertions]:
-        users[name] = users.get(name, 0) + 1
+    A user's changes are all made or none: the first refusal among them is its result. A
+    (user, mechanism) named twice in the request, as deletions or upsertions, is refused with
+    DUPLICATE_RESOURCE; one user's two mechanisms may change together (KIP-554)."""
+    named: dict[tuple[str, int], int] = {}
+    for key in [(d.name, d.mechanism) for d in req.deletions] + [
+        (u.name, u.mechanism) for u in req.upsertions
+    ]:
+        named[key] = named.get(key, 0) + 1
+    twice = {name for (name, _), times in named.items() if times > 1}
     image = batch.image
     refusals: dict[str, Refusal] = {}
-    records: list[r.Record] = []
-    count = len(image.scram_credentials)
+    changes: dict[str, list[r.Record]] = {name: [] for name, _ in named}
     for deletion in req.deletions:
-        refusal = _refuse_user(deletion.name, users) or _check_deletion(image, deletion)
+        refusal = _refuse_user(deletion.name, twice) or _check_deletion(image, deletion)
         if refusal is not None:
-            refusals[deletion.name] = refusal
+            refusals.setdefault(deletion.name, refusal)
             continue
-        records.append(r.RemoveUserScramCredential(deletion.name, deletion.mechanism))
-        count -= 1
+        changes[deletion.name].append(
+            r.RemoveUserScramCredential(deletion.name, deletion.mechanism)
+        )
     for upsertion in req.upsertions:
-        refusal = _refuse_user(upsertion.name, users) or _check_upsertion(upsertion)
+        refusal = _refuse_user(upsertion.name, twice) or _check_upsertion(upsertion)
         mechanism = _mechanism(upsertion.mechanism)
         if refusal is not None or mechanism is None:  # (None only with a refusal)
-            refusals[upsertion.name] = refusal or (ErrorCode.unsupported_sasl_mechanism, "")
-            continue
-        added = (upsertion.name, mechanism) not in image.scram_credentials
-        if added and count >= MAX_SCRAM_CREDENTIALS:
-            refusals[upsertion.name] = (
-                ErrorCode.unacceptable_credential,
-                f"the cluster holds the most SCRAM credentials allowed ({MAX_SCRAM_CREDENTIALS})",
+            refusals.setdefault(
+                upsertion.name, refusal or (ErrorCode.unsupported_sasl_mechanism, "")
             )
             continue
-        count += added
         try:
             credential = credential_from_salted_password(
                 mechanism,
@@ -129,21 +127,40 @@ def alter_user_scram_credentials(
                 iterations=upsertion.iterations,
             )
         except ValueError as exc:  # checked above; its own checks are the last word
-            refusals[upsertion.name] = (ErrorCode.unacceptable_credential, str(exc))
+            refusals.setdefault(upsertion.name, (ErrorCode.unacceptable_credential, str(exc)))
             continue
-        records.append(r.UserScramCredential.of(upsertion.name, credential))
+        changes[upsertion.name].append(r.UserScramCredential.of(upsertion.name, credential))
+    records: list[r.Record] = []
+    count = len(image.scram_credentials)
+    for name, user_records in changes.items():
+        if name in refusals:
+            continue
+        added = sum(
+            isinstance(rec, r.UserScramCredential)
+            and (name, ScramMechanism(rec.mechanism)) not in image.scram_credentials
+            for rec in user_records
+        )
+        removed = sum(isinstance(rec, r.RemoveUserScramCredential) for rec in user_records)
+        if added and count + added - removed > MAX_SCRAM_CREDENTIALS:
+            refusals[name] = (
+                ErrorCode.unacceptable_credential,
+                f"the cluster holds the most SCRAM credentials allowed ({MAX_SCRAM_CREDENTIALS})",
+            )
+            continue
+        count += added - removed
+        records.extend(user_records)
     batch.add(*records)
     results = []
-    for user in users:
+    for user in changes:
         code, message = refusals.get(user, (ErrorCode.none, ""))
         results.append(ScramUserResult(user, code, message or None))
     return AlterUserScramCredentialsReply(tuple(results))
 
 
-def _refuse_user(name: str, users: dict[str, int]) -> Refusal | None:
-    if users[name] > 1:
+def _refuse_user(name: str, twice: set[str]) -> Refusal | None:
+    if name in twice:
         return (
             ErrorCode.duplicate_resource,
-            "a user's credentials may be altered only once in a request",
+            "a user's credential for one mechanism may be altered only once in a request",
         )
     return check_user_name(name)
