@@ -4,6 +4,12 @@ Brokers missing from Metadata are fenced (KRaft lists only unfenced brokers ther
 partition is under-replicated when its ISR is smaller than its replica set and offline when
 it has no leader. The verdict is healthy only when the quorum has a leader and nothing is
 fenced, under-replicated, offline or (for a local cluster) not running.
+
+Each under-replicated or offline partition comes with the reason of every replica missing
+from its ISR: its broker is fenced, the replica is unsafe (it lost or damaged records, or its
+disk failed: it stays out of the ISR and of elections until it has fetched them back), or it
+is catching up. Only a broker knows its own replicas are unsafe (Metadata's
+offline_replicas), so every unfenced broker is asked.
 """
 
 from __future__ import annotations
@@ -14,8 +20,47 @@ from raftlog_cli.cluster_local import LocalCluster, running_pid
 from raftlog_cli.common import CLI_LIMITS
 
 from raftlog.client import Admin, Cluster, open_cluster
+from raftlog.client.cluster import PartitionInfo
 from raftlog.client.connection import ConnectionClosed, RequestTimeout
 from raftlog.errors import KafkaError
+
+UNSAFE_REASON = "unsafe (lost or damaged records, or a failed disk; repairing from the leader)"
+
+
+async def unsafe_replicas(cluster: Cluster) -> dict[str, set[int]]:
+    """{"topic-partition": broker ids whose own replica there is unsafe}, as each unfenced
+    broker says of itself."""
+    unsafe: dict[str, set[int]] = {}
+    for broker_id in sorted(cluster.brokers):
+        try:
+            connection = await cluster.broker(broker_id)
+            response = await connection.call(
+                "metadata", {"topics": None, "allow_auto_topic_creation": False}
+            )
+        except (KafkaError, ConnectionClosed, RequestTimeout, OSError):
+            continue  # unreachable now: its replicas show as whatever the others say
+        for topic in response.topics:
+            for p in topic.partitions:
+                if broker_id in getattr(p, "offline_replicas", ()):
+                    unsafe.setdefault(f"{topic.name}-{p.partition_index}", set()).add(broker_id)
+    return unsafe
+
+
+def replica_reasons(
+    p: PartitionInfo, unfenced: dict[int, tuple[str, int]], unsafe: set[int]
+) -> str:
+    """Why each replica outside the ISR (or every replica, with no leader) is not serving."""
+    reasons = []
+    for replica in p.replicas:
+        if replica in unsafe:
+            reasons.append(f"replica {replica}: {UNSAFE_REASON}")
+        elif replica not in unfenced:
+            reasons.append(f"replica {replica}: broker fenced")
+        elif replica not in p.isr:
+            reasons.append(f"replica {replica}: catching up")
+        elif p.leader_id < 0:
+            reasons.append(f"replica {replica}: in the ISR, not elected yet")
+    return "; ".join(reasons)
 
 
 async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[str, Any]:
@@ -63,6 +108,8 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
         )
     under_replicated: list[str] = []
     offline: list[str] = []
+    reasons: dict[str, str] = {}
+    unsafe = await unsafe_replicas(cluster)
     total = 0
     for name in sorted(cluster.topics):
         for p in cluster.topics[name].partitions:
@@ -72,6 +119,9 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
                 offline.append(label)
             elif len(p.isr) < len(p.replicas):
                 under_replicated.append(label)
+            else:
+                continue
+            reasons[label] = replica_reasons(p, unfenced, unsafe.get(label, set()))
     if quorum is not None and quorum["leader_id"] < 0:
         problems.append("the metadata quorum has no leader")
     healthy = quorum is not None and not problems and not under_replicated and not offline
@@ -84,6 +134,7 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
         "partitions_total": total,
         "under_replicated": under_replicated,
         "offline": offline,
+        "reasons": reasons,
         "problems": [p for p in problems if not p.startswith("broker ")],
     }
 

@@ -306,10 +306,14 @@ class Renderer:
             f"{len(status['under_replicated'])} under-replicated, "
             f"{len(status['offline'])} offline"
         )
-        for name in status["under_replicated"]:
-            self.text(f"  under-replicated: {name}")
-        for name in status["offline"]:
-            self.text(f"  offline: {name}")
+        reasons = status.get("reasons", {})
+        for kind, names in (
+            ("under-replicated", status["under_replicated"]),
+            ("offline", status["offline"]),
+        ):
+            for name in names:
+                why = reasons.get(name)
+                self.text(f"  {kind}: {name}" + (f" ({why})" if why else ""))
         for problem in status.get("problems", ()):
             self.text(f"  problem: {problem}")
 

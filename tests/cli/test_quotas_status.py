@@ -161,8 +161,33 @@ async def test_status_degraded_exit_code(raftlog: Cli, tmp_path) -> None:  # typ
     assert lines[0] == "Cluster raftlog-test-cluster: DEGRADED"
     assert lines[-2:] == [
         "Partitions: 1 total, 1 under-replicated, 0 offline",
-        "  under-replicated: t-0",
+        "  under-replicated: t-0 (replica 2: broker fenced)",
     ]
+
+
+async def test_status_says_why_a_partition_is_offline(raftlog: Cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from raftlog.net.kafka.backend import PartitionInfo, TopicInfo
+
+    await raftlog("topics", "create", "t")
+    backend = raftlog.broker.backend
+    original = backend._info
+
+    def offline(name: str) -> TopicInfo:
+        info = original(name)
+        # No leader: broker 1's own replica lost records (it says so in offline_replicas),
+        # broker 2 is not registered.
+        return TopicInfo(info.name, info.topic_id, [PartitionInfo(0, -1, 0, [1, 2], [1], [1])])
+
+    backend._info = offline  # type: ignore[method-assign]
+    r = await raftlog("cluster", "status", "--dir", str(tmp_path / "none"))
+    assert r.exit_code == 1
+    assert r.stdout.splitlines()[-2:] == [
+        "Partitions: 1 total, 0 under-replicated, 1 offline",
+        "  offline: t-0 (replica 1: unsafe (lost or damaged records, or a failed disk; "
+        "repairing from the leader); replica 2: broker fenced)",
+    ]
+    r = await raftlog("cluster", "status", "--json", "--dir", str(tmp_path / "none"))
+    assert json.loads(r.stdout)["reasons"]["t-0"].startswith("replica 1: unsafe")
 
 
 async def test_quota_usage_needs_internal_listeners(raftlog: Cli, tmp_path, monkeypatch) -> None:
