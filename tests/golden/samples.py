@@ -35,6 +35,7 @@ from raftlog.quotas.manager import QuotaUsage
 from raftlog.quotas.usage_rpc import rows_from_wire
 from raftlog.replication import fetch_wire as fw
 from raftlog.replication.core.types import DivergingEpoch as PartitionDivergingEpoch
+from raftlog.security import acl
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "testdata" / "golden"
 
@@ -128,7 +129,29 @@ METADATA_RECORDS: dict[str, r.Record] = {
     "producer_ids_snapshot": r.ProducerIds(-1, -1, 2**62),
     "leader_change": r.LeaderChange(7, 2),
     "feature_level": r.FeatureLevel("metadata.version", 1),
+    "access_control_entry": r.AccessControlEntry(T1, 2, "orders", 3, "User:alice", "*", 3, 3),
+    "access_control_entry_prefixed_deny": r.AccessControlEntry(
+        T2, 3, "app-", 4, "User:bob", "10.0.0.1", 2, 2
+    ),
+    "remove_access_control_entry": r.RemoveAccessControlEntry(T1),
+    "user_scram_credential_sha256": r.UserScramCredential(
+        "alice", 1, bytes(range(16)), bytes(range(32)), bytes(range(32, 64)), 4096
+    ),
+    "user_scram_credential_sha512": r.UserScramCredential(
+        "bob-é", 2, bytes(range(64)), bytes(range(64)), bytes(range(64, 128)), 16384
+    ),
+    "remove_user_scram_credential": r.RemoveUserScramCredential("alice", 2),
 }
+
+READ_ORDERS = acl.AclBinding(
+    acl.ResourceType.TOPIC,
+    "orders",
+    acl.PatternType.LITERAL,
+    "User:alice",
+    "*",
+    acl.AclOperation.READ,
+    acl.AclPermissionType.ALLOW,
+)
 
 CONTROLLER_MESSAGES: dict[str, Any] = {
     "register_broker": cm.RegisterBroker(
@@ -200,6 +223,21 @@ CONTROLLER_MESSAGES: dict[str, Any] = {
     ),
     "alter_client_quotas_reply": cm.AlterClientQuotasReply(
         (cm.QuotaEntryResult((("user", "bob"),)),)
+    ),
+    "create_acls": cm.CreateAcls((READ_ORDERS,)),
+    "create_acls_reply": cm.CreateAclsReply(
+        (cm.AclCreationResult(), cm.AclCreationResult(ErrorCode.invalid_request, "no"))
+    ),
+    "delete_acls": cm.DeleteAcls(
+        (acl.AclBindingFilter(), acl.AclBindingFilter(acl.ResourceType.TOPIC, "orders"))
+    ),
+    "delete_acls_reply": cm.DeleteAclsReply((cm.DeleteAclsFilterResult(matching=(READ_ORDERS,)),)),
+    "alter_user_scram_credentials": cm.AlterUserScramCredentials(
+        (cm.ScramCredentialDeletion("bob", 2),),
+        (cm.ScramCredentialUpsertion("alice", 1, 8192, bytes(range(16)), bytes(range(32))),),
+    ),
+    "alter_user_scram_credentials_reply": cm.AlterUserScramCredentialsReply(
+        (cm.ScramUserResult("bob", ErrorCode.resource_not_found, "none"), cm.ScramUserResult("a"))
     ),
 }
 
