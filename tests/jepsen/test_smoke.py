@@ -54,6 +54,32 @@ def test_smoke_run_with_kills_and_partitions_is_valid(tmp_path: Path) -> None:
     assert not outcome.warnings, f"seed={SMOKE_SEED} {outcome.warnings}"
 
 
+DAMAGE_SEED = 1
+
+
+@pytest.mark.cluster
+@needs_cluster
+def test_smoke_run_with_damaged_disks_and_forged_messages_is_valid(tmp_path: Path) -> None:
+    """A flipped byte on a partition leader, a torn tail on a follower, a rogue client on
+    every internal listener: nothing acknowledged is lost or changed."""
+    outcome = run(
+        RunOptions(
+            nodes=3,
+            time_limit_s=40,
+            nemesis=("corrupt-leader", "truncate-follower", "forge"),
+            nemesis_interval_s=6,
+            seed=DAMAGE_SEED,
+            progress=False,
+            store_root=tmp_path,
+        )
+    )
+    res = outcome.results
+    assert res["valid"], f"seed={DAMAGE_SEED} {outcome.run_dir}: {res['anomaly_counts']}"
+    assert res["faults"]["count"] >= 2, f"seed={DAMAGE_SEED} {res['faults']}"
+    assert all(w["healed"] for w in res["faults"]["windows"]), f"seed={DAMAGE_SEED}"
+    assert not outcome.warnings, f"seed={DAMAGE_SEED} {outcome.warnings}"
+
+
 @pytest.mark.cluster
 @needs_cluster
 def test_checker_catches_unsafe_loss_when_a_leader_is_cut_off(tmp_path: Path) -> None:
