@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     mat = sub.add_parser(
-        "matrix", help="none/kill/pause/partition/all x N runs; table into docs/jepsen.md"
+        "matrix",
+        help="each nemesis (none, kill, ..., forge, all) x N runs; table into docs/jepsen.md",
     )
     _run_options(mat, time_limit_s=120.0, matrix=True)
     mat.set_defaults(handler=cmd_matrix)
@@ -95,7 +96,7 @@ def _run_options(
     else:
         p.add_argument(
             "--nemesis",
-            default="none,kill,pause,partition,all",
+            default="none,kill,pause,partition,corrupt,truncate,forge,all",
             help="the matrix's nemeses, each run on its own (a name, all or none)",
         )
         p.add_argument("--runs", type=int, default=3, help="runs per nemesis")
