@@ -7,6 +7,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from raftlog.errors import RemoteError
+
 WILDCARD_RESOURCE = "*"
 WILDCARD_PRINCIPAL = "User:*"
 WILDCARD_HOST = "*"
@@ -66,7 +68,7 @@ CONCRETE_OPERATIONS = frozenset(op for op in AclOperation if op > AclOperation.A
 CONCRETE_PERMISSIONS = frozenset({AclPermissionType.DENY, AclPermissionType.ALLOW})
 
 
-class InvalidAclError(ValueError):
+class InvalidAclError(RemoteError, ValueError):
     """A binding that cannot be stored (Kafka answers INVALID_REQUEST)."""
 
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raftlog.errors import RemoteError
+
 ANONYMOUS = "User:ANONYMOUS"
 
 # Python's ssl names (OpenSSL long names) -> the keywords Java's RFC 2253 output uses.
@@ -59,7 +61,7 @@ _PRINTABLE_STRING_CHARS = frozenset(
 _ESCAPED = frozenset(',=+<>#;"\\')
 
 
-class NoMatchingRule(ValueError):
+class NoMatchingRule(RemoteError, ValueError):
     """No mapping rule matched the certificate's name (Kafka fails the connection)."""
 
 

@@ -23,6 +23,7 @@ import secrets
 from collections.abc import Callable, Collection
 from typing import Protocol
 
+from raftlog.errors import RemoteError
 from raftlog.security import scram
 from raftlog.security.acl import ScramCredential, ScramMechanism
 
@@ -47,7 +48,7 @@ CredentialLookup = Callable[[str, ScramMechanism], ScramCredential | None]
 _PROCESS_FAKE_SECRET = secrets.token_bytes(32)
 
 
-class SaslAuthenticationFailed(Exception):
+class SaslAuthenticationFailed(RemoteError):
     """The exchange failed and is over. str() is safe to send to the peer; `log_detail` says
     why, for the local log only."""
 
@@ -56,7 +57,7 @@ class SaslAuthenticationFailed(Exception):
         self.log_detail = log_detail
 
 
-class UnsupportedSaslMechanism(Exception):
+class UnsupportedSaslMechanism(RemoteError):
     """The mechanism is unknown or not enabled on this listener (Kafka:
     UNSUPPORTED_SASL_MECHANISM)."""
 
