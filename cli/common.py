@@ -1,4 +1,9 @@
-"""Options every command shares (--bootstrap-server, --json) and the async runner.
+"""Options every command shares (--bootstrap-server, --command-config, --json) and the
+async runner.
+
+--command-config is Kafka's tools' flag: a client properties file (security.protocol,
+sasl.*, ssl.*) that kcat and confluent-kafka read too. Without it, a local cluster started
+with `raftlog cluster up --secure` is reached with the properties file `up` wrote.
 
 `run_async` is the single bridge from click to trio: it runs the command's coroutine and
 turns whatever escapes into a one-line error (cli/errors.py) and a non-zero exit code.
@@ -22,6 +27,13 @@ from raftlog_cli.errors import CliError, explain, one_line
 from raftlog_cli.render import Renderer
 
 from raftlog.client import Cluster, ClusterLimits, ConnectionLimits, open_cluster
+from raftlog.client.properties import (
+    PLAINTEXT,
+    ClientProperties,
+    ClientPropertiesError,
+    ClientSecurity,
+    load_client_properties,
+)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,14 +51,24 @@ CLI_LIMITS = ClusterLimits(
 )
 
 
-def local_bootstrap(cluster_dir: str | Path = DEFAULT_CLUSTER_DIR) -> str | None:
-    """Bootstrap servers of the cluster `raftlog cluster up` started in cluster_dir, if any."""
+def _local_cluster_entry(cluster_dir: str | Path, key: str) -> str | None:
     path = Path(cluster_dir) / CLUSTER_FILE
     try:
         data = json.loads(path.read_text())
-        return str(data["bootstrap_servers"])
+        value = data[key]
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return str(value) if value else None
+
+
+def local_bootstrap(cluster_dir: str | Path = DEFAULT_CLUSTER_DIR) -> str | None:
+    """Bootstrap servers of the cluster `raftlog cluster up` started in cluster_dir, if any."""
+    return _local_cluster_entry(cluster_dir, "bootstrap_servers")
+
+
+def local_client_properties(cluster_dir: str | Path = DEFAULT_CLUSTER_DIR) -> str | None:
+    """The client properties file of a secure local cluster in cluster_dir, if any."""
+    return _local_cluster_entry(cluster_dir, "client_properties")
 
 
 def resolve_bootstrap(value: str | None) -> str:
@@ -59,14 +81,52 @@ class Options:
     json: bool
     # False when the address came from the default (local cluster file or 127.0.0.1:9092).
     explicit_bootstrap: bool = True
+    security: ClientSecurity = PLAINTEXT
+    client_id: str = "raftlog-cli"
 
     @property
     def out(self) -> Renderer:
         return Renderer(json_mode=self.json)
 
 
+def load_command_config(path: str) -> ClientProperties:
+    """The --command-config file, or a usage error naming the flag and the bad key."""
+    try:
+        properties = load_client_properties(path)
+    except ClientPropertiesError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--command-config'") from None
+    if properties.ignored_keys:
+        shown = ", ".join(properties.ignored_keys[:10])
+        more = len(properties.ignored_keys) - 10
+        click.echo(
+            f"warning: {path}: raftlog ignores {shown}" + (f" and {more} more" if more > 0 else ""),
+            err=True,
+        )
+    return properties
+
+
+def make_options(
+    bootstrap_server: str | None, command_config: str | None, json_mode: bool
+) -> Options:
+    """Options from the flags: --bootstrap-server, else the properties file's
+    bootstrap.servers, else the local cluster, else 127.0.0.1:9092."""
+    implicit_config = command_config is None and bootstrap_server is None
+    path = command_config or (local_client_properties() if implicit_config else None)
+    properties = load_command_config(path) if path else None
+    explicit = bootstrap_server is not None
+    if bootstrap_server is None and properties is not None and command_config is not None:
+        bootstrap_server = properties.bootstrap_servers
+        explicit = bootstrap_server is not None
+    opts = Options(resolve_bootstrap(bootstrap_server), json_mode, explicit)
+    if properties is not None:
+        opts.security = properties.security
+        opts.client_id = properties.client_id or opts.client_id
+    return opts
+
+
 def common_options(func: F) -> F:
-    """Add --bootstrap-server and --json; the command receives `opts: Options`."""
+    """Add --bootstrap-server, --command-config and --json; the command receives
+    `opts: Options`."""
 
     @click.option(
         "--bootstrap-server",
@@ -77,10 +137,25 @@ def common_options(func: F) -> F:
         help=f"Brokers to contact (default: the local cluster in {DEFAULT_CLUSTER_DIR}/, "
         f"else {DEFAULT_BOOTSTRAP}).",
     )
+    @click.option(
+        "--command-config",
+        "command_config",
+        envvar="RAFTLOG_COMMAND_CONFIG",
+        default=None,
+        metavar="FILE",
+        help="Client properties file (security.protocol, sasl.*, ssl.*), as for Kafka's "
+        "tools, kcat -F and confluent-kafka (default: the secure local cluster's).",
+    )
     @click.option("--json", "json_mode", is_flag=True, help="Print JSON instead of tables.")
     @wraps(func)
-    def wrapper(*args: Any, bootstrap_server: str | None, json_mode: bool, **kwargs: Any) -> Any:
-        opts = Options(resolve_bootstrap(bootstrap_server), json_mode, bootstrap_server is not None)
+    def wrapper(
+        *args: Any,
+        bootstrap_server: str | None,
+        command_config: str | None,
+        json_mode: bool,
+        **kwargs: Any,
+    ) -> Any:
+        opts = make_options(bootstrap_server, command_config, json_mode)
         return func(*args, opts=opts, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -90,7 +165,7 @@ def common_options(func: F) -> F:
 async def connect(opts: Options) -> AsyncIterator[Cluster]:
     """open_cluster with the CLI's short timeouts (errors are mapped by run_async)."""
     async with open_cluster(
-        opts.bootstrap_server, client_id="raftlog-cli", limits=CLI_LIMITS
+        opts.bootstrap_server, client_id=opts.client_id, limits=CLI_LIMITS, security=opts.security
     ) as cluster:
         yield cluster
 

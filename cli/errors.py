@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 import trio
 
+from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
 from raftlog.client.connection import ConnectionClosed, RequestTimeout, UnsupportedVersion
 from raftlog.errors import ConfigError, ErrorCode, KafkaError, LocalError
 from raftlog.quotas.entity import QuotaValidationError
@@ -35,6 +36,12 @@ _KAFKA_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.illegal_generation: "the group has active members; stop them first",
     ErrorCode.rebalance_in_progress: "the group is rebalancing",
     ErrorCode.throttling_quota_exceeded: "controller mutation quota exceeded; retry later",
+    ErrorCode.topic_authorization_failed: "not authorized for the topic",
+    ErrorCode.group_authorization_failed: "not authorized for the group",
+    ErrorCode.cluster_authorization_failed: "not authorized for this cluster operation",
+    ErrorCode.transactional_id_authorization_failed: "not authorized for the transactional id",
+    ErrorCode.sasl_authentication_failed: "authentication failed",
+    ErrorCode.security_disabled: "security (the authorizer) is not enabled on the cluster",
 }
 
 
@@ -72,8 +79,16 @@ def explain(exc: BaseException, bootstrap: str | None = None) -> str | None:
         if exc.code == ErrorCode.unknown_topic_or_partition and exc.message.startswith("topic "):
             return f"unknown {exc.message}"
         return kafka_message(exc.code, exc.message)
+    if isinstance(exc, AuthenticationFailed | TlsHandshakeFailed):
+        return str(exc)
     if isinstance(exc, UnsupportedVersion):
         return f"the cluster does not support this operation ({exc})"
+    if isinstance(exc, ConnectionClosed) and "closed by the broker" in str(exc):
+        # A TLS or SASL listener hangs up on a client that speaks neither.
+        return (
+            f"the cluster{where} closed the connection; if it is secured, pass "
+            "--command-config with its security.protocol, sasl.* and ssl.* settings"
+        )
     if isinstance(exc, ConnectionRefusedError | ConnectionClosed):
         return f"cannot reach the cluster{where}: is it running? (start one: raftlog cluster up)"
     if isinstance(exc, RequestTimeout | trio.TooSlowError | TimeoutError):

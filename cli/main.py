@@ -47,6 +47,7 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from raftlog_cli.acls import acls_group
     from raftlog_cli.cluster import cluster_group
     from raftlog_cli.consume import consume_command
     from raftlog_cli.groups import groups_group
@@ -54,6 +55,7 @@ def _register() -> None:
     from raftlog_cli.produce import produce_command
     from raftlog_cli.quotas import quotas_group
     from raftlog_cli.topics import topics_group
+    from raftlog_cli.users import users_group
 
     for command in (
         node_command,
@@ -63,6 +65,8 @@ def _register() -> None:
         consume_command,
         groups_group,
         quotas_group,
+        acls_group,
+        users_group,
     ):
         cli.add_command(command)
 
