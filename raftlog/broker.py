@@ -411,16 +411,12 @@ class BrokerBackend:
             return self._producer_ids.pop()
 
     # ---------------------------------------------------------------- ACLs and SCRAM
-    async def _await_caught_up(self) -> None:
-        """Wait (bounded) until this broker's image holds everything committed so far, so a
-        client that changed ACLs or credentials here reads its change back here."""
-        quorum = self.metadata.quorum
-        if quorum is not None:
-            high_watermark = quorum.high_watermark
-            await self._await_image(
-                lambda image: image.last_applied_offset + 1 >= high_watermark,
-                self.config.request_timeout_ms,
-            )
+    async def _await_visible(self, predicate: Callable[[MetadataImage], bool]) -> None:
+        """Wait (bounded) until this broker's image shows a committed change, so a client
+        that changed ACLs or credentials here reads its change back here. A predicate on the
+        change itself, not the local high watermark: a broker that is not the controller
+        learns of the commit only with its next metadata fetch."""
+        await self._await_image(predicate, self.config.request_timeout_ms)
 
     async def create_acls(self, creations: Sequence[AclBinding]) -> Sequence[AclCreateResult]:
         if not creations:
@@ -430,8 +426,11 @@ class BrokerBackend:
                 ErrorCode.invalid_request, f"over {cm.MAX_ACLS_PER_REQUEST} ACLs in one request"
             )
         reply: cm.CreateAclsReply = await self._call(cm.CreateAcls(tuple(creations)), 0)
-        if any(r.error_code == ErrorCode.none for r in reply.results):
-            await self._await_caught_up()
+        # One result per creation; strict: a reply that breaks that is an error, not a guess.
+        results = zip(creations, reply.results, strict=True)
+        created = {b for b, r in results if r.error_code == ErrorCode.none}
+        if created:
+            await self._await_visible(lambda image: created <= set(image.acls.values()))
         return [AclCreateResult(r.error_code, r.error_message) for r in reply.results]
 
     async def describe_acls(self, acl_filter: AclBindingFilter) -> Sequence[AclBinding]:
@@ -448,8 +447,9 @@ class BrokerBackend:
                 ErrorCode.invalid_request, f"over {cm.MAX_ACLS_PER_REQUEST} filters in one request"
             )
         reply: cm.DeleteAclsReply = await self._call(cm.DeleteAcls(tuple(filters)), 0)
-        if any(r.matching for r in reply.results):
-            await self._await_caught_up()
+        deleted = {b for r in reply.results for b in r.matching}
+        if deleted:
+            await self._await_visible(lambda image: not deleted & set(image.acls.values()))
         return [AclDeleteResult(r.error_code, r.error_message, r.matching) for r in reply.results]
 
     async def describe_user_scram_credentials(
@@ -469,8 +469,24 @@ class BrokerBackend:
             raise KafkaError(ErrorCode.invalid_request, f"over {limit} alterations in one request")
         request = cm.AlterUserScramCredentials(tuple(deletions), tuple(upsertions))
         reply: cm.AlterUserScramCredentialsReply = await self._call(request, 0)
-        if any(r.error_code == ErrorCode.none for r in reply.results):
-            await self._await_caught_up()
+        done = {r.user for r in reply.results if r.error_code == ErrorCode.none}
+        gone = [(d.name, ScramMechanism(d.mechanism)) for d in deletions if d.name in done]
+        # An upsertion is visible when the image holds its salt and iterations.
+        upserted = {
+            (u.name, ScramMechanism(u.mechanism)): (u.salt, u.iterations)
+            for u in upsertions
+            if u.name in done
+        }
+
+        def visible(image: MetadataImage) -> bool:
+            held = image.scram_credentials
+            return not any(key in held for key in gone) and all(
+                (c := held.get(key)) is not None and (c.salt, c.iterations) == want
+                for key, want in upserted.items()
+            )
+
+        if done:
+            await self._await_visible(visible)
         return [ScramAlterResult(r.user, r.error_code, r.error_message) for r in reply.results]
 
     def scram_credential(self, user: str, mechanism: ScramMechanism) -> ScramCredential | None:

@@ -25,6 +25,8 @@ from confluent_kafka.admin import (
 )
 
 import raftlog.node
+from raftlog.errors import ErrorCode
+from raftlog.metadata.controller import messages as cm
 from raftlog.net.kafka import handlers_security
 from raftlog.net.kafka.apis import ApiRegistry, default_registry
 from raftlog.security import acl
@@ -165,6 +167,31 @@ async def test_acls_and_scram_users_on_every_node_through_failover_and_restart(
             assert credential is not None and credential.iterations == 8192
             assert verify_password(credential, "alice-512")
             assert set(node.backend.acl_bindings()) == ours
+
+        # A broker that is not the controller forwards the writes over the internal listener
+        # and answers once its own image has them.
+        follower = next(n for n in cluster.nodes.values() if n is not leader)
+        extra = acl.AclBinding(
+            acl.ResourceType.CLUSTER,
+            acl.CLUSTER_RESOURCE_NAME,
+            acl.PatternType.LITERAL,
+            "User:admin",
+            "*",
+            acl.AclOperation.ALTER,
+            acl.AclPermissionType.ALLOW,
+        )
+        (created_here,) = await follower.backend.create_acls([extra])
+        assert created_here.error == ErrorCode.none, created_here
+        assert extra in set(follower.backend.acl_bindings())
+        (deleted_here,) = await follower.backend.delete_acls(
+            [acl.AclBindingFilter(principal="User:admin")]
+        )
+        assert list(deleted_here.matching) == [extra]
+        assert extra not in set(follower.backend.acl_bindings())
+        (refused,) = await follower.backend.alter_user_scram_credentials(
+            [cm.ScramCredentialDeletion("carol", 1)], []
+        )
+        assert refused.error == ErrorCode.resource_not_found
 
         # Reads are served by each node from its own image.
         for config in configs:
