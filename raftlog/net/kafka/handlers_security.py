@@ -2,8 +2,9 @@
 AlterUserScramCredentials.
 
 Writes go through the backend to the active controller and are answered once committed;
-reads come from this node's image. Who may call these is not checked here: the authorizer
-checks requests before they reach a handler (ALTER/DESCRIBE on CLUSTER, as Kafka does).
+reads come from this node's image. Who may call these is not checked here: that is the
+authorizer's job, before a request reaches its handler (Kafka asks for ALTER on the CLUSTER
+resource for the three writes, DESCRIBE on it for the two reads).
 """
 
 from __future__ import annotations
