@@ -13,9 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# ListOffsets sentinels, as in Spark's offset JSON: -2 earliest, -1 latest.
+from raftlog.client.properties import (
+    PLAINTEXT,
+    ClientPropertiesError,
+    ClientSecurity,
+    parse_client_properties,
+)
 from raftlog.errors import LocalError
 
+# ListOffsets sentinels, as in Spark's offset JSON: -2 earliest, -1 latest.
 EARLIEST = -2
 LATEST = -1
 
@@ -61,6 +67,8 @@ class ReadOptions:
     max_retries: int = DEFAULT_MAX_RETRIES
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
     max_offsets_per_trigger: int | None = None
+    # TLS and SASL from the kafka.security.protocol, kafka.sasl.* and kafka.ssl.* options.
+    security: ClientSecurity = PLAINTEXT
 
     def matches(self, topic: str) -> bool:
         """Whether a topic is part of this subscription (internal topics never are)."""
@@ -180,6 +188,63 @@ def _offsets_option(
     return parsed
 
 
+# The security options Spark's Kafka source passes to its consumer (prefixed "kafka."),
+# plus librdkafka's PEM names, which Java's consumer does not have.
+SECURITY_OPTION_KEYS = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.jaas.config",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+    "ssl.truststore.location",
+    "ssl.truststore.type",
+    "ssl.keystore.location",
+    "ssl.keystore.type",
+)
+# Java keystore/truststore passwords guard JKS/PKCS12 files, which raftlog does not read; a
+# PEM store needs none, so they are accepted and unused.
+_IGNORED_SECURITY_OPTIONS = ("ssl.truststore.password", "ssl.keystore.password")
+
+
+def parse_security(options: Mapping[str, str]) -> ClientSecurity:
+    """kafka.security.protocol, kafka.sasl.* and kafka.ssl.* as a ClientSecurity (the same
+    reading as a client properties file); files are not checked here: they must exist on
+    the executors, not on the driver."""
+    lowered = {str(k).lower(): v for k, v in options.items()}
+    values = {
+        key: str(lowered[f"kafka.{key}"])
+        for key in SECURITY_OPTION_KEYS
+        if lowered.get(f"kafka.{key}") is not None
+    }
+    unknown = sorted(
+        name
+        for name in lowered
+        if name.startswith(("kafka.ssl.", "kafka.sasl."))
+        and name[len("kafka.") :] not in SECURITY_OPTION_KEYS
+        and name[len("kafka.") :] not in _IGNORED_SECURITY_OPTIONS
+    )
+    if unknown:
+        # Refused, not ignored: a security setting the reader would drop silently could
+        # leave a connection less protected than its author meant.
+        raise OptionError(f"option {unknown[0]} is not supported by the raftlog source")
+    try:
+        return parse_client_properties(values, source="options").security
+    except ClientPropertiesError as exc:
+        raise OptionError(_with_prefix(str(exc))) from None
+
+
+def _with_prefix(message: str) -> str:
+    """Name the options as the user wrote them: kafka.sasl.mechanism, not sasl.mechanism."""
+    for key in sorted(SECURITY_OPTION_KEYS, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w.]){re.escape(key)}(?![\w.])", f"kafka.{key}", message)
+    return message
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
     """Validate the user's options; raises OptionError naming the bad option."""
     servers = _get(options, "bootstrap.servers", "kafka.bootstrap.servers")
@@ -264,4 +329,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         ),
         max_retries=_count(options, "fetchRetries", lo=0, default=DEFAULT_MAX_RETRIES),
         max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", lo=1, default=None),
+        security=parse_security(options),
     )

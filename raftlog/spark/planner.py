@@ -206,7 +206,10 @@ def _resolve(
 async def plan_async(options: ReadOptions) -> list[OffsetRange]:
     """The splits of a batch read (see the module docstring)."""
     async with open_cluster(
-        options.bootstrap_servers, client_id="raftlog-spark", limits=cluster_limits(options)
+        options.bootstrap_servers,
+        client_id="raftlog-spark",
+        limits=cluster_limits(options),
+        security=options.security,
     ) as cluster:
         ranges, _ = await plan_offsets(cluster, options)
     return split_ranges(
@@ -224,7 +227,10 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
 async def high_watermarks_async(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
     """Log start and HW of every subscribed partition now (streaming's latest offsets)."""
     async with open_cluster(
-        options.bootstrap_servers, client_id="raftlog-spark", limits=cluster_limits(options)
+        options.bootstrap_servers,
+        client_id="raftlog-spark",
+        limits=cluster_limits(options),
+        security=options.security,
     ) as cluster:
         return await partition_offsets(cluster, selected_partitions(cluster, options))
 

@@ -117,7 +117,10 @@ async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chu
     columns = Columns(headers=[] if options.include_headers else None)
     max_bytes = options.fetch_max_bytes
     async with open_cluster(
-        options.bootstrap_servers, client_id="raftlog-spark", limits=cluster_limits(options)
+        options.bootstrap_servers,
+        client_id="raftlog-spark",
+        limits=cluster_limits(options),
+        security=options.security,
     ) as cluster:
         consumer = Consumer(cluster, max_wait_ms=options.fetch_max_wait_ms)
         for _ in range(options.fetches_per_chunk):
