@@ -158,13 +158,19 @@ class ListenerGuard:
 
         await trio.serve_listeners(guarded, listeners)
 
-    def frame_reader(self, stream: trio.abc.ReceiveStream, max_frame_bytes: int) -> FrameReader:
-        """A reader for one connection served by `serve_listeners`, under this guard's limits."""
+    def frame_reader(
+        self, stream: trio.abc.ReceiveStream, max_frame_bytes: int, *, key: object = None
+    ) -> FrameReader:
+        """A reader for one connection served by `serve_listeners`, under this guard's limits.
+
+        `key` is the stream `serve_listeners` accepted when `stream` wraps it (TLS): the
+        connection's bytes are returned to the pool under that stream when it ends."""
         account = self.queued.account()
-        previous = self._accounts.get(id(stream))
+        owner = id(key if key is not None else stream)
+        previous = self._accounts.get(owner)
         if previous is not None:
             previous.close()
-        self._accounts[id(stream)] = account
+        self._accounts[owner] = account
         return FrameReader(
             stream,
             max_frame_bytes,

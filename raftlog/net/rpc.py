@@ -13,6 +13,12 @@ the first frame, a later frame claiming another id closes the connection, and ha
 bound id, never a per-frame claim. A handler that finds a body naming another node raises
 `IdentityMismatch`, which also closes the connection. Errors answered to a peer carry the
 exception's type only; the detail goes to this node's log.
+
+With internal_security_protocol = SSL both sides use mutual TLS: `serve_rpc(ssl_context=...)`
+accepts only peers with a certificate from the cluster CA, and its `identify` seam binds the
+connection to the node id the certificate names (net/tls.py: CN "node-<id>") before any frame
+is read; `PeerSet(ssl_context=...)` dials with this node's certificate and checks that the
+peer's certificate names the node it meant to reach.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
@@ -28,6 +35,7 @@ import trio
 
 from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Range, Size
 from raftlog.errors import RemoteError
+from raftlog.net import tls
 from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge, frame
 from raftlog.net.limits import DEFAULT_LISTENER_LIMITS, ListenerGuard, ListenerLimits
 
@@ -44,9 +52,11 @@ Handler = Callable[[int, str, Any], Awaitable[Any]]
 """handler(sender_id, method, body) -> response body (ignored for casts)."""
 UnreachableListener = Callable[[int], None]
 """listener(peer_id): a connection attempt to that peer just failed."""
-Identify = Callable[[trio.SocketStream], "PeerIdentity"]
+Identify = Callable[[trio.abc.Stream], "PeerIdentity | None"]
 """identify(stream): the identity a new connection speaks for (an authenticated listener's
-seam: it returns PeerIdentity(node id proved), already bound)."""
+seam: it returns PeerIdentity(node id proved), already bound), or None to refuse it (identify
+logs why; the listener closes it). Under TLS `stream` is the trio.SSLStream after its
+handshake, so getpeercert() holds the verified certificate."""
 
 
 class RpcError(RemoteError):
@@ -136,20 +146,42 @@ async def serve_rpc(
     limits: RpcLimits = RpcLimits(),
     guard: ListenerGuard | None = None,
     identify: Identify | None = None,
+    ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept internal connections and dispatch frames to `handler` until cancelled.
 
     `guard` defaults to one built from `limits.listener`; pass one to watch its counters.
     `identify` gives each new connection its identity (default: bound at its first frame).
+    `ssl_context` (server side; client certificates required for mutual TLS) wraps every
+    connection in TLS, the handshake bounded by the listener's request_read_timeout_ms.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners)
     guard = guard or ListenerGuard("internal", limits.listener, log)
+    handshake_timeout_s = limits.listener.request_read_timeout_ms / 1000
 
-    async def serve_one(stream: trio.SocketStream) -> None:
-        identity = identify(stream) if identify is not None else None
-        await _serve_connection(stream, handler, limits, identity, guard=guard)
+    async def serve_one(raw: trio.SocketStream) -> None:
+        peer = _peer_name(raw)
+        stream: trio.abc.Stream = raw
+        if ssl_context is not None:
+            secured, failure = await tls.handshake(
+                raw, ssl_context, handshake_timeout_s, server_side=True
+            )
+            if secured is None:
+                log.info("internal listener: TLS handshake with %s failed: %s", peer, failure)
+                await trio.aclose_forcefully(raw)
+                return
+            stream = secured
+        identity = None
+        if identify is not None:
+            identity = identify(stream)
+            if identity is None:
+                await trio.aclose_forcefully(stream)
+                return
+        await _serve_connection(
+            stream, handler, limits, identity, guard=guard, peer=peer, guard_key=raw
+        )
 
     await guard.serve_listeners(serve_one, listeners)
 
@@ -160,13 +192,15 @@ async def _serve_connection(
     limits: RpcLimits,
     identity: PeerIdentity | None = None,
     guard: ListenerGuard | None = None,
+    peer: str | None = None,
+    guard_key: object = None,
 ) -> None:
-    peer = _peer_name(stream)
+    peer = peer if peer is not None else _peer_name(stream)
     identity = identity if identity is not None else PeerIdentity()
     if guard is None:
         reader = FrameReader(stream, limits.max_frame_bytes)
     else:
-        reader = guard.frame_reader(stream, limits.max_frame_bytes)
+        reader = guard.frame_reader(stream, limits.max_frame_bytes, key=guard_key)
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
     # Responses go through one writer task that coalesces whatever is queued; the channel
     # holds at most one response per in-flight request, so it never blocks an answer.
@@ -300,8 +334,10 @@ class PeerClient:
         limits: RpcLimits = RpcLimits(),
         rng: random.Random | None = None,
         on_unreachable: UnreachableListener | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.sender_id = sender_id
+        self._ssl_context = ssl_context
         self.peer_id = peer_id
         self._on_unreachable = on_unreachable
         self.address = (host, port)
@@ -386,12 +422,20 @@ class PeerClient:
     async def _reconnect_forever(self) -> None:
         backoff_s = self.limits.reconnect_backoff_min_s
         while True:
-            stream = None
+            stream: trio.abc.Stream | None = None
             with trio.move_on_after(self.limits.connect_timeout_s):
                 try:
                     stream = await trio.open_tcp_stream(*self.address)
                 except OSError:
                     stream = None
+            if stream is not None and self._ssl_context is not None:
+                stream = await self._secure(stream)
+                if stream is None:
+                    # The peer is up but not the node we trust: no faster election for
+                    # that, only the back-off.
+                    await trio.sleep(backoff_s * (0.5 + self._rng.random()))
+                    backoff_s = min(backoff_s * 2, self.limits.reconnect_backoff_max_s)
+                    continue
             if stream is None:
                 if self._on_unreachable is not None:
                     # A refused connect means the peer's process is gone (or not up yet);
@@ -409,6 +453,29 @@ class PeerClient:
                 self._fail_pending()
                 self._drain_queue()
 
+    async def _secure(self, raw: trio.abc.Stream) -> trio.abc.Stream | None:
+        """Mutual TLS with this node's certificate; the peer's must name `peer_id`. The
+        identity checked is the node id, not a host name: node certificates need not list
+        the addresses nodes are configured with."""
+        assert self._ssl_context is not None
+        stream, failure = await tls.handshake(
+            raw, self._ssl_context, self.limits.connect_timeout_s, server_side=False
+        )
+        if stream is not None:
+            named = tls.node_id_from_certificate(stream.getpeercert())
+            if named != self.peer_id:
+                failure = f"its certificate names node {named}, not node {self.peer_id}"
+        if stream is None or failure:
+            log.warning(
+                "TLS connection to node %s at %s:%s refused: %s",
+                self.peer_id,
+                *self.address,
+                failure,
+            )
+            await trio.aclose_forcefully(raw)
+            return None
+        return stream
+
     def _fail_pending(self) -> None:
         for channel in list(self._pending.values()):
             channel.close()
@@ -422,7 +489,7 @@ class PeerClient:
             except trio.WouldBlock:
                 return
 
-    async def _session(self, stream: trio.SocketStream) -> None:
+    async def _session(self, stream: trio.abc.Stream) -> None:
         reader = FrameReader(stream, self.limits.max_frame_bytes)
 
         async def sender() -> None:
@@ -467,10 +534,17 @@ class PeerSet:
     """Outgoing clients to every known peer, keyed by node id."""
 
     def __init__(
-        self, sender_id: int, limits: RpcLimits = RpcLimits(), rng: random.Random | None = None
+        self,
+        sender_id: int,
+        limits: RpcLimits = RpcLimits(),
+        rng: random.Random | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.sender_id = sender_id
         self.limits = limits
+        # Client side of internal mutual TLS (None: plaintext).
+        self.ssl_context = ssl_context
         self._rng = rng or random.Random()
         self._peers: dict[int, PeerClient] = {}
         self._nursery: trio.Nursery | None = None
@@ -507,6 +581,7 @@ class PeerSet:
             limits=self.limits,
             rng=self._rng,
             on_unreachable=self._peer_unreachable,
+            ssl_context=self.ssl_context,
         )
         self._peers[node_id] = client
         self._nursery.start_soon(client.run)

@@ -253,8 +253,17 @@ class BrokerLifecycle:
             self.unfenced = trio.Event()
 
     async def _register(self) -> None:
-        client_host, client_port = self.config.advertised_client_address
+        advertised = self.config.advertised_client_listeners
+        # The first listener is the default endpoint: what a node that does not read the
+        # listener list (an older version) tells every client.
+        client_host, client_port = advertised[0].host, advertised[0].port
         internal_host, internal_port = self.config.advertised_internal_address
+        # One PLAINTEXT listener is what an empty list means: leave it off the wire.
+        listeners = (
+            tuple((b.name, b.host, b.port, b.security_protocol) for b in advertised)
+            if self.config.listeners.strip()
+            else ()
+        )
         request = cm.RegisterBroker(
             self.config.node_id,
             self.incarnation_id,
@@ -264,6 +273,7 @@ class BrokerLifecycle:
             internal_port,
             None,
             self.metadata.cluster_id or None,
+            listeners,
         )
         interval_s = self.config.broker_heartbeat_interval_ms / 1000
         while True:

@@ -114,6 +114,12 @@ class ApiRegistry:
             )
         self._specs[api_key] = ApiSpec(int(api_key), min_version, max_version, handler)
 
+    def copy(self) -> ApiRegistry:
+        """A registry with the same APIs, to extend for one listener only."""
+        registry = ApiRegistry()
+        registry._specs = dict(self._specs)
+        return registry
+
     def get(self, api_key: int) -> ApiSpec | None:
         return self._specs.get(api_key)
 

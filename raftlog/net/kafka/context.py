@@ -77,11 +77,28 @@ class ConnectionHandle(Protocol):
     def client_id(self) -> str: ...
 
     @property
-    def user(self) -> str: ...
+    def user(self) -> str:
+        """The authenticated user's name ("alice"; "ANONYMOUS" when unauthenticated)."""
+        ...
+
+    @property
+    def principal(self) -> str:
+        """The full principal, Kafka's "User:alice" ("User:ANONYMOUS" when unauthenticated)."""
+        ...
+
+    @property
+    def listener(self) -> str:
+        """The name of the listener the connection came in on ("PLAINTEXT" by default)."""
+        ...
 
     def mute(self, duration_ms: int) -> None:
         """Stop reading requests from this connection for duration_ms (quota throttling)."""
         ...
+
+
+EndpointLookup = Callable[[str, int], "tuple[str, int] | None"]
+"""endpoints(listener name, broker id): that broker's advertised endpoint on the named
+listener, or None when it registered none by that name."""
 
 
 @dataclass
@@ -101,9 +118,18 @@ class RequestContext:
     # returns it.
     api_table: Sequence[tuple[int, int, int]] = ()
     extras: dict[str, Any] = field(default_factory=dict)
+    # Per-listener endpoints (None: one listener, so the registered endpoint is the answer).
+    endpoints: EndpointLookup | None = None
 
     def throttle(self, throttle_ms: int) -> None:
         self.throttle_ms = max(self.throttle_ms, throttle_ms)
+
+    def advertised(self, broker_id: int, host: str, port: int) -> tuple[str, int]:
+        """Where this client should reach `broker_id`: its endpoint on the listener this
+        request came in on (Kafka answers per listener), else its default endpoint."""
+        if self.endpoints is None:
+            return host, port
+        return self.endpoints(self.connection.listener, broker_id) or (host, port)
 
 
 # A handler turns a parsed kio request into a response dict (kio field names; `codec.build`

@@ -22,12 +22,15 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str
         "endpoint_type": 1,  # brokers
         "cluster_id": backend.cluster_id,
         "controller_id": backend.controller_id(),
-        "brokers": [
-            {"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-            for b in backend.brokers()
-        ],
+        "brokers": [_broker_dict(ctx, b) for b in backend.brokers()],
         "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
     }
+
+
+def _broker_dict(ctx: RequestContext, broker: Any) -> dict[str, Any]:
+    # The endpoint on the listener this request came in on (Kafka answers per listener).
+    host, port = ctx.advertised(broker.node_id, broker.host, broker.port)
+    return {"broker_id": broker.node_id, "host": host, "port": port, "rack": broker.rack}
 
 
 def _replica_dict(r: Any) -> dict[str, Any]:

@@ -119,14 +119,19 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
     return {
         "throttle_time": 0,
         "brokers": [
-            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-            for b in backend.brokers()
+            {"node_id": b.node_id, **_endpoint(ctx, b), "rack": b.rack} for b in backend.brokers()
         ],
         "cluster_id": backend.cluster_id,
         "controller_id": backend.controller_id(),
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
     }
+
+
+def _endpoint(ctx: RequestContext, broker: Any) -> dict[str, Any]:
+    """host and port of `broker` on the listener this request came in on."""
+    host, port = ctx.advertised(broker.node_id, broker.host, broker.port)
+    return {"host": host, "port": port}
 
 
 async def _auto_create(ctx: RequestContext, names: Sequence[str]) -> dict[str, ErrorCode]:
@@ -214,7 +219,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     if leaders:
         # KIP-951: endpoints of the new leaders, so the client need not refresh metadata.
         response["node_endpoints"] = [
-            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            {"node_id": b.node_id, **_endpoint(ctx, b), "rack": b.rack}
             for b in ctx.backend.brokers()
             if b.node_id in leaders
         ]
