@@ -9,12 +9,16 @@ imply DESCRIBE, ALTER_CONFIGS implies DESCRIBE_CONFIGS, ALL implies everything) 
 otherwise, if no ACL at all names the resource, `allow.everyone.if.no.acl.found` decides,
 and if some do, the answer is no. An Authorizer is immutable and built from the metadata
 image's bindings: a new image builds a new one. Bindings are indexed by resource so a call
-costs a few dict lookups however many ACLs there are.
+costs a few dict lookups however many ACLs there are. Hosts are compared as Kafka compares
+them, as IP addresses: "::ffff:10.0.0.1" (a dual-stack socket's spelling) is 10.0.0.1 and
+"0:0:0:0:0:0:0:1" is "::1" (see canonical_host).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Collection, Iterable, Mapping
+from functools import lru_cache
 from types import MappingProxyType
 
 from raftlog.security.acl import (
@@ -68,9 +72,26 @@ SUPPORTED_OPERATIONS: Mapping[ResourceType, frozenset[AclOperation]] = MappingPr
     }
 )
 
+# What a check needs of one binding: (canonical host, operation, permission).
+_Entry = tuple[str, AclOperation, AclPermissionType]
 # The ACLs of one resource pattern, by principal. Its presence alone means "some ACL names
 # this resource", which turns off allow.everyone.if.no.acl.found.
-_PrincipalIndex = Mapping[str, tuple[AclBinding, ...]]
+_PrincipalIndex = Mapping[str, tuple[_Entry, ...]]
+
+
+@lru_cache(maxsize=4096)
+def canonical_host(host: str) -> str:
+    """`host` as Kafka's authorizer sees it: an IP address in its canonical text form, with an
+    IPv4-mapped IPv6 address as the IPv4 address (Java's InetAddress.getHostAddress()), so an
+    ACL for 10.0.0.1 applies to a client a dual-stack socket reports as ::ffff:10.0.0.1.
+    Anything that is not an IP address ("*", a host name) is returned unchanged."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
 
 
 def _allow_covers(granted: AclOperation, wanted: AclOperation) -> bool:
@@ -83,7 +104,7 @@ def _allow_covers(granted: AclOperation, wanted: AclOperation) -> bool:
     return False
 
 
-def _freeze(index: dict[str, list[AclBinding]]) -> _PrincipalIndex:
+def _freeze(index: dict[str, list[_Entry]]) -> _PrincipalIndex:
     return {principal: tuple(bindings) for principal, bindings in index.items()}
 
 
@@ -110,9 +131,9 @@ class Authorizer:
         """`super_users` are principals ("User:admin"), as in Kafka's `super.users`.
         Bindings with a pattern type other than LITERAL or PREFIXED match nothing and are
         left out (the metadata side refuses to store them)."""
-        literal: dict[tuple[ResourceType, str], dict[str, list[AclBinding]]] = {}
-        wildcard: dict[ResourceType, dict[str, list[AclBinding]]] = {}
-        prefixed: dict[tuple[ResourceType, str], dict[str, list[AclBinding]]] = {}
+        literal: dict[tuple[ResourceType, str], dict[str, list[_Entry]]] = {}
+        wildcard: dict[ResourceType, dict[str, list[_Entry]]] = {}
+        prefixed: dict[tuple[ResourceType, str], dict[str, list[_Entry]]] = {}
         prefix_lengths: dict[ResourceType, set[int]] = {}
         count = 0
         for binding in bindings:
@@ -127,7 +148,8 @@ class Authorizer:
                 prefix_lengths.setdefault(binding.resource_type, set()).add(len(name))
             else:
                 continue
-            by_principal.setdefault(binding.principal, []).append(binding)
+            entry = (canonical_host(binding.host), binding.operation, binding.permission)
+            by_principal.setdefault(binding.principal, []).append(entry)
             count += 1
         self._literal = {key: _freeze(value) for key, value in literal.items()}
         self._wildcard = {key: _freeze(value) for key, value in wildcard.items()}
@@ -158,28 +180,29 @@ class Authorizer:
         resource_type: ResourceType,
         resource_name: str,
     ) -> bool:
-        """May `principal` ("User:alice"), connected from `host` (an IP address string),
-        perform `operation` on the resource? UNKNOWN and ANY are never authorized."""
+        """May `principal` ("User:alice"), connected from `host` (the peer's IP address as
+        text), perform `operation` on the resource? UNKNOWN and ANY are never authorized."""
         if operation == _op.UNKNOWN or operation == _op.ANY:
             return False
         if principal in self._super_users:
             return True
         principals = (principal, WILDCARD_PRINCIPAL)
+        host = canonical_host(host)
         found_resource_acls = False
         allowed = False
         for by_principal in self._resource_acls(resource_type, resource_name):
             found_resource_acls = True
             for who in principals:
-                for binding in by_principal.get(who, ()):
-                    if binding.host != WILDCARD_HOST and binding.host != host:
+                for acl_host, acl_operation, permission in by_principal.get(who, ()):
+                    if acl_host != WILDCARD_HOST and acl_host != host:
                         continue
-                    if binding.permission == AclPermissionType.DENY:
-                        if binding.operation == _op.ALL or binding.operation == operation:
+                    if permission == AclPermissionType.DENY:
+                        if acl_operation == _op.ALL or acl_operation == operation:
                             return False
                     elif (
                         not allowed
-                        and binding.permission == AclPermissionType.ALLOW
-                        and _allow_covers(binding.operation, operation)
+                        and permission == AclPermissionType.ALLOW
+                        and _allow_covers(acl_operation, operation)
                     ):
                         allowed = True
         if allowed:

@@ -17,6 +17,7 @@ from raftlog.security.acl import (
 from raftlog.security.authorizer import (
     SUPPORTED_OPERATIONS,
     Authorizer,
+    canonical_host,
     operations_bitfield,
 )
 
@@ -176,6 +177,23 @@ def test_host_match() -> None:
     )
     assert can(deny_one_host, Op.READ, "t", host="10.0.0.1")
     assert not can(deny_one_host, Op.READ, "t", host="10.0.0.9")
+
+
+def test_hosts_compare_as_ip_addresses() -> None:
+    """As Kafka compares them: a dual-stack socket's ::ffff:10.0.0.1 is 10.0.0.1, and any
+    spelling of an IPv6 address is that address."""
+    v4 = Authorizer([acl("t", Op.READ, host="10.0.0.1")])
+    assert can(v4, Op.READ, "t", host="::ffff:10.0.0.1")
+    assert not can(v4, Op.READ, "t", host="::ffff:10.0.0.2")
+    v6 = Authorizer([acl("t", Op.READ, host="0:0:0:0:0:0:0:1")])
+    assert can(v6, Op.READ, "t", host="::1")
+    deny = Authorizer(
+        [acl("t", Op.READ), acl("t", Op.READ, host="::ffff:10.0.0.9", permission=DENY)]
+    )
+    assert not can(deny, Op.READ, "t", host="10.0.0.9")
+    assert canonical_host("*") == "*"
+    assert canonical_host("broker.example") == "broker.example"
+    assert canonical_host("2001:DB8::0:1") == "2001:db8::1"
 
 
 def test_super_users() -> None:
