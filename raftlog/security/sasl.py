@@ -84,7 +84,7 @@ def new_server(mechanism: str, lookup: CredentialLookup, enabled: Collection[str
     """A fresh server for one exchange of `mechanism`, if it is supported and enabled."""
     if mechanism not in SUPPORTED_MECHANISMS or mechanism not in enabled:
         raise UnsupportedSaslMechanism(
-            f"SASL mechanism {mechanism!r} is not enabled "
+            f"SASL mechanism {mechanism[:64]!r} is not enabled "
             f"(enabled: {', '.join(m for m in SUPPORTED_MECHANISMS if m in enabled) or 'none'})"
         )
     if mechanism == "PLAIN":

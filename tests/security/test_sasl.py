@@ -477,3 +477,24 @@ def test_scram_client_validates() -> None:
         ScramClient(SHA256, "a", "b", client_nonce="a,b")
     with pytest.raises(ValueError):
         ScramServer(SHA256, Users(), server_nonce="x y")
+
+
+# --- an independent client: kafka-python's SCRAM ---------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", [SHA256, SHA512])
+def test_kafka_python_scram_client_against_our_server(
+    users: Users, mechanism: ScramMechanism
+) -> None:
+    kafka_scram = pytest.importorskip("kafka.net.sasl.scram")
+    client = kafka_scram.ScramClient("alice", "alice-secret", mechanism.sasl_name)
+    server = ScramServer(mechanism, users)
+    client.process_server_first_message(server.step(client.first_message()))
+    client.process_server_final_message(server.step(client.final_message()))
+    assert server.principal == "User:alice"
+
+    wrong = kafka_scram.ScramClient("alice", "not-it", mechanism.sasl_name)
+    server = ScramServer(mechanism, users)
+    wrong.process_server_first_message(server.step(wrong.first_message()))
+    with pytest.raises(SaslAuthenticationFailed):
+        server.step(wrong.final_message())
