@@ -415,7 +415,7 @@ def _split_attributes(mechanism: str, text: str) -> list[tuple[str, str]]:
     """`a=value,b=value` into pairs; attribute names are single ASCII letters (RFC 5802)."""
     pairs: list[tuple[str, str]] = []
     for part in text.split(","):
-        if len(part) < 2 or part[1] != "=" or not ("a" <= part[0].lower() <= "z"):
+        if len(part) < 2 or part[1] != "=" or not (part[0].isascii() and part[0].isalpha()):
             raise SaslAuthenticationFailed(f"{mechanism}: malformed attribute {part[:16]!r}")
         pairs.append((part[0], part[2:]))
     return pairs
