@@ -364,3 +364,52 @@ def test_issue_refuses_bad_arguments(pki: Pki, kwargs: dict[str, object]) -> Non
     arguments: dict[str, object] = {"common_name": "ok", **kwargs}
     with pytest.raises(ValueError):
         issue_certificate(pki.ca, **arguments)  # type: ignore[arg-type]
+
+
+def test_distinguished_name_of_a_real_certificate(pki: Pki) -> None:
+    """getpeercert()'s subject of a certificate with several attributes, through a real
+    handshake, spelled as Java's X500Principal.getName() spells it."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(pki.ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(pki.ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COUNTRY_NAME, "US"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Example, Inc."),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "raftlog"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "app+1"),
+            x509.NameAttribute(NameOID.EMAIL_ADDRESS, "a@b.c"),
+        ]
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    issued = IssuedCertificate(
+        cert_pem=certificate.public_bytes(serialization.Encoding.PEM),
+        key_pem=key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
+    server, _ = handshake(server_ctx(pki), client_ctx(pki, issued))
+    expected = "1.2.840.113549.1.9.1=#16056140622e63,CN=app\\+1,OU=raftlog,O=Example\\, Inc.,C=US"
+    rules = PrincipalMappingRules.parse(r"RULE:^.*,CN=([^,]*),OU=raftlog,.*$/$1/, DEFAULT")
+    assert principal_from_certificate(server.getpeercert(), PrincipalMappingRules.default()) == (
+        f"User:{expected}"
+    )
+    assert principal_from_certificate(server.getpeercert(), rules) == "User:app\\+1"
