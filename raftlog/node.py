@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import ssl
 import sys
 import time
 import uuid
@@ -23,7 +24,7 @@ import trio
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
-from raftlog.config import NodeConfig
+from raftlog.config import Listener, NodeConfig
 from raftlog.errors import (
     ConfigError,
     ErrorCode,
@@ -40,12 +41,21 @@ from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
+from raftlog.net.kafka.server import ListenerSecurity
 from raftlog.net.kafka.server import serve as serve_kafka
 from raftlog.net.limits import ListenerLimits
-from raftlog.net.rpc import PeerSet, RpcError, RpcLimits, serve_rpc
+from raftlog.net.rpc import (
+    PeerSet,
+    RpcError,
+    RpcLimits,
+    identify_by_certificate,
+    serve_rpc,
+)
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
+from raftlog.security import principal as principals
+from raftlog.security import tls
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from raftlog.storage.manager import LogManager
 
@@ -123,7 +133,8 @@ class Node:
         self.quotas: BrokerQuotas | None = None
         self.groups: NodeGroupService | None = None
         self.rpc_port = 0
-        self.kafka_port = 0
+        self.kafka_port = 0  # the first listener's (the default endpoint)
+        self.kafka_ports: dict[str, int] = {}  # listener name -> bound port
         self._rpc_methods: dict[str, Any] = {}
         # Methods whose handler acts for the node the connection speaks for: handler(node
         # id bound to the connection, body).
@@ -142,7 +153,8 @@ class Node:
             self.log_manager = LogManager(config.data_path / PARTITIONS_DIR, config)
             flusher = self.log_manager.flusher
             await nursery.start(flusher.run)
-            peers = PeerSet(config.node_id, limits)
+            internal_server_tls, internal_client_tls = _internal_tls_contexts(config)
+            peers = PeerSet(config.node_id, limits, ssl_context=internal_client_tls)
             await nursery.start(peers.run)
             self.peers = peers
 
@@ -166,7 +178,15 @@ class Node:
 
             host, port = config.internal_address
             listeners = await nursery.start(
-                functools.partial(serve_rpc, self._dispatch_rpc, host, port, limits=limits)
+                functools.partial(
+                    serve_rpc,
+                    self._dispatch_rpc,
+                    host,
+                    port,
+                    limits=limits,
+                    ssl_context=internal_server_tls,
+                    identify=identify_by_certificate if internal_server_tls is not None else None,
+                )
             )
             self.rpc_port = listeners[0].socket.getsockname()[1]
             await nursery.start(self.metadata.run)
@@ -241,14 +261,38 @@ class Node:
         self.metadata.add_listener(self.groups.on_metadata)
         registry = default_registry()
         register_group_apis(registry, self.groups)
-        host, port = config.client_address
-        listeners = await nursery.start(
-            functools.partial(
-                serve_kafka, self.backend, host, port, config, registry=registry, quotas=self.quotas
+        # One server per listener; each answers Metadata with its own listener's endpoints.
+        endpoints = self._listener_endpoint if config.listeners.strip() else None
+        for listener in config.client_listeners:
+            bound = await nursery.start(
+                functools.partial(
+                    serve_kafka,
+                    self.backend,
+                    listener.host,
+                    listener.port,
+                    config,
+                    registry=registry,
+                    quotas=self.quotas,
+                    security=_listener_security(config, listener),
+                    endpoints=endpoints,
+                )
             )
-        )
-        self.kafka_port = listeners[0].socket.getsockname()[1]
+            self.kafka_ports[listener.name] = bound[0].socket.getsockname()[1]
+        self.kafka_port = next(iter(self.kafka_ports.values()))
         await nursery.start(self.lifecycle.run)
+
+    def _listener_endpoint(self, listener_name: str, broker_id: int) -> tuple[str, int] | None:
+        assert self.metadata is not None
+        registration = self.metadata.image.brokers.get(broker_id)
+        if registration is None:
+            return None
+        if not registration.listeners and broker_id == self.config.node_id:
+            # This node knows its own listeners even when its registration does not list
+            # them (registered before it had several).
+            for listener in self.config.advertised_client_listeners:
+                if listener.name == listener_name:
+                    return listener.host, listener.port
+        return registration.listener_endpoint(listener_name)
 
     async def _send_replica_fetch(self, leader_id: int, body: dict) -> dict:
         assert self.metadata is not None
@@ -336,6 +380,64 @@ class Node:
             self.quorum.close()
         if self.log_manager is not None:
             self.log_manager.close_all()
+
+
+def _listener_security(config: NodeConfig, listener: Listener) -> ListenerSecurity:
+    """How one Kafka listener authenticates: its TLS context, certificate principals, SASL."""
+    ssl_context = None
+    principal_of_certificate = None
+    if listener.tls:
+        ssl_context = tls.server_context(
+            certfile=config.ssl_certificate_location,
+            keyfile=config.ssl_key_location,
+            cafile=config.ssl_ca_location or None,
+            client_auth=config.ssl_client_auth,
+            key_password=config.ssl_key_password or None,
+        )
+        try:
+            rules = principals.PrincipalMappingRules.parse(config.ssl_principal_mapping_rules)
+        except ValueError as exc:
+            raise ConfigError(f"ssl_principal_mapping_rules: {exc}") from None
+        principal_of_certificate = functools.partial(
+            principals.principal_from_certificate, rules=rules
+        )
+    return ListenerSecurity(
+        name=listener.name,
+        security_protocol=listener.security_protocol,
+        ssl_context=ssl_context,
+        principal_of_certificate=principal_of_certificate,
+        sasl_mechanisms=config.sasl_mechanisms if listener.sasl else (),
+        connections_max_reauth_ms=config.connections_max_reauth_ms,
+        handshake_timeout_ms=config.request_read_timeout_ms,
+    )
+
+
+def _internal_tls_contexts(
+    config: NodeConfig,
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """(server, client) contexts of internal mutual TLS, or (None, None) for PLAINTEXT.
+
+    The client side checks the peer's node id (net/tls.py), not its host name: node
+    certificates need not list every address nodes are configured with."""
+    if not config.internal_tls:
+        return None, None
+    certfile, keyfile = config.ssl_certificate_location, config.ssl_key_location
+    password = config.ssl_key_password or None
+    server = tls.server_context(
+        certfile=certfile,
+        keyfile=keyfile,
+        cafile=config.ssl_ca_location,
+        client_auth="required",
+        key_password=password,
+    )
+    client = tls.client_context(
+        cafile=config.ssl_ca_location,
+        certfile=certfile,
+        keyfile=keyfile,
+        check_hostname=False,
+        key_password=password,
+    )
+    return server, client
 
 
 async def _serve_until_signalled(config: NodeConfig) -> None:

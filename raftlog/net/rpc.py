@@ -38,6 +38,7 @@ from raftlog.errors import RemoteError
 from raftlog.net import tls
 from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge, frame
 from raftlog.net.limits import DEFAULT_LISTENER_LIMITS, ListenerGuard, ListenerLimits
+from raftlog.security.principal import distinguished_name
 
 log = logging.getLogger("raftlog.rpc")
 
@@ -57,6 +58,26 @@ Identify = Callable[[trio.abc.Stream], "PeerIdentity | None"]
 seam: it returns PeerIdentity(node id proved), already bound), or None to refuse it (identify
 logs why; the listener closes it). Under TLS `stream` is the trio.SSLStream after its
 handshake, so getpeercert() holds the verified certificate."""
+
+
+def identify_by_certificate(stream: trio.abc.Stream) -> PeerIdentity | None:
+    """`identify` for internal mutual TLS: the connection speaks for the node its verified
+    certificate names (subject CN "node-<id>", net/tls.py); a certificate naming no node is
+    refused with one log line. The cluster CA that signed the certificate vouches for the id:
+    a broker joining for the first time is not registered yet and must still reach the
+    quorum, so the id is not checked against the registered brokers here."""
+    certificate = stream.getpeercert()  # type: ignore[attr-defined]
+    node_id = tls.node_id_from_certificate(certificate)
+    if node_id is None:
+        subject = certificate.get("subject") if certificate else None
+        log.warning(
+            "internal listener: closing a connection from %s whose certificate (%s) names no "
+            "node; node certificates need the subject CN node-<id>",
+            _peer_name(getattr(stream, "transport_stream", stream)),
+            distinguished_name(subject) if subject else "none",
+        )
+        return None
+    return PeerIdentity(node_id)
 
 
 class RpcError(RemoteError):
