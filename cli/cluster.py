@@ -1,13 +1,15 @@
 """`raftlog cluster up|down|status|kill|restart`: a local multi-node cluster.
 
 `up` writes node configs under --dir, starts one process per node and waits (with a
-deadline) until a controller is elected and every broker is unfenced. In the foreground it
+deadline) until a controller is elected and every broker is unfenced. `up --secure` makes
+the cluster SASL_SSL-only with an admin user (cluster_secure.py). In the foreground it
 then waits for Ctrl-C/SIGTERM and stops every node cleanly; with --detach it returns and
 `down` stops the nodes later.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from typing import Any
 import click
 import trio
 from raftlog_cli import cluster_local as local
+from raftlog_cli import cluster_secure as secure
 from raftlog_cli.cluster_health import gather_status, probe_ready
 from raftlog_cli.common import (
     DEFAULT_CLUSTER_DIR,
@@ -27,7 +30,9 @@ from raftlog_cli.common import (
 )
 from raftlog_cli.errors import CliError
 from raftlog_cli.render import Renderer
+from raftlog_cli.render_security import render_secure_cluster
 
+from raftlog.client.properties import ClientPropertiesError, load_client_properties
 from raftlog.errors import ConfigError
 
 DEFAULT_READY_TIMEOUT_S = 60.0
@@ -85,13 +90,23 @@ async def _wait_ready(
                             f"node {node.node_id} exited during start-up; see {node.log_path}"
                             + (f": {tail}" if tail else "")
                         )
-                ready, detail = await probe_ready(cluster.bootstrap_servers, node_ids)
+                ready, detail = await _probe(cluster, node_ids)
                 update(detail)
                 if ready:
                     return detail
                 await trio.sleep(READY_POLL_INTERVAL_S)
     logs = ", ".join(str(cluster.node(i).log_path) for i in sorted(node_ids))
     raise CliError(f"cluster not ready after {timeout_s:g} s ({detail}); see the node logs: {logs}")
+
+
+async def _probe(cluster: local.LocalCluster, node_ids: set[int]) -> tuple[bool, str]:
+    if cluster.client_properties is None:
+        return await probe_ready(cluster.bootstrap_servers, node_ids)
+    try:
+        security = load_client_properties(cluster.client_properties).security
+    except ClientPropertiesError as exc:
+        raise CliError(str(exc)) from None
+    return await secure.probe_ready(cluster.bootstrap_servers, node_ids, security)
 
 
 @cluster_group.command("up")
@@ -121,6 +136,13 @@ async def _wait_ready(
     metavar="KEY=VALUE",
     help="Set a node config key on every node (see `raftlog node --help`).",
 )
+@click.option(
+    "--secure",
+    "secure_mode",
+    is_flag=True,
+    help="SASL_SSL only: a local CA and node certificates, mutual TLS between nodes, ACLs "
+    "on, and an admin user whose client properties file is printed.",
+)
 @click.option("--json", "json_mode", is_flag=True, help="Print JSON.")
 def up(
     nodes: int,
@@ -129,6 +151,7 @@ def up(
     base_port: int,
     timeout_s: float,
     node_configs: tuple[str, ...],
+    secure_mode: bool,
     json_mode: bool,
 ) -> None:
     """Start a local cluster of combined controller+broker nodes."""
@@ -151,8 +174,22 @@ def up(
                 f"{cluster_dir} holds a {len(cluster.nodes)}-node cluster; start it with "
                 f"--nodes {len(cluster.nodes)} or remove it with: raftlog cluster down --purge"
             )
+        if secure_mode and not cluster.secure:
+            raise CliError(
+                f"{cluster_dir} holds a plaintext cluster; remove it with "
+                "raftlog cluster down --purge before starting a secure one"
+            )
     else:
         cluster = local.plan_cluster(cluster_dir, nodes, base_port)
+        if secure_mode:
+            cluster = dataclasses.replace(
+                cluster, client_properties=secure.client_properties_path(cluster)
+            )
+    if cluster.secure and not secure.supports_bootstrap_users():
+        raise CliError(
+            f"this raftlog's nodes have no {secure.BOOTSTRAP_SCRAM_KEY} config key, so a "
+            "secure cluster could not create its admin user"
+        )
     busy = [
         port
         for n in cluster.nodes
@@ -165,7 +202,13 @@ def up(
             "choose others with --base-port"
         )
     try:
-        local.write_cluster(cluster, overrides)
+        if cluster.secure:
+            material = secure.prepare(cluster)
+            local.write_cluster(
+                cluster, overrides, lambda node: secure.node_overrides(cluster, node, material)
+            )
+        else:
+            local.write_cluster(cluster, overrides)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     started = {node.node_id: local.start_node(node) for node in cluster.nodes}
@@ -179,14 +222,21 @@ def up(
             raise
 
     detail = run_async(None, start)
-    info = {
+    info: dict[str, Any] = {
         "dir": str(cluster.root),
         "cluster_id": cluster.cluster_id,
         "bootstrap_servers": cluster.bootstrap_servers,
         "nodes": [n.to_json() for n in cluster.nodes],
         "ready": detail,
     }
-    out.cluster_started(info)
+    if cluster.secure:
+        info["security_protocol"] = "SASL_SSL"
+        info["admin_user"] = secure.ADMIN_USER
+        info["client_properties"] = str(cluster.client_properties)
+        info["ca_location"] = str(secure.ca_path(cluster))
+        render_secure_cluster(out, info)
+    else:
+        out.cluster_started(info)
     if detach:
         return
 

@@ -2,7 +2,9 @@
 
 Layout of a cluster directory (default .raftlog/):
 
-    cluster.json           bootstrap servers and one entry per node (what `status` reads)
+    cluster.json           bootstrap servers and one entry per node (what `status` reads),
+                           and the client properties file of a secure cluster
+                           (cluster_secure.py adds tls/ and client.properties)
     node-N/node.toml       the node's NodeConfig
     node-N/node.log        its stdout and stderr
     node-N/node.pid        its process id while it runs
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tomllib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,12 @@ class LocalCluster:
     root: Path
     cluster_id: str
     nodes: tuple[LocalNode, ...]
+    # Set for a cluster started with --secure (SASL_SSL): how clients connect to it.
+    client_properties: Path | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.client_properties is not None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -94,11 +103,14 @@ class LocalCluster:
         raise LookupError(f"no node {node_id} in the cluster in {self.root} (nodes: {known})")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "cluster_id": self.cluster_id,
             "bootstrap_servers": self.bootstrap_servers,
             "nodes": [n.to_json() for n in self.nodes],
         }
+        if self.client_properties is not None:
+            out["client_properties"] = str(self.client_properties)
+        return out
 
 
 def plan_cluster(root: Path, nodes: int, base_port: int) -> LocalCluster:
@@ -152,12 +164,28 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def write_cluster(cluster: LocalCluster, overrides: dict[str, Any] | None = None) -> None:
-    """Write every node's config and cluster.json (configs first: cluster.json marks done)."""
-    configs = {n.node_id: node_config(cluster, n, overrides).to_toml() for n in cluster.nodes}
+def write_cluster(
+    cluster: LocalCluster,
+    overrides: dict[str, Any] | None = None,
+    node_overrides: Callable[[LocalNode], dict[str, Any]] | None = None,
+) -> None:
+    """Write every node's config and cluster.json (configs first: cluster.json marks done).
+
+    node_overrides(node): keys of one node (a secure cluster's certificates); `overrides`
+    (the user's --node-config) win over them. A secure cluster's configs are private
+    (0600): they seed the admin user's credential.
+    """
+    configs = {}
+    for n in cluster.nodes:
+        values = dict(node_overrides(n)) if node_overrides else {}
+        values.update(overrides or {})
+        configs[n.node_id] = node_config(cluster, n, values).to_toml()
     for node in cluster.nodes:
         (node.node_dir / "data").mkdir(parents=True, exist_ok=True)
-        node.config_path.write_text(configs[node.node_id])
+        if cluster.secure:
+            _write_private(node.config_path, configs[node.node_id])
+        else:
+            node.config_path.write_text(configs[node.node_id])
     _write_atomically(cluster.root / CLUSTER_FILE, json.dumps(cluster.to_json(), indent=2) + "\n")
 
 
@@ -171,11 +199,26 @@ def load_cluster(root: Path) -> LocalCluster | None:
             )
             for n in data["nodes"]
         )
-        return LocalCluster(root.resolve(), str(data["cluster_id"]), nodes)
+        properties = data.get("client_properties")
+        return LocalCluster(
+            root.resolve(),
+            str(data["cluster_id"]),
+            nodes,
+            Path(properties) if properties else None,
+        )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path} is damaged ({exc}); remove {root} to start afresh") from None
+
+
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
 
 
 def _write_atomically(path: Path, text: str) -> None:

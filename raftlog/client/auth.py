@@ -16,9 +16,10 @@ import trio
 
 from raftlog.client.properties import ClientPropertiesError, ClientSecurity
 from raftlog.client.protocol import error_of
-from raftlog.errors import ErrorCode, RemoteError
+from raftlog.errors import ConfigError, ErrorCode, RemoteError
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.sasl import PlainClient, SaslAuthenticationFailed, ScramClient
+from raftlog.security.tls import client_context
 
 # SCRAM takes two rounds and PLAIN one; a server that keeps asking is misbehaving.
 MAX_SASL_ROUNDS = 4
@@ -51,18 +52,19 @@ class SaslConnection(Protocol):
 def client_ssl_context(security: ClientSecurity) -> ssl.SSLContext:
     """The TLS context for `security` (reads the CA, certificate and key files once)."""
     try:
-        context = ssl.create_default_context(cafile=security.ssl_ca_location)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.check_hostname = security.ssl_check_hostname and security.ssl_verify_certificate
-        if security.ssl_certificate_location is not None:
-            context.load_cert_chain(
-                security.ssl_certificate_location,
-                security.ssl_key_location,
-                password=security.ssl_key_password,
-            )
+        context = client_context(
+            cafile=security.ssl_ca_location,
+            certfile=security.ssl_certificate_location,
+            keyfile=security.ssl_key_location,
+            check_hostname=security.ssl_check_hostname and security.ssl_verify_certificate,
+            key_password=security.ssl_key_password,
+        )
+    except ConfigError as exc:
+        raise ClientPropertiesError(f"cannot set up TLS: {exc}") from None
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise ClientPropertiesError(f"cannot set up TLS: {_reason(exc)}") from None
     if not security.ssl_verify_certificate:
+        # librdkafka's enable.ssl.certificate.verification=false, asked for in so many words.
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
