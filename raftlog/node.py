@@ -41,6 +41,7 @@ from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
+from raftlog.net.kafka.handlers_security import register as register_security_apis
 from raftlog.net.kafka.server import ListenerSecurity
 from raftlog.net.kafka.server import serve as serve_kafka
 from raftlog.net.limits import ListenerLimits
@@ -261,6 +262,7 @@ class Node:
         self.metadata.add_listener(self.groups.on_metadata)
         registry = default_registry()
         register_group_apis(registry, self.groups)
+        register_security_apis(registry)
         # One server per listener; each answers Metadata with its own listener's endpoints.
         endpoints = self._listener_endpoint if config.listeners.strip() else None
         for listener in config.client_listeners:
