@@ -137,6 +137,7 @@ class Node:
         self.kafka_port = 0  # the first listener's (the default endpoint)
         self.kafka_ports: dict[str, int] = {}  # listener name -> bound port
         self._rpc_methods: dict[str, Any] = {}
+        self._own_endpoints: dict[str, tuple[str, int]] = {}  # listener -> advertised
         # Methods whose handler acts for the node the connection speaks for: handler(node
         # id bound to the connection, body).
         self._rpc_node_methods: dict[str, Any] = {}
@@ -265,6 +266,7 @@ class Node:
         register_security_apis(registry)
         # One server per listener; each answers Metadata with its own listener's endpoints.
         endpoints = self._listener_endpoint if config.listeners.strip() else None
+        self._own_endpoints = {b.name: (b.host, b.port) for b in config.advertised_client_listeners}
         for listener in config.client_listeners:
             bound = await nursery.start(
                 functools.partial(
@@ -291,9 +293,7 @@ class Node:
         if not registration.listeners and broker_id == self.config.node_id:
             # This node knows its own listeners even when its registration does not list
             # them (registered before it had several).
-            for listener in self.config.advertised_client_listeners:
-                if listener.name == listener_name:
-                    return listener.host, listener.port
+            return self._own_endpoints.get(listener_name)
         return registration.listener_endpoint(listener_name)
 
     async def _send_replica_fetch(self, leader_id: int, body: dict) -> dict:

@@ -444,8 +444,13 @@ async def serve(
         config=config,
         registry=registry,
         quotas=quotas or NoQuotas(),
+        # The one default listener keeps the name its log lines always had.
         guard=guard
-        or ListenerGuard(f"Kafka {security.name}", ListenerLimits.from_node_config(config), log),
+        or ListenerGuard(
+            "Kafka" if security is PLAINTEXT else f"Kafka {security.name}",
+            ListenerLimits.from_node_config(config),
+            log,
+        ),
         security=security,
         endpoints=endpoints,
         credential_lookup=credential_lookup,
