@@ -44,7 +44,7 @@ from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.handlers_security import register as register_security_apis
 from raftlog.net.kafka.server import ListenerSecurity
 from raftlog.net.kafka.server import serve as serve_kafka
-from raftlog.net.limits import ListenerLimits
+from raftlog.net.limits import ListenerGuard, ListenerLimits
 from raftlog.net.rpc import (
     PeerSet,
     RpcError,
@@ -61,6 +61,7 @@ from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_c
 from raftlog.storage.manager import LogManager
 
 log = logging.getLogger("raftlog.node")
+kafka_log = logging.getLogger("raftlog.kafka")
 
 META_FILE = "meta.checkpoint"
 DATA_DIR_VERSION = 1
@@ -267,6 +268,9 @@ class Node:
         # One server per listener; each answers Metadata with its own listener's endpoints.
         endpoints = self._listener_endpoint if config.listeners.strip() else None
         self._own_endpoints = {b.name: (b.host, b.port) for b in config.advertised_client_listeners}
+        # One guard for every Kafka listener: queued_max_request_bytes and the connection
+        # caps bound the node's client traffic, however many listeners carry it.
+        guard = ListenerGuard("Kafka", ListenerLimits.from_node_config(config), kafka_log)
         for listener in config.client_listeners:
             bound = await nursery.start(
                 functools.partial(
@@ -277,6 +281,7 @@ class Node:
                     config,
                     registry=registry,
                     quotas=self.quotas,
+                    guard=guard,
                     security=_listener_security(config, listener),
                     endpoints=endpoints,
                 )
