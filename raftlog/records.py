@@ -521,3 +521,131 @@ def rebuild_batch(header: BatchHeader, records: Sequence[Record]) -> bytes:
         keep_offsets=True,
         last_offset_delta=header.last_offset_delta,
     )
+
+
+# ------------------------------------------------------------------------- control records
+# Kafka's transaction markers (KIP-98, EndTransactionMarker and ControlRecordType): a control
+# batch (CONTROL_BIT and TRANSACTIONAL_BIT set) of the producer whose transaction ends, with
+# exactly one record:
+#   key   = version int16 (0), type int16 (0 ABORT, 1 COMMIT)
+#   value = version int16 (0), coordinator_epoch int32
+# Only a partition leader writes markers (WriteTxnMarkers from the transaction coordinator);
+# clients may not (batch_validation refuses control batches).
+
+CONTROL_RECORD_KEY_VERSION = 0
+END_TXN_MARKER_VALUE_VERSION = 0
+_CONTROL_KEY = struct.Struct(">hh")
+_END_TXN_VALUE = struct.Struct(">hi")
+MAX_COORDINATOR_EPOCH = 2**31 - 1
+MAX_PRODUCER_EPOCH = 2**15 - 1
+
+
+class ControlType(enum.IntEnum):
+    """Kafka's ControlRecordType ids for transaction markers (others exist, e.g. KRaft's)."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A parsed COMMIT or ABORT marker (the batch header carries producer id and epoch)."""
+
+    producer_id: int
+    producer_epoch: int
+    control_type: ControlType
+    coordinator_epoch: int
+
+    @property
+    def commit(self) -> bool:
+        return self.control_type is ControlType.COMMIT
+
+
+def build_txn_marker(
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    commit: bool,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    timestamp_ms: int | None = None,
+) -> bytes:
+    """One COMMIT/ABORT control batch of `producer_id` (no sequence: markers carry none)."""
+    if not 0 <= producer_id <= 2**63 - 1:
+        raise ValueError(f"producer id {producer_id} out of range")
+    if not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
+        raise ValueError(f"producer epoch {producer_epoch} out of range")
+    if not 0 <= coordinator_epoch <= MAX_COORDINATOR_EPOCH:
+        raise ValueError(f"coordinator epoch {coordinator_epoch} out of range")
+    control_type = ControlType.COMMIT if commit else ControlType.ABORT
+    record = Record(
+        key=_CONTROL_KEY.pack(CONTROL_RECORD_KEY_VERSION, control_type),
+        value=_END_TXN_VALUE.pack(END_TXN_MARKER_VALUE_VERSION, coordinator_epoch),
+        timestamp_ms=timestamp_ms,
+    )
+    return build_batch(
+        [record],
+        base_offset,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        partition_leader_epoch=partition_leader_epoch,
+        is_transactional=True,
+        is_control=True,
+        now_ms=timestamp_ms,
+    )
+
+
+def control_type_of(key: bytes | None) -> int:
+    """The type id of a control record key; raises CorruptRecordError on a malformed key.
+
+    Kafka reads keys of a higher version as version 0 (later versions may only append), so a
+    longer key with version > 0 is accepted; a negative version or a short key is not."""
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise CorruptRecordError(f"control record key of {0 if key is None else len(key)} bytes")
+    version, type_id = _CONTROL_KEY.unpack_from(key)
+    if version < 0:
+        raise CorruptRecordError(f"control record key has negative version {version}")
+    return type_id
+
+
+def parse_txn_marker(batch: bytes | bytearray | memoryview, pos: int = 0) -> TxnMarker | None:
+    """The COMMIT/ABORT marker in the (validated) control batch at `pos`; None for a control
+    batch of another type (e.g. KRaft's LEADER_CHANGE). Raises CorruptRecordError when the
+    batch is not a well-formed marker: not transactional, not exactly one record, a key or
+    value too short or of a negative version, an epoch or producer id out of range."""
+    header = parse_header(batch, pos)
+    if not header.is_control:
+        raise CorruptRecordError(f"batch at offset {header.base_offset} is not a control batch")
+    records = list(iter_records(batch, pos))
+    if len(records) != 1:
+        raise CorruptRecordError(
+            f"control batch at offset {header.base_offset} holds {len(records)} records, not 1"
+        )
+    type_id = control_type_of(records[0].key)
+    if type_id not in (ControlType.ABORT, ControlType.COMMIT):
+        return None
+    if not header.is_transactional:
+        raise CorruptRecordError(
+            f"transaction marker at offset {header.base_offset} is not transactional"
+        )
+    value = records[0].value
+    if value is None or len(value) < _END_TXN_VALUE.size:
+        raise CorruptRecordError(
+            f"transaction marker at offset {header.base_offset} has a value of "
+            f"{0 if value is None else len(value)} bytes, needs {_END_TXN_VALUE.size}"
+        )
+    version, coordinator_epoch = _END_TXN_VALUE.unpack_from(value)
+    if version < 0 or coordinator_epoch < 0:
+        raise CorruptRecordError(
+            f"transaction marker at offset {header.base_offset} has version {version}, "
+            f"coordinator epoch {coordinator_epoch}"
+        )
+    if header.producer_id < 0 or not 0 <= header.producer_epoch <= MAX_PRODUCER_EPOCH:
+        raise CorruptRecordError(
+            f"transaction marker at offset {header.base_offset} has producer id "
+            f"{header.producer_id}, epoch {header.producer_epoch}"
+        )
+    return TxnMarker(
+        header.producer_id, header.producer_epoch, ControlType(type_id), coordinator_epoch
+    )
