@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from raftlog.records import BatchHeader
+from raftlog.errors import CorruptRecordError
+from raftlog.records import BatchHeader, TxnMarker, parse_txn_marker
 from raftlog.replication.core.producer_table import (
     CHECK_OK,
     DEFAULT_MAX_PRODUCER_IDS,
@@ -25,6 +26,8 @@ from raftlog.replication.core.producer_table import (
     MAX_SEQUENCE,
     RETAINED_BATCHES_PER_PRODUCER,
     BatchMetadata,
+    CompletedTxn,
+    MarkerCheck,
     ProduceCheck,
     ProducerEntry,
     ProducerStateConfig,
@@ -54,6 +57,8 @@ __all__ = [
     "SNAPSHOT_KIND",
     "SNAPSHOT_SUFFIX",
     "BatchMetadata",
+    "CompletedTxn",
+    "MarkerCheck",
     "ProduceCheck",
     "ProducerEntry",
     "ProducerStateConfig",
@@ -66,9 +71,11 @@ __all__ = [
     "last_sequence",
     "list_snapshots",
     "load_latest",
+    "log_batches",
     "log_headers",
     "read_snapshot",
     "rebuild",
+    "replay",
     "snapshot_path",
     "snapshot_payload",
     "to_payload",
@@ -78,7 +85,10 @@ __all__ = [
 
 SNAPSHOT_SUFFIX = ".producer_snapshot"
 SNAPSHOT_KIND = "producer-snapshot"
-SNAPSHOT_FORMAT_VERSION = 1  # of the payload layout, on top of the checkpoint's own version
+# Of the payload layout, on top of the checkpoint's own version. 2 added each producer's
+# transaction state; a version 1 file (written before transactions) reads with none open.
+SNAPSHOT_FORMAT_VERSION = 2
+READABLE_SNAPSHOT_VERSIONS = (1, 2)
 
 
 # ---------------------------------------------------------------------- snapshot payload
@@ -100,6 +110,12 @@ def to_payload(table: ProducerStateTable) -> dict[str, Any]:
                     [b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp_ms]
                     for b in e.batches
                 ],
+                [
+                    e.current_txn_first_offset,
+                    e.coordinator_epoch,
+                    e.last_marker_offset,
+                    e.last_marker_commit,
+                ],
             ]
             for e in table.entries()
         ],
@@ -110,22 +126,36 @@ def from_payload(
     payload: dict[str, Any], config: ProducerStateConfig | None = None
 ) -> ProducerStateTable:
     """Raises ValueError/TypeError/KeyError on a malformed payload."""
-    if payload.get("version") != SNAPSHOT_FORMAT_VERSION:
+    if payload.get("version") not in READABLE_SNAPSHOT_VERSIONS:
         raise ValueError(
             f"producer snapshot format {payload.get('version')}, this build reads "
-            f"{SNAPSHOT_FORMAT_VERSION}"
+            f"{READABLE_SNAPSHOT_VERSIONS}"
         )
     next_offset = _as_int(payload["offset"])
     return ProducerStateTable.restored(next_offset, _entries(payload["producers"]), config)
 
 
 def _entries(producers: Iterable[Any]) -> Iterator[ProducerEntry]:
-    for pid, epoch, last_ts, last_batch_offset, batches in producers:
+    for fields in producers:
+        if len(fields) == 5:  # version 1: no transaction state
+            pid, epoch, last_ts, last_batch_offset, batches = fields
+            txn: list[Any] = [-1, -1, -1, False]
+        else:
+            pid, epoch, last_ts, last_batch_offset, batches, txn = fields
+        if len(txn) != 4 or not isinstance(txn[3], bool):
+            raise ValueError(f"producer {pid}: transaction state {txn!r} is malformed")
+        first_offset, coordinator_epoch, marker_offset = (_as_int(v) for v in txn[:3])
+        if first_offset < -1 or coordinator_epoch < -1 or marker_offset < -1:
+            raise ValueError(f"producer {pid}: transaction state {txn!r} out of range")
         entry = ProducerEntry(
             _as_int(pid),
             _as_int(epoch),
             last_timestamp_ms=_as_int(last_ts),
             last_batch_offset=_as_int(last_batch_offset),
+            current_txn_first_offset=first_offset,
+            coordinator_epoch=coordinator_epoch,
+            last_marker_offset=marker_offset,
+            last_marker_commit=txn[3],
         )
         for fields in batches:
             values = [_as_int(v) for v in fields]
@@ -274,6 +304,44 @@ def log_headers(plog: PartitionLog, start_offset: int, end_offset: int) -> Itera
                 yield header
 
 
+def log_batches(
+    plog: PartitionLog, start_offset: int, end_offset: int
+) -> Iterator[tuple[BatchHeader, TxnMarker | None]]:
+    """`log_headers` with the COMMIT/ABORT marker of each control batch (a control batch is
+    read whole: it is a few dozen bytes; data batches are still read 61 bytes at a time)."""
+    for segment in list(plog.segments):
+        if segment.next_offset <= start_offset or segment.base_offset >= end_offset:
+            continue
+        position = segment.locate(start_offset)
+        if position is None:
+            continue
+        for pos, header in segment.headers_from(position):
+            if header.base_offset >= end_offset:
+                return
+            if header.last_offset < start_offset:
+                continue
+            marker = None
+            if header.is_control:
+                try:
+                    marker = parse_txn_marker(segment.read_range(pos, pos + header.size_bytes))
+                except CorruptRecordError as exc:
+                    log.warning(
+                        "%s: control batch at offset %d is no transaction marker: %s",
+                        plog.directory.name,
+                        header.base_offset,
+                        exc,
+                    )
+            yield header, marker
+
+
+def replay(
+    table: ProducerStateTable, batches: Iterable[tuple[BatchHeader, TxnMarker | None]]
+) -> None:
+    """Apply stored batches (with their markers) to `table`, in order."""
+    for header, marker in batches:
+        table.update([header], None if marker is None else {header.base_offset: marker})
+
+
 def rebuild(
     plog: PartitionLog,
     snapshot_dir: Path,
@@ -296,8 +364,8 @@ def rebuild(
     # Data below the log start is gone (retention): replay what is left. A snapshot's offset
     # is a batch boundary, so batches starting below it are already in the table.
     covered = table.next_offset
-    replay = log_headers(plog, max(covered, plog.log_start_offset), end)
-    table.update(h for h in replay if h.base_offset >= covered)
+    stored = log_batches(plog, max(covered, plog.log_start_offset), end)
+    replay(table, ((h, m) for h, m in stored if h.base_offset >= covered))
     table.next_offset = end
     if now_ms is not None:
         table.expire(now_ms)

@@ -19,6 +19,19 @@ Sequence rules (Kafka >= 2.7, ProducerAppendInfo):
   appended. Kafka keeps 5 because clients allow at most 5 in-flight requests per partition
   when idempotence is on, so any retry the client can still send is in that window.
 
+Transactions (KIP-98, Kafka's ProducerStateEntry.currentTxnFirstOffset):
+- a transactional data batch starts the producer's transaction at its base offset, or extends
+  the one already open; a COMMIT or ABORT marker ends it (`CompletedTxn`, which the driver turns
+  into a .txnindex entry when it is an abort);
+- the first offset of every open transaction is kept in offset order (`_ongoing`): the
+  smallest is the first unstable offset, which caps the last stable offset (LSO) below the HW;
+- the leader checks a marker before it writes it (`check_marker`): an older producer epoch is
+  INVALID_PRODUCER_EPOCH, an older coordinator epoch TRANSACTION_COORDINATOR_FENCED, and a
+  marker equal to the producer's last one (same epoch, coordinator epoch and type) with no
+  transaction open since is a retry, answered without a second append;
+- a producer with an open transaction is never expired nor evicted: forgetting it would let
+  the LSO pass records that may still be aborted.
+
 How the table is saved to and rebuilt from disk is producer_state.py's business.
 """
 
@@ -27,12 +40,12 @@ from __future__ import annotations
 import enum
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from raftlog.errors import CorruptRecordError, ErrorCode
-from raftlog.records import NO_SEQUENCE, BatchHeader, iter_batches
+from raftlog.records import NO_SEQUENCE, BatchHeader, TxnMarker, iter_batches, parse_txn_marker
 
 # One logger for the table and its snapshots (producer_state.py), as before they were split.
 log = logging.getLogger("raftlog.replication.producer_state")
@@ -99,6 +112,13 @@ class ProducerEntry:
     # Last offset of the last batch of any kind (control batches too) that changed this
     # entry: a truncation at or below it cannot be undone in memory.
     last_batch_offset: int = -1
+    # First offset of the open transaction (-1: none open).
+    current_txn_first_offset: int = -1
+    # Coordinator epoch of the last marker (-1: none seen); an older one is fenced.
+    coordinator_epoch: int = -1
+    # Offset and type of the last COMMIT/ABORT marker (-1: none), to answer its retry.
+    last_marker_offset: int = -1
+    last_marker_commit: bool = False
 
     @property
     def last_seq(self) -> int:
@@ -124,6 +144,10 @@ class ProducerEntry:
             self.last_timestamp_ms,
             self.last_batch_offset,
             tuple(self.batches),
+            self.current_txn_first_offset,
+            self.coordinator_epoch,
+            self.last_marker_offset,
+            self.last_marker_commit,
         )
 
 
@@ -144,6 +168,32 @@ class ProduceCheck:
 CHECK_OK = ProduceCheck(Verdict.OK)
 
 
+@dataclass(frozen=True, slots=True)
+class MarkerCheck:
+    """The leader's verdict on a transaction marker it is asked to write."""
+
+    verdict: Verdict
+    error: ErrorCode = ErrorCode.none
+    message: str = ""
+    # For Verdict.DUPLICATE: the offset of the marker already written.
+    duplicate_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction a marker ended (Kafka's CompletedTxn). For an abort, the driver writes
+    (producer_id, first_offset, last_offset, last_stable_offset) to the txn index."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the marker's offset
+    # The LSO once this transaction is complete: the first offset of the oldest transaction
+    # still open, or last_offset + 1. Readers stop scanning the txn index at an entry whose
+    # LSO is at or past the end of their read: every later abort starts at or after it.
+    last_stable_offset: int
+    aborted: bool
+
+
 class ProducerStateTable:
     """Producer id -> epoch and last batches, for one partition (sans-IO)."""
 
@@ -154,6 +204,9 @@ class ProducerStateTable:
         self._producers: OrderedDict[int, ProducerEntry] = OrderedDict()
         # Offset after the last batch this table has seen: its state covers [.., next_offset).
         self.next_offset = 0
+        # producer id -> first offset of its open transaction, in increasing offset order
+        # (transactions open at the log end, so insertion order is offset order).
+        self._ongoing: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -169,6 +222,75 @@ class ProducerStateTable:
 
     def as_tuple(self) -> tuple[Any, ...]:
         return (self.next_offset, tuple(e.as_tuple() for e in self._producers.values()))
+
+    # ------------------------------------------------------------------ transactions
+    def first_unstable_offset(self) -> int | None:
+        """First offset of the oldest open transaction (None: none is open)."""
+        return next(iter(self._ongoing.values()), None)
+
+    def ongoing_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of each open transaction, oldest first."""
+        return dict(self._ongoing)
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """Kafka's LSO: the first offset of the oldest open transaction, never above the HW."""
+        first = self.first_unstable_offset()
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def check_marker(self, marker: TxnMarker) -> MarkerCheck:
+        """Decide, before the leader writes `marker`, whether it may (see the docstring)."""
+        entry = self._producers.get(marker.producer_id)
+        if entry is None:
+            return MarkerCheck(Verdict.OK)
+        if marker.producer_epoch < entry.epoch:
+            return MarkerCheck(
+                Verdict.ERROR,
+                ErrorCode.invalid_producer_epoch,
+                f"marker of producer {marker.producer_id} has epoch {marker.producer_epoch}, "
+                f"older than the current epoch {entry.epoch}",
+            )
+        if marker.coordinator_epoch < entry.coordinator_epoch:
+            return MarkerCheck(
+                Verdict.ERROR,
+                ErrorCode.transaction_coordinator_fenced,
+                f"marker of producer {marker.producer_id} has coordinator epoch "
+                f"{marker.coordinator_epoch}, older than {entry.coordinator_epoch}",
+            )
+        if (
+            entry.current_txn_first_offset < 0
+            and entry.last_marker_offset >= 0
+            and marker.producer_epoch == entry.epoch
+            and marker.coordinator_epoch == entry.coordinator_epoch
+            and marker.commit == entry.last_marker_commit
+        ):
+            return MarkerCheck(Verdict.DUPLICATE, duplicate_offset=entry.last_marker_offset)
+        return MarkerCheck(Verdict.OK)
+
+    def _open_txn(self, entry: ProducerEntry, offset: int) -> None:
+        if entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = offset
+            self._ongoing[entry.producer_id] = offset
+
+    def _end_txn(
+        self, entry: ProducerEntry, header: BatchHeader, marker: TxnMarker
+    ) -> CompletedTxn:
+        pid = entry.producer_id
+        offset = header.base_offset
+        # Kafka: a marker with no transaction open ends an empty one starting at itself.
+        first = entry.current_txn_first_offset if entry.current_txn_first_offset >= 0 else offset
+        self._ongoing.pop(pid, None)
+        entry.current_txn_first_offset = -1
+        entry.coordinator_epoch = max(entry.coordinator_epoch, marker.coordinator_epoch)
+        entry.last_marker_offset = offset
+        entry.last_marker_commit = marker.commit
+        next_open = self.first_unstable_offset()
+        return CompletedTxn(
+            pid,
+            first,
+            offset,
+            offset + 1 if next_open is None else next_open,
+            aborted=not marker.commit,
+        )
 
     # ------------------------------------------------------------------ leader check
     def check_batches(self, batches: bytes | bytearray | memoryview) -> ProduceCheck:
@@ -263,8 +385,16 @@ class ProducerStateTable:
         return None
 
     # ------------------------------------------------------------------ updates
-    def update(self, headers: Iterable[BatchHeader]) -> None:
-        """Record appended batches; headers must carry their final base offsets."""
+    def update(
+        self,
+        headers: Iterable[BatchHeader],
+        markers: Mapping[int, TxnMarker] | None = None,
+    ) -> list[CompletedTxn]:
+        """Record appended batches; headers must carry their final base offsets, and
+        `markers` the COMMIT/ABORT marker of each control batch by its base offset (a control
+        batch without one is no transaction marker). Returns the transactions the markers
+        ended, in offset order."""
+        completed: list[CompletedTxn] = []
         for header in headers:
             if header.base_offset < self.next_offset:
                 raise ValueError(
@@ -274,20 +404,26 @@ class ProducerStateTable:
             self.next_offset = header.next_offset
             if header.producer_id < 0:
                 continue
-            self._apply(header)
+            marker = None if markers is None else markers.get(header.base_offset)
+            done = self._apply(header, marker if header.is_control else None)
+            if done is not None:
+                completed.append(done)
+        return completed
 
     def update_leader_append(
         self, batches: bytes | bytearray | memoryview, first_offset: int
-    ) -> None:
+    ) -> list[CompletedTxn]:
         """After `append_as_leader`: the request's batches with the offsets the log assigned
         (consecutively from AppendInfo.first_offset, as the log does)."""
-        self.update(_rebased(batches, first_offset))
+        headers = list(_rebased(batches, first_offset))
+        return self.update(headers, markers_of(batches, [h.base_offset for h in headers]))
 
-    def update_follower_append(self, batches: bytes | bytearray | memoryview) -> None:
+    def update_follower_append(self, batches: bytes | bytearray | memoryview) -> list[CompletedTxn]:
         """After `append_as_follower`: the batches already carry the leader's offsets."""
-        self.update(h for _, h in iter_batches(batches, check_crc=False))
+        headers = [h for _, h in iter_batches(batches, check_crc=False)]
+        return self.update(headers, markers_of(batches, [h.base_offset for h in headers]))
 
-    def _apply(self, header: BatchHeader) -> None:
+    def _apply(self, header: BatchHeader, marker: TxnMarker | None) -> CompletedTxn | None:
         pid = header.producer_id
         entry = self._producers.get(pid)
         if entry is None:
@@ -312,8 +448,12 @@ class ProducerStateTable:
                 entry.batches.clear()  # sequences restart with a new epoch
         entry.last_timestamp_ms = header.max_timestamp_ms
         entry.last_batch_offset = header.last_offset
-        if header.is_control or header.base_sequence < 0:
-            return
+        if header.is_control:
+            return None if marker is None else self._end_txn(entry, header, marker)
+        if header.is_transactional:
+            self._open_txn(entry, header.base_offset)
+        if header.base_sequence < 0:
+            return None
         entry.batches.append(
             BatchMetadata(
                 header.base_sequence,
@@ -323,10 +463,19 @@ class ProducerStateTable:
                 header.max_timestamp_ms,
             )
         )
+        return None
 
     def _evict_over_bound(self) -> None:
-        while len(self._producers) > self.config.max_producer_ids:
-            pid, entry = self._producers.popitem(last=False)
+        excess = len(self._producers) - self.config.max_producer_ids
+        if excess <= 0:
+            return
+        # Least recently written first; a producer with an open transaction stays (the
+        # coordinator ends every transaction within its timeout, which bounds them).
+        doomed = [pid for pid, e in self._producers.items() if e.current_txn_first_offset < 0][
+            :excess
+        ]
+        for pid in doomed:
+            entry = self._producers.pop(pid)
             log.info(
                 "evicting producer %d (last write at offset %d): more than %d producer ids",
                 pid,
@@ -342,7 +491,7 @@ class ProducerStateTable:
         expired = [
             pid
             for pid, entry in self._producers.items()
-            if now_ms - entry.last_timestamp_ms >= limit_ms
+            if now_ms - entry.last_timestamp_ms >= limit_ms and entry.current_txn_first_offset < 0
         ]
         for pid in expired:
             del self._producers[pid]
@@ -376,13 +525,42 @@ class ProducerStateTable:
         for entry in entries:
             if entry.producer_id < 0 or entry.producer_id in table._producers:
                 raise ValueError(f"producer id {entry.producer_id} is negative or repeated")
+            if not -1 <= entry.current_txn_first_offset < max(next_offset, 0):
+                raise ValueError(
+                    f"producer {entry.producer_id}: transaction first offset "
+                    f"{entry.current_txn_first_offset} outside the table's [0, {next_offset})"
+                )
             table._producers[entry.producer_id] = entry
+        open_txns = [e for e in table._producers.values() if e.current_txn_first_offset >= 0]
+        for entry in sorted(open_txns, key=lambda e: e.current_txn_first_offset):
+            table._ongoing[entry.producer_id] = entry.current_txn_first_offset
         table._evict_over_bound()
         return table
 
 
 def _error(code: ErrorCode, message: str) -> ProduceCheck:
     return ProduceCheck(Verdict.ERROR, code, message)
+
+
+def markers_of(
+    batches: bytes | bytearray | memoryview, offsets: list[int]
+) -> dict[int, TxnMarker] | None:
+    """The COMMIT/ABORT markers among `batches`, by the base offset each batch has in the log
+    (`offsets`, one per batch). A control batch that is no well-formed marker is logged and
+    left out: replicas and replay store what the leader stored, and only the leader checks."""
+    markers: dict[int, TxnMarker] | None = None
+    for (pos, header), offset in zip(iter_batches(batches, check_crc=False), offsets, strict=True):
+        if not header.is_control:
+            continue
+        try:
+            marker = parse_txn_marker(batches, pos)
+        except CorruptRecordError as exc:
+            log.warning("control batch at offset %d is no transaction marker: %s", offset, exc)
+            continue
+        if marker is not None:
+            markers = markers or {}
+            markers[offset] = marker
+    return markers
 
 
 def _rebased(batches: bytes | bytearray | memoryview, first_offset: int) -> Iterator[BatchHeader]:
