@@ -7,6 +7,8 @@ Keys are flat (one TOML table) and spelled like Kafka's with underscores.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import difflib
 import re
@@ -165,6 +167,48 @@ def parse_super_users(value: str) -> frozenset[str]:
     return frozenset(users)
 
 
+@dataclass(frozen=True, slots=True)
+class BootstrapScramCredential:
+    """One SCRAM user to seed into a new cluster, already salted (never the password)."""
+
+    mechanism: str  # "SCRAM-SHA-256" or "SCRAM-SHA-512"
+    user: str
+    iterations: int
+    salt: bytes
+    salted_password: bytes
+
+
+# kafka-storage format --add-scram's syntax, one entry:
+# SCRAM-SHA-512=[name=admin,iterations=8192,salt="<base64>",saltedpassword="<base64>"]
+_SCRAM_ENTRY = re.compile(
+    r"(SCRAM-SHA-256|SCRAM-SHA-512)=\[name=([^,\]=\s]{1,255}),iterations=([0-9]{1,9}),"
+    r'salt="([A-Za-z0-9+/=]{1,2048})",saltedpassword="([A-Za-z0-9+/=]{1,2048})"\]'
+)
+
+
+def parse_bootstrap_scram(value: str) -> tuple[BootstrapScramCredential, ...]:
+    """Parse bootstrap_scram_credentials: ';'-separated --add-scram entries (salted only)."""
+    out = []
+    for item in filter(None, (part.strip() for part in value.split(";"))):
+        match = _SCRAM_ENTRY.fullmatch(item)
+        if match is None:
+            raise ConfigError(
+                "bootstrap_scram_credentials: expected entries like SCRAM-SHA-512=[name=admin,"
+                'iterations=8192,salt="<base64>",saltedpassword="<base64>"] (the password '
+                "itself is never accepted)"
+            )
+        mechanism, user, iterations_text, salt_text, salted_text = match.groups()
+        try:
+            salt = base64.b64decode(salt_text, validate=True)
+            salted = base64.b64decode(salted_text, validate=True)
+        except binascii.Error:
+            raise ConfigError(
+                f"bootstrap_scram_credentials: {user}'s salt or saltedpassword is not base64"
+            ) from None
+        out.append(BootstrapScramCredential(mechanism, user, int(iterations_text), salt, salted))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     # -- identity and layout
@@ -265,6 +309,14 @@ class NodeConfig:
         "(as the same principal) before it ends or its connection is closed. 0: no limit.",
         lo=0,
         hi=2**62,
+    )
+    bootstrap_scram_credentials: str = _key(
+        "",
+        "SCRAM users to create in a new cluster, so the first one can log in: entries of "
+        "kafka-storage format --add-scram's syntax, SCRAM-SHA-512=[name=admin,iterations=8192,"
+        'salt="<base64>",saltedpassword="<base64>"], separated by \';\' (salted; never the '
+        "password). A node whose data directory is new writes each one the cluster lacks "
+        "once it has caught up with the metadata; later starts never do.",
     )
     # -- authorization
     authorizer_class_name: str = _key(
@@ -678,6 +730,7 @@ class NodeConfig:
                 f"or {' / '.join(STANDARD_AUTHORIZER_NAMES)}"
             )
         self.super_user_principals  # noqa: B018 - parse for the error
+        parse_bootstrap_scram(self.bootstrap_scram_credentials)
 
     def to_toml(self) -> str:
         """Render as TOML (used by `raftlog cluster up` to write node configs)."""

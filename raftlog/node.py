@@ -24,7 +24,7 @@ import trio
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
-from raftlog.config import Listener, NodeConfig
+from raftlog.config import Listener, NodeConfig, parse_bootstrap_scram
 from raftlog.errors import (
     ConfigError,
     ErrorCode,
@@ -33,6 +33,7 @@ from raftlog.errors import (
     exception_leaves,
 )
 from raftlog.groups.node_service import NodeGroupService
+from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
@@ -57,6 +58,7 @@ from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
 from raftlog.security import principal as principals
 from raftlog.security import tls
+from raftlog.security.acl import ScramMechanism
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from raftlog.storage.manager import LogManager
 
@@ -145,6 +147,7 @@ class Node:
 
     async def run(self, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         config = self.config
+        fresh_data_dir = not (config.data_path / META_FILE).exists()
         self.cluster_id = await trio.to_thread.run_sync(format_data_dir, config)
         limits = RpcLimits(
             max_frame_bytes=config.internal_frame_max_bytes,
@@ -197,6 +200,8 @@ class Node:
 
             if config.is_broker:
                 await self._start_broker(nursery, flusher)
+                if fresh_data_dir and config.bootstrap_scram_credentials:
+                    nursery.start_soon(self._seed_scram_users)
 
             log.info(
                 "node %d up: roles %s, internal %s:%d, client port %s, cluster %s",
@@ -300,6 +305,41 @@ class Node:
             # them (registered before it had several).
             return self._own_endpoints.get(listener_name)
         return registration.listener_endpoint(listener_name)
+
+    async def _seed_scram_users(self) -> None:
+        """bootstrap_scram_credentials: once caught up, create each user the cluster lacks.
+
+        Only a node starting on a new data directory does this (a new cluster, where nobody
+        can log in to create the first user), so a user deleted later is not brought back
+        by a restart. Several new nodes may write the same user; each write is whole."""
+        assert self.lifecycle is not None and self.backend is not None
+        assert self.metadata is not None
+        await self.lifecycle.unfenced.wait()
+        held = self.metadata.image.scram_credentials
+        upsertions = [
+            cm.ScramCredentialUpsertion(
+                c.user, int(mechanism), c.iterations, c.salt, c.salted_password
+            )
+            for c in parse_bootstrap_scram(self.config.bootstrap_scram_credentials)
+            if (c.user, mechanism := ScramMechanism[c.mechanism.replace("-", "_")]) not in held
+        ]
+        if not upsertions:
+            return
+        try:
+            results = await self.backend.alter_user_scram_credentials((), upsertions)
+        except KafkaError as exc:
+            log.warning("bootstrap_scram_credentials not written: %s", exc)
+            return
+        for result in results:
+            if result.error == ErrorCode.none:
+                log.info("bootstrap_scram_credentials: created SCRAM user %s", result.user)
+            else:
+                log.warning(
+                    "bootstrap_scram_credentials: user %s refused: %s %s",
+                    result.user,
+                    result.error.name,
+                    result.message or "",
+                )
 
     async def _send_replica_fetch(self, leader_id: int, body: dict) -> dict:
         assert self.metadata is not None

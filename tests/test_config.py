@@ -213,3 +213,24 @@ def test_tls_files_must_exist_and_mutual_tls_needs_a_ca(tmp_path):
     # A server-only SSL listener needs no CA.
     NodeConfig.from_dict({"listeners": "SSL://127.0.0.1:9093", **without_ca})
     assert NodeConfig.from_dict({"internal_security_protocol": "SSL", **files}).internal_tls
+
+
+def test_bootstrap_scram_credentials_take_kafka_storage_syntax_salted_only():
+    from raftlog.config import parse_bootstrap_scram
+
+    entry = 'SCRAM-SHA-512=[name=admin,iterations=8192,salt="c2FsdA==",saltedpassword="AAECAw=="]'
+    (credential,) = parse_bootstrap_scram(f"{entry}; ")
+    assert (credential.mechanism, credential.user, credential.iterations) == (
+        "SCRAM-SHA-512",
+        "admin",
+        8192,
+    )
+    assert (credential.salt, credential.salted_password) == (b"salt", b"\x00\x01\x02\x03")
+    NodeConfig.from_dict({"bootstrap_scram_credentials": entry})
+    for bad in (
+        "SCRAM-SHA-512=[name=admin,password=secret]",
+        'SCRAM-SHA-1=[name=a,iterations=1,salt="c2FsdA==",saltedpassword="AAECAw=="]',
+        'SCRAM-SHA-256=[name=a,iterations=1,salt="c2Fsd",saltedpassword="AAECAw=="]',
+    ):
+        with pytest.raises(ConfigError, match="bootstrap_scram_credentials"):
+            NodeConfig.from_dict({"bootstrap_scram_credentials": bad})

@@ -9,6 +9,7 @@ as usual; the secured listeners get ports of their own.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import socket
 import ssl
@@ -27,7 +28,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from raftlog.security import certs, tls
+from raftlog.security import certs, scram, tls
+from raftlog.security.acl import ScramMechanism as ScramMechanismCode
 from raftlog.testing.cluster import ProcessCluster, free_ports
 from tests.net.test_tls_certs import PemFiles, issue, write_ca
 
@@ -58,7 +60,9 @@ class SecureCluster:
         return self.cluster.nodes[node_id].log_path.read_text(errors="replace")
 
 
-def start_secure_cluster(root: Path, size: int) -> SecureCluster:
+def start_secure_cluster(
+    root: Path, size: int, extra_overrides: dict[str, Any] | None = None
+) -> SecureCluster:
     pki_dir = root / "pki"
     ca, ca_path = write_ca(pki_dir)
     node_files = {i: issue(pki_dir, ca, ca_path, f"node-{i}") for i in range(1, size + 1)}
@@ -68,6 +72,7 @@ def start_secure_cluster(root: Path, size: int) -> SecureCluster:
         size,
         overrides={
             **SECURE_OVERRIDES,
+            **(extra_overrides or {}),
             "ssl_certificate_location": files.cert,
             "ssl_key_location": files.key,
             "ssl_ca_location": ca_path,
@@ -133,8 +138,19 @@ def _round_trip(
     return got
 
 
+def _bootstrap_entry(user: str, password: str) -> str:
+    """kafka-storage format --add-scram's syntax, salted here as a client would."""
+    salt = b"bootstrap-salt-of-32-bytes-long!"
+    salted = scram.salted_password(ScramMechanismCode.SCRAM_SHA_512, password, salt, 4096)
+    return (
+        f'SCRAM-SHA-512=[name={user},iterations=4096,salt="{base64.b64encode(salt).decode()}",'
+        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
+    )
+
+
 def test_one_node_serves_every_listener_with_its_security(tmp_path: Path) -> None:
-    secure = start_secure_cluster(tmp_path, 1)
+    bootstrap = {"bootstrap_scram_credentials": _bootstrap_entry("admin", "admin-secret")}
+    secure = start_secure_cluster(tmp_path, 1, bootstrap)
     with secure.cluster:
         _create_user(secure, "alice", "alice-secret")
         ssl_client = {"security.protocol": "SSL", "ssl.ca.location": secure.ca}
@@ -157,6 +173,10 @@ def test_one_node_serves_every_listener_with_its_security(tmp_path: Path) -> Non
             "sasl.password": "alice-secret",
         }
         _round_trip(scram, "secure", start_offset=10)
+        # The user seeded by bootstrap_scram_credentials logs in too.
+        admin_login = {**scram, "sasl.username": "admin", "sasl.password": "admin-secret"}
+        listed = AdminClient(admin_login).list_topics(timeout=CLIENT_DEADLINE_S)
+        assert "secure" in listed.topics
         plain = {
             "bootstrap.servers": secure.bootstrap("SASL_PLAINTEXT"),
             "security.protocol": "SASL_PLAINTEXT",
