@@ -185,11 +185,6 @@ def up(
             cluster = dataclasses.replace(
                 cluster, client_properties=secure.client_properties_path(cluster)
             )
-    if cluster.secure and not secure.supports_bootstrap_users():
-        raise CliError(
-            f"this raftlog's nodes have no {secure.BOOTSTRAP_SCRAM_KEY} config key, so a "
-            "secure cluster could not create its admin user"
-        )
     busy = [
         port
         for n in cluster.nodes

@@ -37,7 +37,6 @@ from raftlog.client.admin_security import DEFAULT_ITERATIONS
 from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
 from raftlog.client.connection import ConnectionClosed, RequestTimeout
 from raftlog.client.properties import ClientSecurity, load_client_properties
-from raftlog.config import NodeConfig
 from raftlog.errors import ConfigError, KafkaError
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.certs import issue_certificate, make_ca
@@ -165,10 +164,6 @@ def scram_bootstrap_entry(user: str, mechanism: ScramMechanism, password: str) -
     )
 
 
-def supports_bootstrap_users() -> bool:
-    return BOOTSTRAP_SCRAM_KEY in NodeConfig.__dataclass_fields__
-
-
 def node_overrides(
     cluster: LocalCluster, node: LocalNode, material: SecureMaterial
 ) -> dict[str, Any]:
@@ -185,9 +180,8 @@ def node_overrides(
         "authorizer_class_name": "StandardAuthorizer",
         "super_users": f"User:{ADMIN_USER}",
         "allow_everyone_if_no_acl_found": False,
+        BOOTSTRAP_SCRAM_KEY: material.bootstrap_credentials,
     }
-    if supports_bootstrap_users():
-        values[BOOTSTRAP_SCRAM_KEY] = material.bootstrap_credentials
     return values
 
 
@@ -196,7 +190,9 @@ async def probe_ready(
 ) -> tuple[bool, str]:
     """cluster_health.probe_ready over SASL_SSL: a quorum leader and every broker unfenced.
 
-    A refused login is final (raised): waiting would not change the credentials.
+    A refused login means "not yet" until the deadline: each node writes the seeded admin
+    credential only once it has caught up with the metadata log. A failed TLS handshake is
+    final (raised): waiting would not change the certificates.
     """
     try:
         async with open_cluster(
@@ -219,6 +215,8 @@ async def probe_ready(
         return False, f"waiting for the nodes to answer ({type(exc).__name__})"
     except BaseExceptionGroup as group:
         leaf = leaf_exception(group)
-        if isinstance(leaf, AuthenticationFailed | TlsHandshakeFailed):
+        if isinstance(leaf, AuthenticationFailed):
+            return False, "waiting for the admin user to be created"
+        if isinstance(leaf, TlsHandshakeFailed):
             raise leaf from None
         return False, f"waiting for the nodes to answer ({leaf!r})"

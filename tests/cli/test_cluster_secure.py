@@ -9,7 +9,6 @@ import ssl
 import stat
 from pathlib import Path
 
-import pytest
 from cryptography import x509
 from raftlog_cli import cluster_local as local
 from raftlog_cli import cluster_secure as secure
@@ -95,12 +94,11 @@ def test_secure_node_configs(tmp_path: Path) -> None:
     cluster = secure_cluster(tmp_path)
     material = secure.prepare(cluster)
     overrides = {n.node_id: secure.node_overrides(cluster, n, material) for n in cluster.nodes}
-    if not secure.supports_bootstrap_users():
-        pytest.skip(f"NodeConfig has no {secure.BOOTSTRAP_SCRAM_KEY} key yet")
     local.write_cluster(cluster, {}, lambda node: overrides[node.node_id])
     for node in cluster.nodes:
         assert mode(node.config_path) == 0o600
         config = NodeConfig.load(node.config_path)
+        assert config.bootstrap_scram_credentials == material.bootstrap_credentials
         (listener,) = config.client_listeners
         assert (listener.security_protocol, listener.port) == ("SASL_SSL", node.client_port)
         assert config.internal_tls and config.authorizer_enabled
@@ -109,14 +107,11 @@ def test_secure_node_configs(tmp_path: Path) -> None:
     assert local.load_cluster(cluster.root) == cluster
 
 
-def test_secure_node_configs_validate_without_the_bootstrap_key(tmp_path: Path) -> None:
-    """The keys the transport knows are all valid together (the bootstrap key aside)."""
+def test_secure_node_configs_hold_no_plaintext_listener(tmp_path: Path) -> None:
     cluster = secure_cluster(tmp_path, nodes=2)
     material = secure.prepare(cluster)
     for node in cluster.nodes:
-        values = secure.node_overrides(cluster, node, material)
-        values.pop(secure.BOOTSTRAP_SCRAM_KEY, None)
-        config = local.node_config(cluster, node, values)
+        config = local.node_config(cluster, node, secure.node_overrides(cluster, node, material))
         assert [(b.name, b.security_protocol) for b in config.client_listeners] == [
             ("SASL_SSL", "SASL_SSL")
         ]
