@@ -105,13 +105,26 @@ def load_command_config(path: str) -> ClientProperties:
     return properties
 
 
+def _local_cluster_addressed(bootstrap_server: str | None) -> bool:
+    """Whether the command talks to the local cluster: no address given, or only addresses
+    of the local cluster's nodes (a script that names them keeps working when it is secure)."""
+    if bootstrap_server is None:
+        return True
+    local = local_bootstrap()
+    if local is None:
+        return False
+    wanted = {item.strip() for item in bootstrap_server.split(",") if item.strip()}
+    return bool(wanted) and wanted <= {item.strip() for item in local.split(",")}
+
+
 def make_options(
     bootstrap_server: str | None, command_config: str | None, json_mode: bool
 ) -> Options:
     """Options from the flags: --bootstrap-server, else the properties file's
     bootstrap.servers, else the local cluster, else 127.0.0.1:9092."""
-    implicit_config = command_config is None and bootstrap_server is None
-    path = command_config or (local_client_properties() if implicit_config else None)
+    path = command_config
+    if path is None and _local_cluster_addressed(bootstrap_server):
+        path = local_client_properties()
     properties = load_command_config(path) if path else None
     explicit = bootstrap_server is not None
     if bootstrap_server is None and properties is not None and command_config is not None:

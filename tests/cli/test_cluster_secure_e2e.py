@@ -44,6 +44,10 @@ async def test_secure_cluster_lifecycle(tmp_path: Path) -> None:
         acls = json.loads((await run(tmp_path, "acls", "list", "--json")).stdout)
         assert [(a["principal"], a["operation"]) for a in acls] == [("User:bob", "READ")]
 
+        # Naming the local nodes explicitly still uses the cluster's properties file.
+        named = await run(tmp_path, "topics", "list", "--bootstrap-server",
+                          info["bootstrap_servers"], "--json")  # fmt: skip
+        assert [t["name"] for t in json.loads(named.stdout)] == ["events"]
         # Without the properties file (another directory): the listener hangs up.
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
