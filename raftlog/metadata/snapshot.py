@@ -77,6 +77,7 @@ def image_records(image: MetadataImage) -> list[r.Record]:
                 reg.internal_endpoint[0],
                 reg.internal_endpoint[1],
                 reg.rack,
+                reg.listeners,
             )
         )
         if not reg.fenced:

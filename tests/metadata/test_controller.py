@@ -1,6 +1,7 @@
 """Controller: broker registration, heartbeats, fencing, controlled shutdown, producer ids,
 failover. Helpers here are shared by the other test_controller_*.py files."""
 
+import dataclasses
 import uuid
 
 from raftlog.config import NodeConfig
@@ -296,3 +297,16 @@ def test_new_incarnation_after_a_full_restart_is_not_refused_for_a_dead_session(
     assert live.reply.error_code == _ErrorCode.none
     again = after.handle(_Register(1, _uuid.uuid4(), "h", 1, "h", 2), 102)
     assert again.reply.error_code == _ErrorCode.duplicate_broker_registration
+
+
+def test_a_brokers_listeners_reach_the_image_and_its_snapshot():
+    from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot
+
+    controller = Controller(
+        MetadataImage.empty("cid"), NodeConfig(), now_ms=0, topic_id_source=topic_ids()
+    )
+    listeners = (("PLAINTEXT", "127.0.0.1", 9092, "PLAINTEXT"), ("SECURE", "h", 9093, "SASL_SSL"))
+    request = dataclasses.replace(register_request(1), listeners=listeners)
+    assert controller.handle(request, 0).reply.error_code == ErrorCode.none
+    assert controller.image.brokers[1].listeners == listeners
+    assert decode_snapshot(encode_snapshot(controller.image)).brokers[1].listeners == listeners

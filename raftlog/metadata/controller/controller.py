@@ -246,6 +246,7 @@ class Controller:
                 req.internal_host,
                 req.internal_port,
                 req.rack,
+                req.listeners,
             )
         )
         # A re-registration means the old process is gone: it may have lost unflushed data,
