@@ -6,6 +6,14 @@ watermark, and never the active segment) is touched; a tombstone (null value) su
 its batch is older than delete.retention.ms, so consumers that were behind still see deletes;
 records without a key and control batches are kept.
 
+Transactions (KIP-98): the caller passes the last stable offset as `clean_below_offset`, so
+no undecided transaction is compacted. Records of aborted transactions (the segments' txn
+indexes name them) never count as a key's newest record and are removed, as Kafka's cleaner
+does, so an aborted write can never hide the committed value before it. Transaction markers
+are control batches and are always kept, with their txn index entries, so a marker outlives
+every record of its transaction (Kafka drops markers after delete.retention.ms once their
+data is gone; raftlog keeps them: one small batch per transaction).
+
 The heavy part (reading segments, building cleaned files, fsync) runs in a worker thread; only
 the swap of each cleaned file into place runs on the event loop, so appends are never blocked
 for long. Each segment is rewritten to `<base>.cleaned` and renamed over `<base>.log`, so a crash
@@ -21,7 +29,7 @@ from pathlib import Path
 
 import trio
 
-from raftlog.records import iter_batches, iter_records, rebuild_batch
+from raftlog.records import BatchHeader, iter_batches, iter_records, rebuild_batch
 from raftlog.storage.checkpoint import fsync_dir
 from raftlog.storage.log import PartitionLog
 from raftlog.storage.segment import CLEANED_SUFFIX, LogSegment
@@ -42,13 +50,38 @@ def _read_whole(path: Path) -> bytes:
         return handle.read()
 
 
-def build_key_map(paths: list[Path], clean_below_offset: int) -> dict[bytes, int]:
-    """key -> offset of its newest record below clean_below_offset (worker thread)."""
+# producer id -> (first offset, last offset) of each of its aborted transactions.
+AbortedRanges = dict[int, list[tuple[int, int]]]
+
+
+def aborted_ranges(partition_log: PartitionLog) -> AbortedRanges:
+    """The aborted transactions the log's txn indexes hold, by producer (event loop)."""
+    ranges: AbortedRanges = {}
+    for segment in partition_log.segments:
+        for entry in segment.txn_index.entries:
+            ranges.setdefault(entry.producer_id, []).append((entry.first_offset, entry.last_offset))
+    return ranges
+
+
+def is_aborted(header: BatchHeader, aborted: AbortedRanges | None) -> bool:
+    """A data batch of an aborted transaction."""
+    if aborted is None or header.is_control or not header.is_transactional:
+        return False
+    return any(
+        first <= header.base_offset <= last for first, last in aborted.get(header.producer_id, ())
+    )
+
+
+def build_key_map(
+    paths: list[Path], clean_below_offset: int, aborted: AbortedRanges | None = None
+) -> dict[bytes, int]:
+    """key -> offset of its newest record below clean_below_offset, records of aborted
+    transactions left out (worker thread)."""
     latest: dict[bytes, int] = {}
     for path in paths:
         data = _read_whole(path)
         for pos, header in iter_batches(data):
-            if header.is_control:
+            if header.is_control or is_aborted(header, aborted):
                 continue
             for record in iter_records(data, pos):
                 if record.key is not None and record.offset < clean_below_offset:
@@ -61,6 +94,7 @@ def clean_segment_file(
     key_map: dict[bytes, int],
     clean_below_offset: int,
     tombstone_horizon_ms: int,
+    aborted: AbortedRanges | None = None,
 ) -> tuple[Path, int, int] | None:
     """Write the cleaned copy of one segment; returns (path, records removed, new size) or
     None when nothing would change (worker thread)."""
@@ -71,6 +105,9 @@ def clean_segment_file(
         end = pos + header.size_bytes
         if header.is_control or header.last_offset >= clean_below_offset:
             out += data[pos:end]
+            continue
+        if is_aborted(header, aborted):
+            removed += header.record_count
             continue
         kept = []
         records = list(iter_records(data, pos))
@@ -110,12 +147,13 @@ async def clean_log(
     if not segments:
         return stats
     paths = [s.log_path for s in segments]
-    key_map = await trio.to_thread.run_sync(build_key_map, paths, limit)
+    aborted = aborted_ranges(partition_log)
+    key_map = await trio.to_thread.run_sync(build_key_map, paths, limit, aborted)
     horizon_ms = now_ms - partition_log.config.delete_retention_ms
     for segment in segments:
         size_before = segment.size_bytes
         result = await trio.to_thread.run_sync(
-            clean_segment_file, segment.log_path, key_map, limit, horizon_ms
+            clean_segment_file, segment.log_path, key_map, limit, horizon_ms, aborted
         )
         if result is None:
             continue
@@ -163,4 +201,7 @@ def _rename_and_load(directory: Path, old: LogSegment, cleaned: Path) -> LogSegm
     fsync_dir(directory)
     fresh = LogSegment(directory, old.base_offset, old.index_interval_bytes)
     fresh.recover(on_batch=None)
+    # Compaction keeps every marker at its offset: the txn index file still holds.
+    old.txn_index.close()
+    fresh.txn_index.adopt(old.txn_index.entries)
     return fresh

@@ -37,6 +37,7 @@ from raftlog.storage.recovery import (
     recover_log,
 )
 from raftlog.storage.segment import LogSegment
+from raftlog.storage.txn_index import AbortedTxn, TxnIndex
 
 log = logging.getLogger("raftlog.storage")
 
@@ -58,6 +59,8 @@ class PartitionLog:
         # Serialises checkpoint writes between the flusher's worker thread and truncation.
         self._checkpoint_lock = threading.Lock()
         self._dirty_segments: list[LogSegment] = []
+        # Txn indexes appended to since the last flush ticket (fsynced with the segments).
+        self._dirty_txn_indexes: list[TxnIndex] = []
         self._directory_dirty = False
         self._checkpoint_due = False
         self.closed = False
@@ -354,6 +357,41 @@ class PartitionLog:
                         return record.offset, ts
         return None
 
+    # ------------------------------------------------------------------ transactions
+    def append_aborted_txns(self, entries: list[AbortedTxn]) -> None:
+        """Index aborted transactions whose ABORT markers were just appended (the driver calls
+        it right after the append, on the event loop, from the producer table's answer); the
+        next flush fsyncs them with the segment."""
+        if not entries:
+            return
+        self._check_open()
+        for entry in entries:
+            if not self._log_start <= entry.last_offset < self._leo:
+                raise ValueError(
+                    f"{self.directory.name}: aborted transaction marker at {entry.last_offset} "
+                    f"is outside the log [{self._log_start}, {self._leo})"
+                )
+            segment = self.segments[self._segment_index(entry.last_offset)]
+            try:
+                segment.txn_index.append(entry)
+            except OSError as exc:
+                self.mark_offline(f"txn index append failed: {exc}")
+                raise LogOfflineError() from exc
+            if segment.txn_index not in self._dirty_txn_indexes:
+                self._dirty_txn_indexes.append(segment.txn_index)
+
+    def collect_aborted_txns(self, fetch_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [fetch_offset, upper_offset), oldest marker
+        first (a read_committed fetch answers them with its records)."""
+        self._check_open()
+        found: list[AbortedTxn] = []
+        if upper_offset <= fetch_offset:
+            return found
+        for segment in self.segments[self._segment_index(fetch_offset) :]:
+            if segment.txn_index.collect(fetch_offset, upper_offset, found):
+                break
+        return found
+
     # ------------------------------------------------------------------ damage
     def mark_damaged(self, offset: int) -> None:
         """The batch holding `offset` failed verification: refuse reads from it to the
@@ -476,6 +514,11 @@ class PartitionLog:
         """
         fds = [os.dup(s.file.fileno()) for s in self._dirty_segments]
         self._dirty_segments = []
+        for txn_index in self._dirty_txn_indexes:
+            fd = txn_index.dup_dirty_fd()
+            if fd is not None:
+                fds.append(fd)
+        self._dirty_txn_indexes = []
         ticket = FlushTicket(self._leo, fds, self._directory_dirty, self._generation)
         self._directory_dirty = False
         if self._checkpoint_due:

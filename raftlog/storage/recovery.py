@@ -13,11 +13,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftlog.records import BatchHeader
+from raftlog.errors import CorruptRecordError
+from raftlog.records import BatchHeader, parse_txn_marker
 from raftlog.storage.checkpoint import CheckpointError, fsync_dir, read_checkpoint
 from raftlog.storage.config import LogConfig
 from raftlog.storage.epoch_cache import LeaderEpochCache
+from raftlog.storage.index import IndexMismatch
 from raftlog.storage.segment import CLEANED_SUFFIX, LOG_SUFFIX, LogSegment
+from raftlog.storage.txn_index import TXN_INDEX_SUFFIX, rebuild_txn_indexes
 
 log = logging.getLogger("raftlog.storage")
 
@@ -64,17 +67,21 @@ def recover_log(directory: Path, config: LogConfig, *, now_ms: int) -> Recovered
         log.warning("%s: %s; recovering the whole log", directory, exc)
         recovery_point = 0
     bases = sorted(int(p.name[: -len(LOG_SUFFIX)]) for p in directory.glob("*" + LOG_SUFFIX))
-    for suffix in (".index", ".timeindex"):
+    for suffix in (".index", ".timeindex", TXN_INDEX_SUFFIX):
         for orphan in directory.glob("*" + suffix):
             if int(orphan.name.split(".")[0]) not in bases:
                 orphan.unlink()
     if recovery_point <= (bases[0] if bases else 0):
         epoch_cache.clear()  # everything is rescanned, epochs included
-    segments = _recover_segments(directory, config, epoch_cache, bases, recovery_point, now_ms)
+    scanned_aborts: dict[int, list[int]] = {}
+    segments = _recover_segments(
+        directory, config, epoch_cache, bases, recovery_point, now_ms, scanned_aborts
+    )
     if not segments:
         segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
     log_end = segments[-1].next_offset
     log_start = min(max(log_start, segments[0].base_offset), log_end)
+    _load_txn_indexes(directory, segments, scanned_aborts, log_start)
     epoch_cache.truncate_from_end(log_end)
     epoch_cache.truncate_from_start(log_start)
     # Recovered bytes may exist only in the page cache: make them durable before a
@@ -105,6 +112,55 @@ def _read_int_checkpoint(directory: Path, name: str, key: str, default: int) -> 
         return default
 
 
+def _load_txn_indexes(
+    directory: Path,
+    segments: list[LogSegment],
+    scanned_aborts: dict[int, list[int]],
+    log_start: int,
+) -> None:
+    """Load every segment's aborted transactions index, or rebuild them all from the log.
+
+    A segment below the recovery point was fsynced with its index, which must load and verify.
+    A scanned segment may have lost index entries of markers the crash kept (the index is
+    fsynced with the segment, so only above the recovery point): entries past its recovered end
+    are dropped, and the rest must name exactly the ABORT markers the scan found.
+    """
+    reason = ""
+    for segment in segments:
+        index = segment.txn_index
+        try:
+            found = scanned_aborts.get(segment.base_offset)
+            if found is None:
+                index.load(segment.next_offset)
+                continue
+            index.load(segment.next_offset, drop_beyond=True)
+            indexed = [e.last_offset for e in index.entries]
+            if indexed != found:
+                raise IndexMismatch(
+                    f"{index.path}: indexes aborts at {indexed[:5]}, the log has {found[:5]}"
+                )
+        except (IndexMismatch, OSError) as exc:
+            reason = str(exc)
+            break
+    if not reason:
+        return
+    log.warning(
+        "%s: rebuilding the aborted transactions indexes from the log: %s", directory, reason
+    )
+    rebuild_txn_indexes(segments, log_start)
+
+
+def _abort_offset(segment: LogSegment, position: int, header: BatchHeader) -> int | None:
+    """The offset of the ABORT marker at `position`, None when it is none."""
+    if not (header.is_control and header.is_transactional and header.producer_id >= 0):
+        return None
+    try:
+        marker = parse_txn_marker(segment.read_range(position, position + header.size_bytes))
+    except CorruptRecordError:
+        return None
+    return header.base_offset if marker is not None and not marker.commit else None
+
+
 def _recover_segments(
     directory: Path,
     config: LogConfig,
@@ -112,6 +168,7 @@ def _recover_segments(
     bases: list[int],
     recovery_point: int,
     now_ms: int,
+    scanned_aborts: dict[int, list[int]],
 ) -> list[LogSegment]:
     segments: list[LogSegment] = []
     for i, base in enumerate(bases):
@@ -122,9 +179,18 @@ def _recover_segments(
         if base < recovery_point:
             cut = segment.load_trusted()
         if base >= recovery_point or segment.next_offset > recovery_point:
+            aborts = scanned_aborts[base] = []
 
-            def on_batch(header: BatchHeader) -> None:
+            def on_batch(
+                position: int,
+                header: BatchHeader,
+                segment: LogSegment = segment,
+                aborts: list[int] = aborts,
+            ) -> None:
                 cache.assign(header.partition_leader_epoch, header.base_offset)
+                offset = _abort_offset(segment, position, header)
+                if offset is not None:
+                    aborts.append(offset)
 
             scan_cut, reason = segment.recover(on_batch, allow_gaps=config.compact)
             cut += scan_cut

@@ -1,4 +1,5 @@
-"""One log segment: `<base>.log` holding whole batches, plus its sparse indexes."""
+"""One log segment: `<base>.log` holding whole batches, plus its sparse indexes and its
+aborted transactions index (`<base>.txnindex`, created with the segment; recovery.py loads it)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from raftlog.records import (
     validate_batch,
 )
 from raftlog.storage.index import IndexMismatch, OffsetIndex, TimeIndex
+from raftlog.storage.txn_index import TXN_INDEX_SUFFIX, TxnIndex
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -76,11 +78,14 @@ class LogSegment:
         self.log_path = directory / (name + LOG_SUFFIX)
         self.index = OffsetIndex(directory / (name + INDEX_SUFFIX), base_offset)
         self.time_index = TimeIndex(directory / (name + TIME_INDEX_SUFFIX), base_offset)
+        self.txn_index = TxnIndex(directory / (name + TXN_INDEX_SUFFIX), base_offset)
         exists = self.log_path.exists()
         # One unbuffered handle: writes go to the end, every read uses explicit positions
         # (pread/sendfile), so sharing it is safe. Readers hold a reference via FileRegion, so
         # a segment deleted by retention stays readable until its last region is dropped.
         self.file: io.FileIO = io.FileIO(self.log_path, "r+" if exists else "w+")
+        if not exists:
+            self.txn_index.create()
         self.size_bytes = os.fstat(self.file.fileno()).st_size
         self.file.seek(self.size_bytes)
         self.next_offset = base_offset
@@ -238,10 +243,14 @@ class LogSegment:
         return 0
 
     def recover(
-        self, on_batch: Callable[[BatchHeader], None] | None, *, allow_gaps: bool = True
+        self,
+        on_batch: Callable[[int, BatchHeader], None] | None,
+        *,
+        allow_gaps: bool = True,
     ) -> tuple[int, str]:
         """Validate every batch (CRC included), rebuild both indexes, and cut the file at the
-        first bad batch. Returns (bytes cut, why)."""
+        first bad batch; `on_batch(position, header)` sees each valid batch. Returns (bytes
+        cut, why). The txn index is recovery.py's to check against the batches."""
         self.unverified_from = self.unverified_to = 0
         self.index.rel_offsets, self.index.positions = array("q"), array("q")
         self.time_index.reset()
@@ -288,7 +297,7 @@ class LogSegment:
                 break
             self._index_batch(position, header, write_index=False)
             if on_batch is not None:
-                on_batch(header)
+                on_batch(position, header)
             position += header.size_bytes
         truncated = self.size_bytes - position
         if truncated:
@@ -312,6 +321,7 @@ class LogSegment:
         self.file.seek(position)
         self.index.truncate_to_position(position)
         self.time_index.truncate_to_offset(offset)
+        self.txn_index.truncate_to(offset)
         # Recompute the in-memory summary from what remains (truncation is rare).
         last_pos = self.index.last_position()
         self.next_offset = self.base_offset
@@ -337,10 +347,12 @@ class LogSegment:
     def close(self) -> None:
         self.index.close()
         self.time_index.close()
+        self.txn_index.close()
         self.file.close()
 
     def delete(self) -> None:
         """Unlink the files; the open handle lives on for readers still holding regions."""
         self.index.delete()
         self.time_index.delete()
+        self.txn_index.delete()
         self.log_path.unlink(missing_ok=True)
