@@ -101,6 +101,16 @@ class GroupHandlers:
             return CoordinatorLocation(ErrorCode.invalid_request)
         return await self.service.coordinator_for(key)
 
+    async def _locate_for(
+        self, ctx: RequestContext, key_type: int, key: str
+    ) -> CoordinatorLocation:
+        """The coordinator's endpoint on the listener this request came in on."""
+        location = await self._locate(key_type, key)
+        code, node_id, host, port = location
+        if code != ErrorCode.none:
+            return location
+        return CoordinatorLocation(code, node_id, *ctx.advertised(node_id, host, port))
+
     async def find_coordinator(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
         if ctx.api_version >= 4:
@@ -111,9 +121,11 @@ class GroupHandlers:
                     for k in keys
                 ]
             else:
-                coordinators = [_coordinator_dict(k, await self._locate(key_type, k)) for k in keys]
+                coordinators = [
+                    _coordinator_dict(k, await self._locate_for(ctx, key_type, k)) for k in keys
+                ]
             return {"coordinators": coordinators}
-        code, node_id, host, port = await self._locate(key_type, request.key)
+        code, node_id, host, port = await self._locate_for(ctx, key_type, request.key)
         return {
             "error_code": code,
             "error_message": _error_message(code),
