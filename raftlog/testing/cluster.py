@@ -73,7 +73,9 @@ class NodeProcess:
 
     @property
     def client_address(self) -> str:
-        return self.config.client_listener
+        """The first listener's advertised HOST:PORT (what the node's Metadata names)."""
+        first = self.config.advertised_client_listeners[0]
+        return f"{first.host}:{first.port}"
 
     @property
     def running(self) -> bool:
