@@ -116,6 +116,8 @@ class BrokerConnection:
         # trio.current_time() after which the SASL session should be renewed (KIP-368:
         # the broker closes a connection whose session has run out); None: never.
         self.session_renew_at: float | None = None
+        # The TLS alert that broke the connection, if one did.
+        self.tls_error: ssl.SSLError | None = None
 
     @property
     def closed(self) -> bool:
@@ -196,6 +198,8 @@ class BrokerConnection:
                 # can carry nothing more.
                 with trio.CancelScope(shield=True):
                     await self.aclose()
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    self.tls_error = exc.__cause__
                 if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
                     raise ConnectionClosed(f"connection to {self._peer} broke: {exc}") from exc
                 raise
@@ -213,6 +217,11 @@ class BrokerConnection:
                 self._deliver(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             reason = f"broken: {exc}" if not self._closed else "closed"
+            if isinstance(exc.__cause__, ssl.SSLError):
+                # With TLS 1.3 a server refuses a client certificate after the handshake:
+                # the alert arrives here, on the first read.
+                self.tls_error = exc.__cause__
+                reason = f"broken: TLS: {_tls_reason(exc.__cause__)}"
         except (FrameTooLarge, ProtocolError) as exc:
             reason = f"protocol error: {exc}"
             log.warning("closing connection to %s: %s", self._peer, exc)
@@ -329,6 +338,10 @@ async def open_connection(
             setup_error = exc
             with trio.CancelScope(shield=True):
                 await connection.aclose()
+            if connection.tls_error is not None:
+                setup_error = TlsHandshakeFailed(
+                    f"TLS with {host}:{port} failed: {_tls_reason(connection.tls_error)}"
+                )
         else:
             try:
                 yield connection
@@ -376,6 +389,16 @@ def _tls_reason(cause: BaseException | None) -> str:
         reason = cause.reason or str(cause)
         if reason == "WRONG_VERSION_NUMBER":
             return "the port does not speak TLS (is its listener PLAINTEXT?)"
+        if reason in ("TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_HANDSHAKE_FAILURE"):
+            return (
+                f"refused by the server: {reason.lower()} (does it require a client "
+                "certificate? set ssl.certificate.location and ssl.key.location)"
+            )
+        if reason == "UNEXPECTED_EOF_WHILE_READING":
+            return (
+                "the server closed the connection during TLS (does it require a client "
+                "certificate, or is its listener PLAINTEXT?)"
+            )
         return reason.replace("_", " ").lower()
     if cause is None:
         return "the connection closed"

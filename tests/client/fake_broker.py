@@ -24,7 +24,7 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from kio.serial import entity_reader, entity_writer
 
 from raftlog.client.protocol import API_KEYS, build, response_header_version
-from raftlog.net.framing import FrameReader, frame
+from raftlog.net.framing import FrameReader, FrameTooLarge, frame
 from raftlog.security.acl import ScramCredential, ScramMechanism
 from raftlog.security.sasl import (
     SaslAuthenticationFailed,
@@ -105,6 +105,8 @@ class FakeBroker:
                 await self._read_requests(stream, reader, send_lock, nursery)
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away or a handler hung up: both are normal here
+        except* FrameTooLarge:
+            pass  # not Kafka (a TLS hello on a plaintext port): hang up, as Kafka does
 
     async def _read_requests(
         self,
