@@ -1,11 +1,8 @@
-"""raftlog's client over SASL_SSL against a real node process with the files and settings of
-`raftlog cluster up --secure` (node certificate, internal mutual TLS, the authorizer keys),
-plus a loopback PLAINTEXT listener that stands in for the admin bootstrap (the first SCRAM
-user is created over it), then topics, produce and fetch as that user over SASL_SSL.
-
-One node: with two listeners, Metadata over one node's SASL_SSL listener names the other
-brokers by their first registered endpoint, so a second node would be dialled on its
-PLAINTEXT port (a `cluster up --secure` cluster has only the SASL_SSL listener)."""
+"""raftlog's client over SASL_SSL against two real node processes with the files and settings
+of `raftlog cluster up --secure` (node certificates, mutual TLS between the nodes, the
+authorizer keys), plus a loopback PLAINTEXT listener the first SCRAM user is created over
+(instead of bootstrap_scram_credentials, so the test sees the credential arrive through
+AlterUserScramCredentials), then topics, produce and fetch as that user over SASL_SSL."""
 
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ from raftlog.testing.cluster import FAST_TIMINGS, free_ports
 from tests.waiting import wait_until
 
 READY_TIMEOUT_S = 60.0
-NODES = 1
+NODES = 2
 
 
 @dataclasses.dataclass
