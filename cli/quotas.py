@@ -219,6 +219,11 @@ def _internal_servers(value: str | None) -> dict[int, tuple[str, int]]:
             "--usage needs the nodes' internal listeners: pass --internal-servers "
             "ID@HOST:PORT,... (no local cluster in .raftlog)"
         )
+    if local.secure:
+        raise CliError(
+            "--usage reads the nodes' internal listeners, which a secure cluster keeps to "
+            "mutual TLS between its nodes"
+        )
     return {n.node_id: ("127.0.0.1", n.internal_port) for n in local.nodes}
 
 

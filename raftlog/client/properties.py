@@ -267,7 +267,7 @@ def parse_client_properties(
 
     mechanism = _mechanism(get("sasl.mechanism"), get("sasl.mechanisms"), bad)
     username = get("sasl.username")
-    password = values.get("sasl.password")  # passwords keep their spaces
+    password = values.get("sasl.password")  # not stripped again: inner spaces are its own
     jaas = get("sasl.jaas.config")
     if jaas:
         module, options = parse_jaas_config(jaas, bad)

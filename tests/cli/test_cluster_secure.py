@@ -9,6 +9,7 @@ import ssl
 import stat
 from pathlib import Path
 
+import pytest
 from cryptography import x509
 from raftlog_cli import cluster_local as local
 from raftlog_cli import cluster_secure as secure
@@ -17,6 +18,7 @@ from raftlog.client.properties import SecurityProtocol, load_client_properties
 from raftlog.config import NodeConfig
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.scram import credential_from_salted_password, verify_password
+from tests.cli.conftest import invoke
 
 
 def secure_cluster(tmp_path: Path, nodes: int = 3) -> local.LocalCluster:
@@ -116,3 +118,18 @@ def test_secure_node_configs_hold_no_plaintext_listener(tmp_path: Path) -> None:
             ("SASL_SSL", "SASL_SSL")
         ]
         assert not config.allow_everyone_if_no_acl_found
+
+
+async def test_quota_usage_is_refused_on_a_secure_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = secure_cluster(tmp_path, nodes=1)
+    material = secure.prepare(cluster)
+    local.write_cluster(cluster, {}, lambda node: secure.node_overrides(cluster, node, material))
+    monkeypatch.chdir(tmp_path)
+    r = await invoke(["quotas", "describe", "--usage"])
+    assert (r.exit_code, r.stdout) == (1, "")
+    assert r.stderr == (
+        "error: --usage reads the nodes' internal listeners, which a secure cluster keeps to "
+        "mutual TLS between its nodes\n"
+    )
