@@ -269,7 +269,8 @@ class ReplicaFetcher:
         # The same table serves when this replica leads: a new leader answers retries of
         # batches it only ever replicated.
         try:
-            hosted.producers.table.update_follower_append(records)
+            completed = hosted.producers.table.update_follower_append(records)
+            hosted.producers.record_completed(completed)
         except ValueError as exc:
             # The table and the log disagree (it cannot happen unless a bug did): rebuild the
             # table from the log rather than stop replicating.

@@ -21,6 +21,7 @@ from pathlib import Path
 import trio
 
 from raftlog.replication.producer_state import (
+    CompletedTxn,
     ProducerStateConfig,
     ProducerStateTable,
     after_log_truncation,
@@ -30,6 +31,7 @@ from raftlog.replication.producer_state import (
     write_payload,
 )
 from raftlog.storage import PartitionLog
+from raftlog.storage.txn_index import AbortedTxn
 
 log = logging.getLogger("raftlog.replication")
 
@@ -146,6 +148,24 @@ class ProducerStateHolder:
             table = ProducerStateTable(self.config)
             table.next_offset = plog.log_end_offset
             return table
+
+    # ------------------------------------------------------------------ transactions
+    def record_completed(self, completed: list[CompletedTxn]) -> None:
+        """Index the aborted transactions a just-appended batch ended (same event-loop step
+        as the append, so the flusher fsyncs the entries with their markers)."""
+        aborted = [
+            AbortedTxn(c.producer_id, c.first_offset, c.last_offset, c.last_stable_offset)
+            for c in completed
+            if c.aborted
+        ]
+        if aborted:
+            self.log.append_aborted_txns(aborted)
+
+    def last_stable_offset(self, high_watermark: int) -> int | None:
+        """The LSO (never above `high_watermark`), None while the table is loading."""
+        if not self.ready.is_set():
+            return None
+        return self._table.last_stable_offset(high_watermark)
 
     # ------------------------------------------------------------------ snapshots
     def rolled(self) -> bool:

@@ -6,8 +6,10 @@ expects. This module builds them and runs their background tasks:
 - `ReplicaAssignment` (assignment.py): metadata makes each replica leader or follower with
   the controller's epochs; logs are created and removed by `LogWork` jobs;
 - `ProducePath` (produce.py): leader appends, acks through the purgatory;
-- `ReadPaths` (serving.py): consumer fetches and list offsets, never past the HW, and the
-  leader side of replica fetches (long-polls woken by LEO/HW events);
+- `ReadPaths` (serving.py): consumer fetches and list offsets, never past the HW (the LSO
+  for read_committed), and the leader side of replica fetches (long-polls woken by LEO/HW
+  events);
+- `TxnMarkerPath` (txn_markers.py): COMMIT/ABORT markers the transaction coordinator writes;
 - `FetcherPool` (fetcher.py): follower fetchers; their truncations run here, off the loop;
 - background tasks tick the ISR rules, expire purgatory deadlines, flush leaders, checkpoint
   HWs and run retention/compaction.
@@ -22,7 +24,7 @@ import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -40,6 +42,7 @@ from raftlog.replication.produce import ProducePath
 from raftlog.replication.replicas import AlterPartitionFn, Replicas
 from raftlog.replication.scrub import Scrubber
 from raftlog.replication.serving import ReadPaths
+from raftlog.replication.txn_markers import MarkerResults, TxnMarkerPath, TxnMarkerRequest
 from raftlog.replication.upkeep import PartitionStatus, clean_partitions, partition_status
 from raftlog.storage import Flusher, LogManager
 
@@ -123,6 +126,7 @@ class ReplicaManager:
         )
         self.reads = ReadPaths(self.replicas, on_damage=self.scrubber.report_damage)
         self.writes = ProducePath(self.replicas)
+        self.markers = TxnMarkerPath(self.replicas)
         # incarnation_id: this process's broker registration (BrokerLifecycle); its unfencing
         # tells the assignment the image is caught up, so stray logs may go.
         self.assignment = ReplicaAssignment(
@@ -133,6 +137,14 @@ class ReplicaManager:
             reload_producers=self.reload_producers,
             incarnation_id=incarnation_id,
         )
+
+    # ------------------------------------------------------------------ transactions
+    async def write_txn_markers(
+        self, markers: Sequence[TxnMarkerRequest], timeout_ms: int | None = None
+    ) -> list[MarkerResults]:
+        """Write each COMMIT/ABORT marker on its partitions as their leader and answer once
+        each is committed (acks=all); one ErrorCode per partition (txn_markers.py)."""
+        return await self.markers.write_markers(markers, timeout_ms)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

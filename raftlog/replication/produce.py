@@ -11,11 +11,24 @@ of the partition at it. One bad batch refuses the whole partition's data of the 
 A retry of one of the producer's last five batches (Verdict.DUPLICATE) is not appended: it is
 answered with the original base offset, but only once that batch is covered the way `acks`
 asks (HW for acks=all, fsync for acks=1), so a retry never promises more than the original.
+
+KIP-890 part 1, the seam for the transaction coordinator: a transactional batch of a producer
+that has no transaction open on this partition would start one. Before that, the produce path
+asks `verify_transaction` (an async callable, since the coordinator may be another broker:
+Kafka sends it AddPartitionsToTxn with verify_only) whether the coordinator added this
+partition to the producer's ongoing transaction; any answer but NONE refuses the whole
+partition's data with that code (INVALID_TXN_STATE when the partition is not in the
+transaction), so a late or retried produce cannot open a transaction the coordinator does not
+know, and a later marker cannot silently commit it. The default allows everything (no
+coordinator yet). The question is asked before the check-append-update sequence, never inside
+it, so the sequence rules keep their no-await guarantee.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -23,7 +36,7 @@ from raftlog.batch_validation import validate_client_batches
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
 from raftlog.net.limits import RateLimitedLog
-from raftlog.records import NO_TIMESTAMP, stamp_log_append_time
+from raftlog.records import NO_TIMESTAMP, BatchHeader, stamp_log_append_time
 from raftlog.replication.core.purgatory import (
     DelayedProduce,
     ProduceAnswer,
@@ -31,7 +44,7 @@ from raftlog.replication.core.purgatory import (
     PurgatoryFullError,
     produce_answer,
 )
-from raftlog.replication.producer_state import Verdict
+from raftlog.replication.producer_state import ProducerStateTable, Verdict
 from raftlog.replication.replicas import PendingProduce, Replicas
 
 log = logging.getLogger("raftlog.replication.produce")
@@ -41,11 +54,34 @@ log = logging.getLogger("raftlog.replication.produce")
 MAX_PRODUCER_STATE_WAIT_MS = 30_000
 
 
+@dataclass(frozen=True)
+class TxnProduce:
+    """A transactional produce that would open a transaction on a partition (KIP-890)."""
+
+    transactional_id: str | None  # from the Produce request; None when the caller lacks it
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    partition: int
+
+
+VerifyTransaction = Callable[[TxnProduce], Awaitable[ErrorCode]]
+
+
+async def allow_every_transaction(request: TxnProduce) -> ErrorCode:
+    """The default verifier: no transaction coordinator checks anything."""
+    return ErrorCode.none
+
+
 class ProducePath:
     """Produces to the partitions this broker leads (the Kafka backend calls `produce`)."""
 
-    def __init__(self, replicas: Replicas) -> None:
+    def __init__(
+        self, replicas: Replicas, verify_transaction: VerifyTransaction = allow_every_transaction
+    ) -> None:
         self.replicas = replicas
+        # The transaction coordinator replaces it (KIP-890 part 1; see the module docstring).
+        self.verify_transaction = verify_transaction
         # A client can send refused batches as fast as the network carries them: one line
         # per interval, counting the rest, keeps that from filling the log disk.
         self._refusals = RateLimitedLog(log)
@@ -105,6 +141,31 @@ class ProducePath:
                 exc.message,
             )
             return ProduceResult(exc.code, error_message=exc.message)
+        opening = _opening_transactions(hosted.producers.table, headers)
+        if opening:
+            transactional_id = getattr(producer, "transactional_id", None)
+            for producer_id, producer_epoch in opening:
+                verdict = await self.verify_transaction(
+                    TxnProduce(transactional_id, producer_id, producer_epoch, topic, partition)
+                )
+                if verdict != ErrorCode.none:
+                    return ProduceResult(
+                        verdict,
+                        error_message=f"producer {producer_id} has no ongoing transaction "
+                        f"with {topic}-{partition} in it",
+                    )
+            # The awaits may have seen the leadership or the producer state change.
+            current = replicas.partitions.get(key)
+            if current is not hosted or hosted.replica.leader is not leader:
+                return ProduceResult(
+                    replicas.not_leader_error(topic, partition),
+                    current_leader=replicas.leader_hint(topic, partition),
+                )
+            if not hosted.producers.loaded:
+                return ProduceResult(
+                    ErrorCode.request_timed_out,
+                    error_message=f"{topic}-{partition}: producer state reloading",
+                )
         table = hosted.producers.table
         check = table.check_headers([header for _, header in headers])
         if check.verdict is Verdict.ERROR:
@@ -131,7 +192,9 @@ class ProducePath:
                 info = hosted.log.append_as_leader(records, leader.leader_epoch, append_time_ms)
             except KafkaError as exc:
                 return ProduceResult(exc.code, error_message=exc.message)
-            table.update_leader_append(records, info.first_offset)
+            hosted.producers.record_completed(
+                table.update_leader_append(records, info.first_offset)
+            )
             hosted.wake_waiters()  # parked follower fetches: new data
             replicas.after_leader_append(hosted, now_ms)
             done = ProduceResult(
@@ -163,3 +226,21 @@ class ProducePath:
                 hint = replicas.leader_hint(topic, partition)
             return ProduceResult(pending.error, current_leader=hint)
         return done
+
+
+def _opening_transactions(
+    table: ProducerStateTable, headers: list[tuple[int, BatchHeader]]
+) -> list[tuple[int, int]]:
+    """(producer id, epoch) of each transactional batch's producer with no transaction open
+    on this partition: its batch would open one (one entry per producer)."""
+    opening: list[tuple[int, int]] = []
+    for _, header in headers:
+        if not header.is_transactional or header.producer_id < 0:
+            continue
+        entry = table.get(header.producer_id)
+        if entry is not None and entry.current_txn_first_offset >= 0:
+            continue
+        pair = (header.producer_id, header.producer_epoch)
+        if pair not in opening:
+            opening.append(pair)
+    return opening

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -50,6 +51,15 @@ INLINE_REPLICA_READ_MAX_BYTES = 256 * 1024
 ReplicaRead = tuple[ReplicaFetchPartition, HostedPartition, LeaderState]
 # Room left in an internal frame for the envelope and per-partition fields of a fetch answer.
 REPLICA_FETCH_FRAME_OVERHEAD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CommittedFetchResult(FetchResult):
+    """A read_committed answer: records end below the LSO (`last_stable_offset`), and
+    `aborted_transactions` holds (producer_id, first_offset) of every aborted transaction
+    overlapping them, oldest marker first (Kafka's FetchResponse aborted_transactions)."""
+
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorCode:
@@ -114,7 +124,13 @@ class ReadPaths:
         current_leader_epoch: int,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> FetchResult:
-        """Whole batches from fetch_offset, never past the HW (no transactions: LSO = HW)."""
+        """Whole batches from fetch_offset, never past the HW; read_committed never past the
+        LSO, answered by `_fetch_committed` (the uncommitted path takes no transaction cost).
+        The LSO reported here is the HW: read_uncommitted clients do not use it."""
+        if isolation == IsolationLevel.READ_COMMITTED:
+            return await self._fetch_committed(
+                topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch
+            )
         hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             hint = self.replicas.leader_hint(topic, partition) if leader is None else None
@@ -170,6 +186,80 @@ class ReadPaths:
             records=records,
         )
 
+    async def _fetch_committed(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        partition_max_bytes: int,
+        current_leader_epoch: int,
+    ) -> FetchResult:
+        """read_committed: whole batches from fetch_offset below the LSO, with the aborted
+        transactions overlapping them (from the segments' txn indexes)."""
+        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
+        if hosted is None or leader is None or error != ErrorCode.none:
+            hint = self.replicas.leader_hint(topic, partition) if leader is None else None
+            return FetchResult(error, current_leader=hint)
+        partition_log = hosted.log
+        high_watermark = leader.high_watermark
+        stable = hosted.producers.last_stable_offset(high_watermark)
+        log_start = partition_log.log_start_offset
+        if stable is None:
+            # The producer state is loading: nothing is known to be stable past the start.
+            # An empty answer (no error) makes the consumer ask again.
+            stable = log_start
+        if not log_start <= fetch_offset <= partition_log.log_end_offset:
+            return FetchResult(
+                ErrorCode.offset_out_of_range,
+                high_watermark=high_watermark,
+                last_stable_offset=stable,
+                log_start_offset=log_start,
+            )
+        if fetch_offset >= stable:
+            return CommittedFetchResult(
+                high_watermark=high_watermark, last_stable_offset=stable, log_start_offset=log_start
+            )
+        max_bytes = max(0, min(partition_max_bytes, self.replicas.config.fetch_max_bytes))
+        try:
+            result = partition_log.read(fetch_offset, max_bytes, max_offset=stable)
+        except OffsetOutOfRangeError:
+            return FetchResult(
+                ErrorCode.offset_out_of_range,
+                high_watermark=high_watermark,
+                last_stable_offset=stable,
+                log_start_offset=partition_log.log_start_offset,
+            )
+        except KafkaError as exc:
+            return FetchResult(exc.code)
+        if result.unverified is not None:
+            try:
+                outcome = await trio.to_thread.run_sync(verify_read, result.unverified)
+            except (OSError, ValueError) as exc:
+                log.warning("%s-%d: verifying a read failed: %r", topic, partition, exc)
+                return FetchResult(ErrorCode.kafka_storage_error)
+            if self._verified(hosted, result, outcome) < result.size_bytes:
+                if outcome.next_offset <= fetch_offset:
+                    return FetchResult(ErrorCode.kafka_storage_error)
+                limit = min(stable, outcome.next_offset)
+                try:
+                    result = partition_log.read(fetch_offset, max_bytes, max_offset=limit)
+                except KafkaError as exc:
+                    return FetchResult(exc.code)
+        aborted: tuple[tuple[int, int], ...] = ()
+        if result.regions and result.next_offset > fetch_offset:
+            try:
+                found = partition_log.collect_aborted_txns(fetch_offset, result.next_offset)
+            except KafkaError as exc:
+                return FetchResult(exc.code)
+            aborted = tuple((t.producer_id, t.first_offset) for t in found)
+        return CommittedFetchResult(
+            high_watermark=high_watermark,
+            last_stable_offset=stable,
+            log_start_offset=partition_log.log_start_offset,
+            records=list(result.regions),
+            aborted_transactions=aborted,
+        )
+
     async def list_offset(
         self,
         topic: str,
@@ -187,6 +277,12 @@ class ReadPaths:
             # KIP-207: a new leader whose HW has not yet reached the start of its epoch would
             # answer with a stale (lower) end than its predecessor did; clients retry instead.
             return ListOffsetsResult(ErrorCode.offset_not_available)
+        if isolation == IsolationLevel.READ_COMMITTED:
+            # Kafka: read_committed sees the log up to the LSO, LATEST included.
+            stable = hosted.producers.last_stable_offset(high_watermark)
+            if stable is None:
+                return ListOffsetsResult(ErrorCode.offset_not_available)
+            high_watermark = stable
         if timestamp_ms == LATEST_TIMESTAMP:
             return ListOffsetsResult(offset=high_watermark, leader_epoch=leader.leader_epoch)
         if timestamp_ms == EARLIEST_TIMESTAMP:

@@ -29,6 +29,8 @@ class PartitionStatus:
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
+    # The LSO this replica computes from what it holds (-1 while its producer state loads).
+    last_stable_offset: int = -1
 
 
 def partition_status(hosted: HostedPartition) -> PartitionStatus:
@@ -52,23 +54,33 @@ def partition_status(hosted: HostedPartition) -> PartitionStatus:
         high_watermark=replica.high_watermark,
         log_start_offset=hosted.log.log_start_offset,
         log_end_offset=hosted.log.log_end_offset,
+        last_stable_offset=_last_stable_offset(hosted),
     )
 
 
+def _last_stable_offset(hosted: HostedPartition) -> int:
+    lso = hosted.producers.last_stable_offset(hosted.replica.high_watermark)
+    return -1 if lso is None else lso
+
+
 async def clean_partitions(partitions: list[HostedPartition], clock_ms: Callable[[], int]) -> None:
-    """Retention and compaction, never past a replica's HW: data a consumer may not have seen
-    yet, or a follower may still need to diverge from, stays."""
+    """Retention and compaction, never past a replica's LSO (at most its HW): data a consumer
+    may not have seen yet, a follower may still need to diverge from, or a transaction that
+    is still open, stays (the log start never passes an open transaction's first offset, so
+    a restart's replay sees every open transaction begin)."""
     for hosted in partitions:
         partition_log = hosted.log
         if partition_log.closed or not hosted.producers.loaded:
             continue  # a loading producer state reads this log in a worker thread
         now_ms = clock_ms()
-        high_watermark = hosted.replica.high_watermark
-        target = min(retention_target(partition_log, now_ms), high_watermark)
+        stable = hosted.producers.last_stable_offset(hosted.replica.high_watermark)
+        if stable is None:
+            continue
+        target = min(retention_target(partition_log, now_ms), stable)
         if target > partition_log.log_start_offset:
             deleted = partition_log.advance_log_start(target)
             log.info("%s: retention deleted %d segment(s)", partition_log.directory.name, deleted)
         if partition_log.config.compact:
             async with hosted.disk_lock:
                 if not partition_log.closed:  # removed while we waited for the lock
-                    await clean_log(partition_log, clean_below_offset=high_watermark, now_ms=now_ms)
+                    await clean_log(partition_log, clean_below_offset=stable, now_ms=now_ms)
