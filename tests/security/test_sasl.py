@@ -498,3 +498,33 @@ def test_kafka_python_scram_client_against_our_server(
     wrong.process_server_first_message(server.step(wrong.first_message()))
     with pytest.raises(SaslAuthenticationFailed):
         server.step(wrong.final_message())
+
+
+def _librdkafka_2_0_final(nonce_sent: str, combined: str) -> bytes:
+    """The client-final librdkafka 2.0 sends: its own nonce again before the combined one,
+    with a proof computed over the message as sent (RFC 7677's user and password)."""
+    salted = scram.salted_password(SHA256, "pencil", RFC_SALT, 4096)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    stored_key = hashlib.sha256(client_key).digest()
+    server_first = f"r={combined},s={base64.b64encode(RFC_SALT).decode()},i=4096"
+    without_proof = f"c=biws,r={nonce_sent}"
+    auth = f"n=user,r={RFC_CLIENT_NONCE},{server_first},{without_proof}".encode()
+    signature = hmac.digest(stored_key, auth, "sha256")
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+
+def test_a_final_nonce_ending_with_the_combined_one_is_accepted_as_kafka_does() -> None:
+    store = Users()
+    store.credentials["user"] = {SHA256: scram.make_credential(SHA256, "pencil", salt=RFC_SALT)}
+    combined = RFC_CLIENT_NONCE + RFC_SERVER_NONCE
+    server = ScramServer(SHA256, store, server_nonce=RFC_SERVER_NONCE)
+    server.step(RFC_CLIENT_FIRST)
+    server.step(_librdkafka_2_0_final(RFC_CLIENT_NONCE + combined, combined))
+    assert server.complete and server.principal == "User:user"
+    for sent in (combined[:-1] + "x", "x" * 3 * len(combined)):
+        server = ScramServer(SHA256, store, server_nonce=RFC_SERVER_NONCE)
+        server.step(RFC_CLIENT_FIRST)
+        with pytest.raises(SaslAuthenticationFailed) as info:
+            server.step(_librdkafka_2_0_final(sent, combined))
+        assert "nonce does not match" in info.value.log_detail
