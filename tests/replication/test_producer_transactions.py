@@ -59,11 +59,13 @@ def test_transaction_opens_extends_and_ends() -> None:
     assert append(table, txn(1, 2, 3)) == []  # 2-4 extends it
     entry = table.get(1)
     assert entry is not None and entry.current_txn_first_offset == 0
-    assert table.first_unstable_offset() == 0
+    assert table.first_undecided_offset() == 0
     assert table.last_stable_offset(high_watermark=3) == 0
     done = append(table, marker(1, commit=True, coordinator_epoch=4))  # offset 5
     assert done == [CompletedTxn(1, 0, 5, 6, aborted=False)]
-    assert table.first_unstable_offset() is None
+    assert table.first_undecided_offset() is None
+    # Until the HW passes the marker, the transaction is still unstable.
+    assert table.last_stable_offset(high_watermark=5) == 0
     assert table.last_stable_offset(high_watermark=6) == 6
     assert (entry.current_txn_first_offset, entry.coordinator_epoch) == (-1, 4)
 
@@ -80,10 +82,24 @@ def test_interleaved_transactions_and_the_lso() -> None:
     (b_done,) = append(table, marker(2, commit=False))  # 4: B aborted while A is open
     assert b_done == CompletedTxn(2, 2, 4, 0, aborted=True)
     assert table.last_stable_offset(high_watermark=5) == 0
+    assert table.last_stable_offset(high_watermark=2) == 0
     (a_done,) = append(table, marker(1, commit=True))  # 5
     assert a_done == CompletedTxn(1, 0, 5, 6, aborted=False)
+    assert table.last_stable_offset(high_watermark=3) == 0  # A's marker not replicated
     assert table.last_stable_offset(high_watermark=6) == 6
-    assert table.last_stable_offset(high_watermark=3) == 3  # never above the HW
+
+
+def test_lso_never_above_the_hw_and_waits_for_the_marker() -> None:
+    table = ProducerStateTable()
+    append(table, build_batch([Record(value=b"plain")], now_ms=1000))  # 0
+    append(table, txn(1, 0))  # 1
+    assert table.last_stable_offset(high_watermark=1) == 1
+    assert table.last_stable_offset(high_watermark=0) == 0
+    append(table, marker(1, commit=False))  # 2
+    append(table, txn(2, 0))  # 3
+    assert table.last_stable_offset(high_watermark=2) == 1  # marker at 2 not covered
+    assert table.last_stable_offset(high_watermark=3) == 3  # covered; 2 opens at 3
+    assert table.last_stable_offset(high_watermark=4) == 3
 
 
 def test_marker_without_open_transaction_ends_an_empty_one() -> None:
@@ -154,7 +170,7 @@ def test_open_transactions_are_neither_expired_nor_evicted() -> None:
     )
     assert table.get(1) is not None and table.get(2) is None  # 2 evicted, not the open 1
     assert table.expire(now_ms=1_000) == [3]
-    assert table.get(1) is not None and table.first_unstable_offset() == 0
+    assert table.get(1) is not None and table.first_undecided_offset() == 0
 
 
 def _log_with_transactions(tmp_path: Path) -> tuple[PartitionLog, ProducerStateTable]:
@@ -189,4 +205,4 @@ def test_snapshot_keeps_the_transaction_state(tmp_path: Path) -> None:
     restored = read_snapshot(path)
     assert restored.as_tuple() == table.as_tuple()
     assert restored.ongoing_transactions() == {3: 4, 1: 9}
-    assert restored.first_unstable_offset() == 4
+    assert restored.first_undecided_offset() == 4

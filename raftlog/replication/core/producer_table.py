@@ -24,7 +24,10 @@ Transactions (KIP-98, Kafka's ProducerStateEntry.currentTxnFirstOffset):
   the one already open; a COMMIT or ABORT marker ends it (`CompletedTxn`, which the driver turns
   into a .txnindex entry when it is an abort);
 - the first offset of every open transaction is kept in offset order (`_ongoing`): the
-  smallest is the first unstable offset, which caps the last stable offset (LSO) below the HW;
+  smallest is the first undecided offset; a completed transaction stays unstable until its
+  marker is below the HW (`_unreplicated`, Kafka's unreplicatedTxns), because a leader change
+  may still lose the marker and leave the transaction open; the LSO is the smallest first
+  offset of both, never above the HW;
 - the leader checks a marker before it writes it (`check_marker`): an older producer epoch is
   INVALID_PRODUCER_EPOCH, an older coordinator epoch TRANSACTION_COORDINATOR_FENCED, and a
   marker equal to the producer's last one (same epoch, coordinator epoch and type) with no
@@ -61,6 +64,10 @@ DEFAULT_MAX_PRODUCER_IDS = 10_000
 # Snapshot files kept per partition: the newest, plus older ones to fall back to if the
 # newest turns out corrupt.
 DEFAULT_MAX_SNAPSHOTS = 3
+# Completed transactions remembered until the HW passes their marker. A replay (no HW known)
+# completes every transaction in the log at once; beyond this many the oldest markers, which
+# are the first to be replicated, are taken as replicated.
+MAX_UNREPLICATED_TXNS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +214,9 @@ class ProducerStateTable:
         # producer id -> first offset of its open transaction, in increasing offset order
         # (transactions open at the log end, so insertion order is offset order).
         self._ongoing: dict[int, int] = {}
+        # (first offset, marker offset) of completed transactions whose marker the HW may not
+        # cover yet, in marker order; last_stable_offset drops those it does cover.
+        self._unreplicated: deque[tuple[int, int]] = deque()
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -224,7 +234,7 @@ class ProducerStateTable:
         return (self.next_offset, tuple(e.as_tuple() for e in self._producers.values()))
 
     # ------------------------------------------------------------------ transactions
-    def first_unstable_offset(self) -> int | None:
+    def first_undecided_offset(self) -> int | None:
         """First offset of the oldest open transaction (None: none is open)."""
         return next(iter(self._ongoing.values()), None)
 
@@ -233,9 +243,20 @@ class ProducerStateTable:
         return dict(self._ongoing)
 
     def last_stable_offset(self, high_watermark: int) -> int:
-        """Kafka's LSO: the first offset of the oldest open transaction, never above the HW."""
-        first = self.first_unstable_offset()
-        return high_watermark if first is None else min(first, high_watermark)
+        """Kafka's LSO: the first offset of the oldest transaction that is open or whose
+        marker the HW does not cover yet, never above the HW. The HW only grows, so a marker
+        it covered is forgotten here."""
+        unreplicated = self._unreplicated
+        while unreplicated and unreplicated[0][1] < high_watermark:
+            unreplicated.popleft()
+        stable = high_watermark
+        first = self.first_undecided_offset()
+        if first is not None:
+            stable = min(stable, first)
+        for first_offset, marker_offset in unreplicated:
+            if marker_offset >= high_watermark:
+                stable = min(stable, first_offset)
+        return stable
 
     def check_marker(self, marker: TxnMarker) -> MarkerCheck:
         """Decide, before the leader writes `marker`, whether it may (see the docstring)."""
@@ -283,7 +304,10 @@ class ProducerStateTable:
         entry.coordinator_epoch = max(entry.coordinator_epoch, marker.coordinator_epoch)
         entry.last_marker_offset = offset
         entry.last_marker_commit = marker.commit
-        next_open = self.first_unstable_offset()
+        self._unreplicated.append((first, offset))
+        if len(self._unreplicated) > MAX_UNREPLICATED_TXNS:
+            self._unreplicated.popleft()
+        next_open = self.first_undecided_offset()
         return CompletedTxn(
             pid,
             first,
@@ -505,6 +529,8 @@ class ProducerStateTable:
             return True
         if any(e.last_batch_offset >= offset for e in self._producers.values()):
             return False
+        # No marker at or after `offset` (it changed its producer's entry), so no
+        # unreplicated transaction ends there.
         self.next_offset = offset
         return True
 
