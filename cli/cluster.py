@@ -32,7 +32,7 @@ from raftlog_cli.errors import CliError
 from raftlog_cli.render import Renderer
 from raftlog_cli.render_security import render_secure_cluster
 
-from raftlog.client.properties import ClientPropertiesError, load_client_properties
+from raftlog.client.properties import PLAINTEXT, ClientPropertiesError, load_client_properties
 from raftlog.errors import ConfigError
 
 DEFAULT_READY_TIMEOUT_S = 60.0
@@ -106,7 +106,7 @@ async def _probe(cluster: local.LocalCluster, node_ids: set[int]) -> tuple[bool,
         security = load_client_properties(cluster.client_properties).security
     except ClientPropertiesError as exc:
         raise CliError(str(exc)) from None
-    return await secure.probe_ready(cluster.bootstrap_servers, node_ids, security)
+    return await probe_ready(cluster.bootstrap_servers, node_ids, security)
 
 
 @cluster_group.command("up")
@@ -276,6 +276,12 @@ def status(cluster_dir: Path, opts: Options) -> None:
             ",".join(n.client_address for n in cluster.nodes if local.running_pid(n) is not None)
             or cluster.bootstrap_servers
         )
+        if cluster.client_properties is not None and opts.security is PLAINTEXT:
+            # A secure local cluster named with --dir: its own client properties.
+            try:
+                opts.security = load_client_properties(cluster.client_properties).security
+            except ClientPropertiesError as exc:
+                raise CliError(str(exc)) from None
 
     async def go() -> dict[str, Any]:
         async with connect(opts) as client:

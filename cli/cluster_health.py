@@ -18,10 +18,13 @@ from typing import Any
 
 from raftlog_cli.cluster_local import LocalCluster, running_pid
 from raftlog_cli.common import CLI_LIMITS
+from raftlog_cli.errors import leaf_exception
 
 from raftlog.client import Admin, Cluster, open_cluster
+from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
 from raftlog.client.cluster import PartitionInfo
 from raftlog.client.connection import ConnectionClosed, RequestTimeout
+from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.errors import KafkaError
 
 UNSAFE_REASON = "unsafe (lost or damaged records, or a failed disk; repairing from the leader)"
@@ -139,10 +142,19 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
     }
 
 
-async def probe_ready(bootstrap: str, expected_brokers: set[int]) -> tuple[bool, str]:
-    """(ready, what is missing): a quorum leader and every expected broker unfenced."""
+async def probe_ready(
+    bootstrap: str, expected_brokers: set[int], security: ClientSecurity = PLAINTEXT
+) -> tuple[bool, str]:
+    """(ready, what is missing): a quorum leader and every expected broker unfenced.
+
+    On a secure cluster a refused login means "not yet" until the caller's deadline: each
+    node writes the seeded admin credential only once it has caught up with the metadata
+    log. A failed TLS handshake is final (raised): waiting would not change certificates.
+    """
     try:
-        async with open_cluster(bootstrap, client_id="raftlog-cli", limits=CLI_LIMITS) as c:
+        async with open_cluster(
+            bootstrap, client_id="raftlog-cli", limits=CLI_LIMITS, security=security
+        ) as c:
             quorum = await Admin(c).describe_quorum()
             if quorum["leader_id"] < 0:
                 return False, "waiting for a controller to be elected"
@@ -157,4 +169,9 @@ async def probe_ready(bootstrap: str, expected_brokers: set[int]) -> tuple[bool,
     except (KafkaError, ConnectionClosed, RequestTimeout, OSError) as exc:
         return False, f"waiting for the nodes to answer ({type(exc).__name__})"
     except BaseExceptionGroup as group:
-        return False, f"waiting for the nodes to answer ({group.exceptions[0]!r})"
+        leaf = leaf_exception(group)
+        if isinstance(leaf, AuthenticationFailed):
+            return False, "waiting for the admin user to be created"
+        if isinstance(leaf, TlsHandshakeFailed):
+            raise leaf from None
+        return False, f"waiting for the nodes to answer ({leaf!r})"

@@ -29,15 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from raftlog_cli.cluster_local import LOOPBACK, LocalCluster, LocalNode
-from raftlog_cli.common import CLI_LIMITS
-from raftlog_cli.errors import leaf_exception
 
-from raftlog.client import Admin, open_cluster
 from raftlog.client.admin_security import DEFAULT_ITERATIONS
-from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
-from raftlog.client.connection import ConnectionClosed, RequestTimeout
-from raftlog.client.properties import ClientSecurity, load_client_properties
-from raftlog.errors import ConfigError, KafkaError
+from raftlog.client.properties import load_client_properties
+from raftlog.errors import ConfigError
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.certs import issue_certificate, make_ca
 from raftlog.security.scram import DEFAULT_SALT_BYTES, salted_password
@@ -183,40 +178,3 @@ def node_overrides(
         BOOTSTRAP_SCRAM_KEY: material.bootstrap_credentials,
     }
     return values
-
-
-async def probe_ready(
-    bootstrap: str, expected_brokers: set[int], security: ClientSecurity
-) -> tuple[bool, str]:
-    """cluster_health.probe_ready over SASL_SSL: a quorum leader and every broker unfenced.
-
-    A refused login means "not yet" until the deadline: each node writes the seeded admin
-    credential only once it has caught up with the metadata log. A failed TLS handshake is
-    final (raised): waiting would not change the certificates.
-    """
-    try:
-        async with open_cluster(
-            bootstrap, client_id="raftlog-cli", limits=CLI_LIMITS, security=security
-        ) as client:
-            quorum = await Admin(client).describe_quorum()
-            if quorum["leader_id"] < 0:
-                return False, "waiting for a controller to be elected"
-            await client.refresh_metadata([])
-            missing = expected_brokers - set(client.brokers)
-            if missing:
-                return False, (
-                    f"controller {quorum['leader_id']} elected; waiting for brokers "
-                    f"{sorted(missing)} to register"
-                )
-            return True, (
-                f"controller {quorum['leader_id']}, {len(client.brokers)} brokers unfenced"
-            )
-    except (KafkaError, ConnectionClosed, RequestTimeout, OSError) as exc:
-        return False, f"waiting for the nodes to answer ({type(exc).__name__})"
-    except BaseExceptionGroup as group:
-        leaf = leaf_exception(group)
-        if isinstance(leaf, AuthenticationFailed):
-            return False, "waiting for the admin user to be created"
-        if isinstance(leaf, TlsHandshakeFailed):
-            raise leaf from None
-        return False, f"waiting for the nodes to answer ({leaf!r})"

@@ -59,6 +59,10 @@ async def test_secure_cluster_lifecycle(tmp_path: Path) -> None:
         listed = await run(elsewhere, "topics", "list", "--command-config", str(properties),
                            "--json")  # fmt: skip
         assert [t["name"] for t in json.loads(listed.stdout)] == ["events"]
+        # cluster status from elsewhere, naming the cluster's directory: its properties too.
+        status = await run(elsewhere, "cluster", "status", "--dir", str(tmp_path / ".raftlog"),
+                           "--json")  # fmt: skip
+        assert json.loads(status.stdout)["healthy"] is True
     finally:
         down = await run(tmp_path, "cluster", "down", check=False)
     assert down.returncode == 0, down.stderr
