@@ -33,6 +33,7 @@ from raftlog.storage.recovery import (
     EPOCH_FILE,
     LOG_START_FILE,
     RECOVERY_POINT_FILE,
+    TXN_INDEX_SEGMENTS_KEY,
     RecoveredLog,
     recover_log,
 )
@@ -373,7 +374,8 @@ class PartitionLog:
                 )
             segment = self.segments[self._segment_index(entry.last_offset)]
             try:
-                segment.txn_index.append(entry)
+                if segment.txn_index.append(entry):
+                    self._directory_dirty = True  # a new file: its name must be durable too
             except OSError as exc:
                 self.mark_offline(f"txn index append failed: {exc}")
                 raise LogOfflineError() from exc
@@ -564,10 +566,16 @@ class PartitionLog:
         self.complete_flush(ticket)
 
     def _checkpoint_payloads(self, recovery_point: int) -> dict[str, dict[str, object]]:
+        recovery: dict[str, object] = {"recovery_point": recovery_point}
+        # The segments whose .txnindex must exist (recovery rebuilds when one is missing);
+        # written only when there are any, so a log without transactions keeps its bytes.
+        indexed = [s.base_offset for s in self.segments if s.txn_index.entries]
+        if indexed:
+            recovery[TXN_INDEX_SEGMENTS_KEY] = indexed
         return {
             EPOCH_FILE: self.epoch_cache.to_payload(),
             LOG_START_FILE: {"log_start_offset": self._log_start},
-            RECOVERY_POINT_FILE: {"recovery_point": recovery_point},
+            RECOVERY_POINT_FILE: recovery,
         }
 
     def _write_checkpoints_locked(self, payloads: dict[str, dict[str, object]]) -> None:

@@ -27,6 +27,8 @@ log = logging.getLogger("raftlog.storage")
 RECOVERY_POINT_FILE = "recovery-point.checkpoint"
 LOG_START_FILE = "log-start-offset.checkpoint"
 EPOCH_FILE = "leader-epoch.checkpoint"
+# In the recovery-point checkpoint: base offsets of the segments that have a .txnindex file.
+TXN_INDEX_SEGMENTS_KEY = "txn_index_segments"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ def recover_log(directory: Path, config: LogConfig, *, now_ms: int) -> Recovered
         segments.append(LogSegment(directory, log_start, config.index_interval_bytes))
     log_end = segments[-1].next_offset
     log_start = min(max(log_start, segments[0].base_offset), log_end)
-    _load_txn_indexes(directory, segments, scanned_aborts, log_start)
+    _load_txn_indexes(
+        directory, segments, scanned_aborts, log_start, _txn_indexed_segments(directory)
+    )
     epoch_cache.truncate_from_end(log_end)
     epoch_cache.truncate_from_start(log_start)
     # Recovered bytes may exist only in the page cache: make them durable before a
@@ -112,32 +116,59 @@ def _read_int_checkpoint(directory: Path, name: str, key: str, default: int) -> 
         return default
 
 
+def _txn_indexed_segments(directory: Path) -> set[int] | None:
+    """The segments the recovery-point checkpoint says have a .txnindex (None: unknown)."""
+    try:
+        payload = read_checkpoint(directory / RECOVERY_POINT_FILE, "recovery-point")
+    except FileNotFoundError:
+        return set()
+    except (CheckpointError, ValueError) as exc:
+        log.warning("%s: unreadable %s: %s", directory, RECOVERY_POINT_FILE, exc)
+        return None
+    bases = payload.get(TXN_INDEX_SEGMENTS_KEY, [])
+    if not isinstance(bases, list) or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in bases
+    ):
+        log.warning(
+            "%s: malformed %s in %s", directory, TXN_INDEX_SEGMENTS_KEY, RECOVERY_POINT_FILE
+        )
+        return None
+    return set(bases)
+
+
 def _load_txn_indexes(
     directory: Path,
     segments: list[LogSegment],
     scanned_aborts: dict[int, list[int]],
     log_start: int,
+    indexed: set[int] | None,
 ) -> None:
     """Load every segment's aborted transactions index, or rebuild them all from the log.
 
-    A segment below the recovery point was fsynced with its index, which must load and verify.
-    A scanned segment may have lost index entries of markers the crash kept (the index is
-    fsynced with the segment, so only above the recovery point): entries past its recovered end
-    are dropped, and the rest must name exactly the ABORT markers the scan found.
+    A segment below the recovery point was fsynced with its index: a file the checkpoint names
+    must exist, and any file must verify. A scanned segment may have lost index entries of
+    markers the crash kept (the index is fsynced with the segment, so only above the recovery
+    point): entries past its recovered end are dropped, and the rest must name exactly the
+    ABORT markers the scan found. `indexed` None (the checkpoint is unreadable): rebuild.
     """
     reason = ""
-    for segment in segments:
+    if indexed is None:
+        reason = "the recovery point does not say which exist"
+        indexed, segments_to_load = set(), []
+    else:
+        segments_to_load = segments
+    for segment in segments_to_load:
         index = segment.txn_index
         try:
             found = scanned_aborts.get(segment.base_offset)
             if found is None:
-                index.load(segment.next_offset)
+                index.load(segment.next_offset, required=segment.base_offset in indexed)
                 continue
-            index.load(segment.next_offset, drop_beyond=True)
-            indexed = [e.last_offset for e in index.entries]
-            if indexed != found:
+            index.load(segment.next_offset, required=False, drop_beyond=True)
+            have = [e.last_offset for e in index.entries]
+            if have != found:
                 raise IndexMismatch(
-                    f"{index.path}: indexes aborts at {indexed[:5]}, the log has {found[:5]}"
+                    f"{index.path}: indexes aborts at {have[:5]}, the log has {found[:5]}"
                 )
         except (IndexMismatch, OSError) as exc:
             reason = str(exc)

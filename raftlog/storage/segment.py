@@ -1,5 +1,5 @@
 """One log segment: `<base>.log` holding whole batches, plus its sparse indexes and its
-aborted transactions index (`<base>.txnindex`, created with the segment; recovery.py loads it)."""
+aborted transactions index (`<base>.txnindex`, from its first abort; recovery.py loads it)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,6 @@ class LogSegment:
         # (pread/sendfile), so sharing it is safe. Readers hold a reference via FileRegion, so
         # a segment deleted by retention stays readable until its last region is dropped.
         self.file: io.FileIO = io.FileIO(self.log_path, "r+" if exists else "w+")
-        if not exists:
-            self.txn_index.create()
         self.size_bytes = os.fstat(self.file.fileno()).st_size
         self.file.seek(self.size_bytes)
         self.next_offset = base_offset

@@ -11,11 +11,14 @@ File `<base>.txnindex` (big endian; docs/formats.md "Aborted transactions index"
     entries 38 bytes  Kafka's 34-byte entry (version i16 = 0, producer_id i64, first_offset
                       i64, last_offset i64, last_stable_offset i64), then CRC32C u32 of it
 
-Kafka's entry has no checksum; raftlog adds one so a damaged entry is found, not served. The
-file is created with its segment and is never the only copy of the truth: ABORT markers are in
-the (CRC'd) log, so a missing or damaged file is rebuilt by replaying the log's transactional
-batch headers (`rebuild_txn_indexes`). Entries are appended on the event loop (page cache) and
-fsynced with their segment by the flusher, before a recovery point can cover their marker.
+Kafka's entry has no checksum; raftlog adds one so a damaged entry is found, not served. As
+Kafka's, the file exists only for a segment with at least one abort (created with its first
+entry); the recovery-point checkpoint names those segments (`txn_index_segments`, written only
+when there are any), so a file that should exist and does not is found. It is never the only
+copy of the truth: ABORT markers are in the (CRC'd) log, so a missing or damaged file is
+rebuilt by replaying the log's transactional batch headers (`rebuild_txn_indexes`). Entries are
+appended on the event loop (page cache) and fsynced with their segment by the flusher (the
+directory too when the file is new), before a recovery point can cover their marker.
 """
 
 from __future__ import annotations
@@ -92,20 +95,18 @@ class TxnIndex:
         return len(self.entries)
 
     # ------------------------------------------------------------------ files
-    def create(self) -> None:
-        """A new segment: an empty index (the header), so a missing file means damage."""
-        self.entries = []
-        self._rewrite(durable=False)
-
-    def load(self, next_offset: int, *, drop_beyond: bool = False) -> None:
+    def load(self, next_offset: int, *, required: bool, drop_beyond: bool = False) -> None:
         """Read and verify the file against its segment ([base, next_offset)); raises
-        IndexMismatch when it is missing, damaged or names a marker the segment lacks.
-        `drop_beyond`: entries at or past next_offset (markers a crash cut from a scanned
-        segment) are dropped from the file instead."""
+        IndexMismatch when it is damaged, names a marker the segment lacks, or is missing
+        though `required`. `drop_beyond`: entries at or past next_offset (markers a crash cut
+        from a scanned segment) are dropped from the file instead."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            raise IndexMismatch(f"{self.path}: missing") from None
+            if required:
+                raise IndexMismatch(f"{self.path}: missing") from None
+            self.entries = []
+            return
         entries = decode_entries(data, str(self.path))
         kept = [e for e in entries if e.last_offset < next_offset] if drop_beyond else entries
         for entry in kept:
@@ -116,25 +117,27 @@ class TxnIndex:
                 )
         self.entries = kept
         if len(kept) != len(entries):
-            self._rewrite(durable=True)
+            self._rewrite()
 
     def replace(self, entries: Sequence[AbortedTxn]) -> None:
-        """Rebuilt entries, written durably (tmp, fsync, rename, fsync(dir))."""
+        """Rebuilt entries, written durably (tmp, fsync, rename, fsync(dir)); no file when
+        there are none."""
         self.entries = list(entries)
-        self._rewrite(durable=True)
+        self._rewrite()
 
     def adopt(self, entries: Sequence[AbortedTxn]) -> None:
         """Take over the entries of the segment this one replaces (compaction keeps every
         marker and offset, so the file on disk already holds them)."""
         self.entries = list(entries)
 
-    def _open(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        return self._fd
-
-    def _rewrite(self, *, durable: bool) -> None:
+    def _rewrite(self) -> None:
+        """Replace the file with the entries (durably; rare: truncation and rebuild)."""
         self.close()
+        if not self.entries:
+            if self.path.exists():
+                self.path.unlink()
+                fsync_dir(self.path.parent)
+            return
         tmp = self.path.with_name(self.path.name + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -142,16 +145,15 @@ class TxnIndex:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
+            os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        if durable:
-            fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     # ------------------------------------------------------------------ writing
-    def append(self, entry: AbortedTxn) -> None:
+    def append(self, entry: AbortedTxn) -> bool:
+        """Append one entry; True when this created the file (its directory needs an fsync)."""
         if entry.last_offset < self.base_offset or (
             self.entries and entry.last_offset <= self.entries[-1].last_offset
         ):
@@ -160,12 +162,23 @@ class TxnIndex:
                 f"{self.entries[-1].last_offset if self.entries else self.base_offset}"
             )
         data = encode_entry(entry)
-        fd = self._open()
+        created = False
+        if self._fd is None:
+            if self.entries:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            else:
+                # The first abort of the segment: a new file (a stale one, left by a crash
+                # before its entry counted, is replaced).
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                data = _FILE_HEADER + data
+                created = True
+        fd = self._fd
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
         self.entries.append(entry)
         self.dirty = True
+        return created
 
     def dup_dirty_fd(self) -> int | None:
         """A duplicate of the descriptor to fsync when entries were appended since the last
@@ -180,7 +193,7 @@ class TxnIndex:
         kept = [e for e in self.entries if e.last_offset < offset]
         if len(kept) != len(self.entries):
             self.entries = kept
-            self._rewrite(durable=True)
+            self._rewrite()
 
     # ------------------------------------------------------------------ reading
     def collect(self, fetch_offset: int, upper_offset: int, out: list[AbortedTxn]) -> bool:
