@@ -13,6 +13,7 @@ import trio
 
 from raftlog.constants import LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode
+from raftlog.metadata.controller.messages import CreateTopics, NewTopic
 from raftlog.net.kafka.backend import IsolationLevel
 from raftlog.records import (
     Record,
@@ -32,6 +33,7 @@ from tests.replication.test_manager import (
     start_cluster,
     trio_read,
 )
+from tests.replication.txn_reader import CommittedReader
 from tests.waiting import wait_until
 
 CONFIG = cluster_config(replica_lag_time_max_ms=3_000)
@@ -310,4 +312,67 @@ async def test_followers_agree_on_the_lso_after_a_leader_change(tmp_path: Path) 
         result, records = await read(new, 0, COMMITTED)
         assert result.aborted_transactions == ((2, 2),)
         assert [r.offset for r in records] == list(range(7))
+        await cluster.stop_all()
+
+
+async def test_a_read_committed_consumer_reading_one_batch_at_a_time(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        assert (await send(cluster, txn(1, 0, tag="a1"))).error == ErrorCode.none  # 0-1
+        assert (await send(cluster, txn(2, 0, tag="b1"))).error == ErrorCode.none  # 2-3
+        assert (await send(cluster, plain(b"p1"))).error == ErrorCode.none  # 4
+        assert (await send(cluster, txn(1, 2, tag="a2"))).error == ErrorCode.none  # 5-6
+        assert await mark(cluster, end(1, commit=False)) == ErrorCode.none  # 7
+        assert (await send(cluster, txn(1, 4, tag="a3"))).error == ErrorCode.none  # 8-9
+        assert await mark(cluster, end(2, commit=True)) == ErrorCode.none  # 10
+        assert await mark(cluster, end(1, commit=True)) == ErrorCode.none  # 11
+        leader = cluster.managers[cluster.leader_id]
+        reader = CommittedReader()
+        while True:
+            result = await leader.reads.fetch(TOPIC, 0, reader.next_offset, 1, -1, COMMITTED)
+            assert result.error == ErrorCode.none
+            if not result.records:
+                break
+            data = b"".join(trio_read(r) for r in result.records)
+            reader.consume(data, result.aborted_transactions)
+        assert reader.next_offset == result.last_stable_offset == 12
+        assert [r.value for r in reader.records] == [
+            b"b1-0",
+            b"b1-1",
+            b"p1",
+            b"a3-4",
+            b"a3-5",
+        ]
+        await cluster.stop_all()
+
+
+async def test_retention_never_passes_an_open_transaction(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        configs = {"segment.bytes": "300", "retention.bytes": "1", "retention.ms": "-1"}
+        reply = cluster.handle(CreateTopics((NewTopic("kept", 1, 3, configs=configs),)))
+        assert reply.results[0].error_code == ErrorCode.none, reply
+        await cluster.settle()
+        leader_id = cluster.image.topic("kept").partitions[0].leader  # type: ignore[union-attr]
+        leader = cluster.managers[leader_id]
+
+        async def produce(data: bytes) -> None:
+            result = await leader.writes.produce("kept", 0, data, -1, 10_000)
+            assert result.error == ErrorCode.none, result
+
+        await produce(plain())  # 0
+        await produce(txn(1, 0))  # 1-2: open
+        for _ in range(10):
+            await produce(plain())
+        plog = leader.replicas.partitions[("kept", 0)].log
+        assert len(plog.segments) >= 3
+        await leader.run_log_cleanup()
+        assert plog.log_start_offset == 1  # the LSO: the open transaction's first offset
+        marker = TxnMarkerRequest(1, 0, 0, True, (("kept", 0),))
+        ((result,),) = [r.values() for r in await leader.write_txn_markers([marker])]
+        assert result == ErrorCode.none
+        await leader.run_log_cleanup()
+        assert plog.log_start_offset > 1
         await cluster.stop_all()
