@@ -3,8 +3,8 @@
     python -m jepsen report [DIR] [--recheck]   re-render a run (default: the latest)
     python -m jepsen check DIR                  check history.jsonl, write results.json
     python -m jepsen run [--nodes 3] [--time-limit 60] [--nemesis kill,partition]
-                         [--nemesis-interval 10] [--unsafe] [--seed N]
-    python -m jepsen matrix [--runs 3] [--time-limit 120]   table into docs/jepsen.md
+                         [--nemesis-interval 10] [--unsafe] [--secure] [--seed N]
+    python -m jepsen matrix [--runs 3] [--time-limit 120] [--secure]   table into docs/jepsen.md
     python -m jepsen cleanup                    remove namespaces a crashed run left
 
 Exit status: 0 valid, 1 invalid (anomalies found), 2 usage or input error, 3 not available.
@@ -107,6 +107,12 @@ def _run_options(
         action="store_true",
         help="Kafka's documented lossy setup: acks=1, min ISR 1, unclean election, fsync interval",
     )
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="a local CA and node certificates, SASL_SSL (SCRAM-SHA-512) clients, mutual TLS "
+        "between nodes, the ACL authorizer (super user: the run's admin)",
+    )
     p.add_argument("--seed", type=int, default=None, help="replay a run's choices")
     p.add_argument("--senders", type=int, default=4)
     p.add_argument("--pollers", type=int, default=2)
@@ -122,6 +128,7 @@ def _base_options(args: argparse.Namespace, nemesis: tuple[str, ...]) -> Any:
         nemesis=nemesis,
         nemesis_interval_s=args.nemesis_interval,
         unsafe=args.unsafe,
+        secure=args.secure,
         seed=args.seed,
         senders=args.senders,
         pollers=args.pollers,

@@ -7,6 +7,10 @@ root namespace over the bridge, like the workload's clients.
 
 Every node process writes its log to ``<run>/nodes/<name>/node.log`` (appended across
 restarts) and keeps its data in ``<run>/nodes/<name>/data``.
+
+With ``ClusterOptions.secure`` the nodes serve clients on SASL_SSL only (SCRAM-SHA-512),
+speak mutual TLS among themselves and run the ACL authorizer (jepsen.secure); the harness's
+own questions then go over SASL_SSL as the run's admin.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -28,6 +33,8 @@ from jepsen import damage as disk_damage
 from jepsen.forger import Forger, Target
 from jepsen.nemesis import PartitionReplicas
 from jepsen.netns import RunNetwork
+from jepsen.secure import SecureSetup
+from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.config import NodeConfig
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,8 @@ class ClusterOptions:
     partitions: int = 6
     replication_factor: int = 3
     unsafe: bool = False
+    # SASL_SSL clients, mutual TLS between nodes, the authorizer (jepsen.secure).
+    secure: bool = False
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -72,14 +81,22 @@ class ClusterOptions:
 
 
 def node_config(
-    net: RunNetwork, node: str, data_dir: Path, opts: ClusterOptions, cluster_id: str
+    net: RunNetwork,
+    node: str,
+    data_dir: Path,
+    opts: ClusterOptions,
+    cluster_id: str,
+    secure: SecureSetup | None = None,
 ) -> NodeConfig:
     """The node's config: listeners on its namespace address, every node a voter, timeouts
-    short enough that a 60 s run sees several failovers."""
+    short enough that a 60 s run sees several failovers; `secure` adds its security keys."""
     voters = ",".join(
         f"{i}@{net.address(name)}:{INTERNAL_PORT}" for i, name in enumerate(net.node_names, 1)
     )
     address = net.address(node)
+    extra: dict[str, Any] = (
+        secure.node_overrides(node, address, CLIENT_PORT) if secure is not None else {}
+    )
     return NodeConfig(
         node_id=net.node_names.index(node) + 1,
         cluster_id=cluster_id,
@@ -101,6 +118,7 @@ def node_config(
         unclean_leader_election=opts.unsafe,
         flush_policy="interval" if opts.unsafe else "always",
         offsets_topic_replication_factor=min(3, opts.nodes),
+        **extra,
     )
 
 
@@ -135,17 +153,23 @@ class Cluster:
     net: RunNetwork
     opts: ClusterOptions
     nodes: dict[str, Node] = field(default_factory=dict)
+    secure: SecureSetup | None = None
 
     @classmethod
     def create(cls, net: RunNetwork, nodes_dir: Path, opts: ClusterOptions) -> Cluster:
         cluster = cls(net, opts)
         # Every node of one cluster must share its id; a fresh one per run.
         cluster_id = uuid.uuid4().hex
+        if opts.secure:
+            cluster.secure = SecureSetup.create(
+                nodes_dir,
+                {name: (i, net.address(name)) for i, name in enumerate(net.node_names, 1)},
+            )
         for name in net.node_names:
             node_dir = nodes_dir / name
             (node_dir / "data").mkdir(parents=True, exist_ok=True)
             node = Node(name, net.node_names.index(name) + 1, net.address(name), node_dir)
-            config = node_config(net, name, node_dir / "data", opts, cluster_id)
+            config = node_config(net, name, node_dir / "data", opts, cluster_id, cluster.secure)
             node.config_path.write_text(config.to_toml(), encoding="utf-8")
             cluster.nodes[name] = node
         return cluster
@@ -157,6 +181,15 @@ class Cluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"{n.address}:{CLIENT_PORT}" for n in self.nodes.values())
+
+    @property
+    def client_security(self) -> ClientSecurity:
+        """How raftlog's client connects to this cluster (PLAINTEXT unless secure)."""
+        return PLAINTEXT if self.secure is None else self.secure.client_security()
+
+    def librdkafka_config(self) -> dict[str, Any]:
+        """The security settings of confluent-kafka clients (empty unless secure)."""
+        return {} if self.secure is None else self.secure.librdkafka()
 
     def name_of(self, node_id: int) -> str | None:
         for node in self.nodes.values():
@@ -248,7 +281,9 @@ class Cluster:
 
         with trio.move_on_after(ADMIN_TIMEOUT_S):
             try:
-                async with open_cluster(self._live_bootstrap()) as client:
+                async with open_cluster(
+                    self._live_bootstrap(), security=self.client_security
+                ) as client:
                     try:
                         quorum = await Admin(client).describe_quorum()
                         return self.name_of(int(quorum["leader_id"]))
@@ -267,7 +302,9 @@ class Cluster:
 
         with trio.move_on_after(ADMIN_TIMEOUT_S):
             try:
-                async with open_cluster(self._live_bootstrap()) as client:
+                async with open_cluster(
+                    self._live_bootstrap(), security=self.client_security
+                ) as client:
                     await client.refresh_metadata([self.opts.topic])
                     info = client.topics.get(self.opts.topic)
                     if info is None:
@@ -288,7 +325,9 @@ class Cluster:
 
         with trio.move_on_after(ADMIN_TIMEOUT_S):
             try:
-                async with open_cluster(self._live_bootstrap()) as client:
+                async with open_cluster(
+                    self._live_bootstrap(), security=self.client_security
+                ) as client:
                     await client.refresh_metadata([self.opts.topic])
                     info = client.topics.get(self.opts.topic)
                     if info is None:
@@ -327,7 +366,8 @@ class Cluster:
     def forger(self, rng: random.Random) -> Forger:
         addresses = {n.node_id: (n.address, INTERNAL_PORT) for n in self.nodes.values()}
         target = Target(sorted(addresses), self.opts.topic, self.opts.partitions)
-        return Forger(addresses, target, rng)
+        # Under mutual TLS the rogue, holding no certificate, speaks plain TCP to a TLS port.
+        return Forger(addresses, target, rng, tls=self.secure is not None)
 
     def _live_bootstrap(self) -> str:
         live = [n for n in self.nodes.values() if n.running and not n.paused]
@@ -357,7 +397,9 @@ class Cluster:
             configs=self.opts.topic_configs(),
         )
         with trio.fail_after(ADMIN_TIMEOUT_S * 2):
-            async with open_cluster(self._live_bootstrap()) as client:
+            async with open_cluster(
+                self._live_bootstrap(), security=self.client_security
+            ) as client:
                 results = await Admin(client).create_topics([topic])
         result = results[self.opts.topic]
         if result.error not in (ErrorCode.none, ErrorCode.topic_already_exists):

@@ -13,6 +13,11 @@ with an error, or ignored a cast).
 The rogue never claims to be one of the nodes on its first frame: on a plaintext internal
 listener a connection that does so is believed (the id is bound, not proved). Proving it is
 what `internal_security_protocol = "SSL"` (mutual TLS with per-node certificates) adds.
+
+Against such a cluster (a run with --secure) the rogue holds no certificate: it still sends
+its frames, as plain TCP to the TLS port, and a connection the node ends without a single
+msgpack answer (closed, reset, or a TLS alert) counts as "refused". An answer there would
+mean the node spoke to a peer that never proved its identity.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ ANSWER_TIMEOUT_S = 0.5
 CONNECT_TIMEOUT_S = 2.0
 # Where a forged Raft cast says to send the answer: nowhere useful.
 REPLY_HOST, REPLY_PORT = "127.0.0.1", 9
+# The first byte of a TLS record that carries an alert (RFC 8446 ContentType.alert).
+TLS_ALERT_RECORD = 0x15
 
 
 @dataclass(frozen=True)
@@ -183,14 +190,17 @@ FORGERIES: dict[str, Callable[[Target, random.Random], list[bytes]]] = {
 }
 
 
-async def forge_once(host: str, port: int, frames: list[bytes]) -> str:
+async def forge_once(host: str, port: int, frames: list[bytes], *, tls: bool = False) -> str:
     """Send one forgery's frames on a new connection; how the node answered: "closed",
-    "error", "answered" (a response: a refusal the node's reply carries) or "ignored"."""
+    "error", "answered" (a response: a refusal the node's reply carries) or "ignored".
+    With `tls` (the port expects a TLS handshake the rogue cannot complete): "refused" when
+    the node ended the connection with no msgpack answer."""
     try:
         with trio.fail_after(CONNECT_TIMEOUT_S):
             stream = await trio.open_tcp_stream(host, port)
     except (OSError, trio.TooSlowError):
         return "unreachable"
+    closed = "refused" if tls else "closed"
     outcome = "ignored"
     try:
         for data in frames:
@@ -200,8 +210,10 @@ async def forge_once(host: str, port: int, frames: list[bytes]) -> str:
             while True:
                 chunk = await stream.receive_some(65536)
                 if not chunk:
-                    return "closed"
+                    return closed
                 received += chunk
+                if tls and received[0] == TLS_ALERT_RECORD:
+                    continue  # the handshake's alert; read on until the node hangs up
                 if len(received) >= LENGTH.size:
                     (size,) = LENGTH.unpack_from(received)
                     if len(received) >= LENGTH.size + size:
@@ -209,7 +221,7 @@ async def forge_once(host: str, port: int, frames: list[bytes]) -> str:
                         outcome = "error" if kind == KIND_ERROR else "answered"
                         received = received[LENGTH.size + size :]
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        return "closed"
+        return closed
     finally:
         await stream.aclose()
     return outcome
@@ -226,8 +238,11 @@ class Forger:
         rng: random.Random,
         interval_s: float = 0.05,
         workers: int = 4,
+        *,
+        tls: bool = False,
     ) -> None:
         self.addresses = addresses
+        self.tls = tls
         self.target = target
         self.rng = rng
         self.interval_s = interval_s
@@ -244,7 +259,8 @@ class Forger:
             name = self.rng.choice(sorted(FORGERIES))
             host, port = self.addresses[self.rng.choice(sorted(self.addresses))]
             frames = FORGERIES[name](self.target, self.rng)
-            self.outcomes[(name, await forge_once(host, port, frames))] += 1
+            outcome = await forge_once(host, port, frames, tls=self.tls)
+            self.outcomes[(name, outcome)] += 1
             await trio.sleep(self.interval_s)
 
     def summary(self) -> str:

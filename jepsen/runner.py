@@ -54,6 +54,8 @@ class RunOptions:
     nemesis: tuple[str, ...] = ("kill", "partition")
     nemesis_interval_s: float = 10.0
     unsafe: bool = False
+    # SASL_SSL clients, mutual TLS between nodes, the authorizer (jepsen.secure).
+    secure: bool = False
     seed: int | None = None
     name: str | None = None
     senders: int = 4
@@ -98,7 +100,7 @@ def run(opts: RunOptions) -> RunOutcome:
     seed = opts.seed if opts.seed is not None else random.randrange(2**32)
     run_dir = new_run_dir(opts.store_root, opts.name)
     handler = _log_to(run_dir / HARNESS_LOG)
-    cluster_opts = ClusterOptions(nodes=opts.nodes, unsafe=opts.unsafe)
+    cluster_opts = ClusterOptions(nodes=opts.nodes, unsafe=opts.unsafe, secure=opts.secure)
     net = create_network(cluster_opts.node_names)
     atexit.register(net.destroy)
     try:
@@ -111,6 +113,7 @@ def run(opts: RunOptions) -> RunOutcome:
             "nemesis": list(opts.nemesis),
             "nemesis_interval_s": opts.nemesis_interval_s,
             "unsafe": opts.unsafe,
+            "secure": opts.secure,
             "topic": cluster_opts.topic,
             "partitions": cluster_opts.partitions,
         }
@@ -242,6 +245,7 @@ async def _run_async(
                 recorder,
                 random.Random(rng.getrandbits(64)),
                 run_dir.name,
+                client_config=cluster.librdkafka_config(),
             )
             nemesis = Nemesis(
                 cluster,
@@ -360,6 +364,13 @@ def options_dict(opts: RunOptions) -> dict[str, Any]:
 MATRIX_NEMESES = ("none", "kill", "pause", "partition", "all")
 MATRIX_BEGIN = "<!-- jepsen-matrix:begin -->"
 MATRIX_END = "<!-- jepsen-matrix:end -->"
+# A --secure matrix keeps a table of its own, so neither replaces the other's.
+SECURE_MATRIX_BEGIN = "<!-- jepsen-matrix-secure:begin -->"
+SECURE_MATRIX_END = "<!-- jepsen-matrix-secure:end -->"
+
+
+def matrix_markers(secure: bool) -> tuple[str, str]:
+    return (SECURE_MATRIX_BEGIN, SECURE_MATRIX_END) if secure else (MATRIX_BEGIN, MATRIX_END)
 
 
 @dataclass
@@ -390,10 +401,17 @@ def matrix_row(nemesis: str, index: int, outcome: RunOutcome) -> MatrixRow:
 
 def matrix_table(rows: list[MatrixRow], base: RunOptions) -> str:
     mode = "unsafe" if base.unsafe else "safe"
+    begin, end = matrix_markers(base.secure)
+    command = "python -m jepsen matrix --secure" if base.secure else "python -m jepsen matrix"
+    security = (
+        ", secure (SASL_SSL SCRAM-SHA-512 clients, mutual TLS between nodes, ACL authorizer)"
+        if base.secure
+        else ""
+    )
     lines = [
-        MATRIX_BEGIN,
-        f"Latest `python -m jepsen matrix`: {base.nodes} nodes, {base.time_limit_s:g} s per run, "
-        f"nemesis interval {base.nemesis_interval_s:g} s, {mode} configuration, "
+        begin,
+        f"Latest `{command}`: {base.nodes} nodes, {base.time_limit_s:g} s per run, "
+        f"nemesis interval {base.nemesis_interval_s:g} s, {mode} configuration{security}, "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
         "| nemesis | run | verdict | anomalies | acknowledged sends | faults | run directory |",
@@ -405,16 +423,17 @@ def matrix_table(rows: list[MatrixRow], base: RunOptions) -> str:
             f"| {r.nemesis} | {r.run} | {verdict} | {r.anomalies} | {r.sends_ok} | {r.faults} "
             f"| `{r.run_dir}` |"
         )
-    lines.append(MATRIX_END)
+    lines.append(end)
     return "\n".join(lines)
 
 
-def write_matrix_table(doc: Path, table: str) -> None:
+def write_matrix_table(doc: Path, table: str, *, secure: bool = False) -> None:
     """Replace the table between the markers in doc (appending them if absent)."""
+    begin, end = matrix_markers(secure)
     text = doc.read_text(encoding="utf-8") if doc.exists() else ""
-    if MATRIX_BEGIN in text and MATRIX_END in text:
-        head, rest = text.split(MATRIX_BEGIN, 1)
-        tail = rest.split(MATRIX_END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1]
         text = head + table + tail
     else:
         text = text.rstrip("\n") + "\n\n" + table + "\n"
@@ -445,5 +464,5 @@ def run_matrix(
             except Exception as exc:  # one broken run must not hide the others
                 log.exception("matrix run %s-%d failed", nemesis, i)
                 rows.append(MatrixRow(nemesis, i, "-", None, "-", 0, 0, error=repr(exc)[:120]))
-            write_matrix_table(doc, matrix_table(rows, base))
+            write_matrix_table(doc, matrix_table(rows, base), secure=base.secure)
     return rows

@@ -8,6 +8,9 @@ beginning), and every client now and then crashes (closes and reopens). After th
 are healed, ``final_reads`` makes every poller crash, assign every key from the beginning
 and poll until it reaches each key's high watermark.
 
+Every client gets ``client_config`` on top of its own settings: the security keys (SASL_SSL,
+SCRAM, the CA) of a run with --secure, nothing otherwise.
+
 librdkafka is blocking C with threads of its own: every client call runs through
 trio.to_thread.run_sync and is bounded by a client timeout, and loops stop themselves at
 their deadline or op budget, so no operation is ever cut off without its completion.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +60,18 @@ class SendResult:
 class KeyedProducer:
     """One producer; ``send`` produces one value to one partition and waits for its report."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, *, unsafe: bool, client_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        unsafe: bool,
+        client_id: str,
+        client_config: Mapping[str, Any] | None = None,
+    ) -> None:
         self.topic = topic
         config: dict[str, Any] = {
+            **(client_config or {}),
             "bootstrap.servers": bootstrap_servers,
             "client.id": client_id,
             "acks": "1" if unsafe else "all",
@@ -111,13 +123,20 @@ class KeyedConsumer:
     so a re-assignment can keep them."""
 
     def __init__(
-        self, bootstrap_servers: str, topic: str, *, group_id: str, client_id: str
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        group_id: str,
+        client_id: str,
+        client_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.topic = topic
         self.positions: dict[int, int] = {}  # next offset to read, per key, as far as we know
         self.assigned: list[int] = []
         self._consumer = Consumer(
             {
+                **(client_config or {}),
                 "bootstrap.servers": bootstrap_servers,
                 "client.id": client_id,
                 # Required by librdkafka even without subscribe(); never joined or committed.
@@ -220,8 +239,10 @@ class Workload:
         recorder: Recorder,
         rng: random.Random,
         run_name: str = "run",
+        client_config: Mapping[str, Any] | None = None,
     ) -> None:
         self.bootstrap = bootstrap_servers
+        self.client_config = dict(client_config or {})
         self.opts = opts
         self.recorder = recorder
         self.values = ValueSource()
@@ -257,6 +278,7 @@ class Workload:
             self.opts.topic,
             unsafe=self.opts.unsafe,
             client_id=f"jepsen-{process}-{self._generation}",
+            client_config=self.client_config,
         )
 
     async def _sender(self, process: int, deadline: float) -> None:
@@ -291,7 +313,13 @@ class Workload:
     def _new_consumer(self, process: int) -> KeyedConsumer:
         self._generation += 1
         name = f"jepsen-{self.run_name}-{process}-{self._generation}"
-        return KeyedConsumer(self.bootstrap, self.opts.topic, group_id=name, client_id=name)
+        return KeyedConsumer(
+            self.bootstrap,
+            self.opts.topic,
+            group_id=name,
+            client_id=name,
+            client_config=self.client_config,
+        )
 
     async def _crash_consumer(self, process: int) -> KeyedConsumer:
         """Close the process's consumer (if any) and open a new one, recorded as a crash."""

@@ -80,6 +80,48 @@ def test_smoke_run_with_damaged_disks_and_forged_messages_is_valid(tmp_path: Pat
     assert not outcome.warnings, f"seed={DAMAGE_SEED} {outcome.warnings}"
 
 
+SECURE_SEED = 14
+
+
+@pytest.mark.cluster
+@needs_cluster
+def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path) -> None:
+    """--secure: SASL_SSL (SCRAM-SHA-512) clients, mutual TLS between nodes, the authorizer.
+    Kills and a rogue on every internal listener; the rogue has no certificate, so every
+    connection it makes is refused at the TLS handshake and nothing it sends is answered."""
+    outcome = run(
+        RunOptions(
+            nodes=3,
+            time_limit_s=40,
+            nemesis=("kill", "forge"),
+            nemesis_interval_s=6,
+            secure=True,
+            seed=SECURE_SEED,
+            progress=False,
+            store_root=tmp_path,
+        )
+    )
+    res = outcome.results
+    where = f"seed={SECURE_SEED} {outcome.run_dir}"
+    assert res["valid"], f"{where}: {res['anomaly_counts']}"
+    assert res["ops"]["send"]["ok"] > 100, f"{where} {res['ops']}"
+    kinds = {w["kind"].split("-")[0] for w in res["faults"]["windows"]}
+    assert kinds == {"kill", "forge"}, f"{where} {res['faults']}"
+    assert all(w["healed"] for w in res["faults"]["windows"]), where
+    assert not outcome.warnings, f"{where} {outcome.warnings}"
+    forged = [
+        line.split("nemesis forge: ", 1)[1]
+        for line in (outcome.run_dir / "harness.log").read_text().splitlines()
+        if "nemesis forge: " in line
+    ]
+    assert forged and all("refused" in line for line in forged), f"{where} {forged}"
+    for outcome_name in (" closed:", " answered:", " error:", " ignored:"):
+        assert not any(outcome_name in line for line in forged), f"{where} {forged}"
+    config = (outcome.run_dir / "nodes" / "n1" / "node.toml").read_text()
+    assert 'internal_security_protocol = "SSL"' in config
+    assert 'authorizer_class_name = "StandardAuthorizer"' in config
+
+
 @pytest.mark.cluster
 @needs_cluster
 def test_checker_catches_unsafe_loss_when_a_leader_is_cut_off(tmp_path: Path) -> None:
@@ -189,3 +231,37 @@ def test_cli_rejects_bad_options_before_touching_anything(
     assert "unknown nemesis ['flood']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "--nodes", "4"])
+
+
+def test_a_secure_matrix_keeps_a_table_of_its_own(tmp_path: Path) -> None:
+    from jepsen.runner import (
+        MATRIX_BEGIN,
+        SECURE_MATRIX_BEGIN,
+        MatrixRow,
+        matrix_table,
+        write_matrix_table,
+    )
+
+    doc = tmp_path / "jepsen.md"
+    rows = [MatrixRow("kill", 1, "20260101T000000-kill-1", True, "-", 1234, 5)]
+    write_matrix_table(doc, matrix_table(rows, RunOptions()))
+    secure = RunOptions(secure=True)
+    write_matrix_table(doc, matrix_table(rows, secure), secure=True)
+    write_matrix_table(doc, matrix_table(rows, secure), secure=True)
+    text = doc.read_text()
+    assert text.count(MATRIX_BEGIN) == 1 and text.count(SECURE_MATRIX_BEGIN) == 1
+    assert text.index(MATRIX_BEGIN) < text.index(SECURE_MATRIX_BEGIN)
+    assert "`python -m jepsen matrix --secure`" in text
+    assert "mutual TLS between nodes" in text
+
+
+def test_the_cli_passes_secure_to_the_run() -> None:
+    import argparse
+
+    from jepsen.__main__ import _base_options, build_parser
+
+    args = build_parser().parse_args(["run", "--secure", "--nemesis", "kill,forge"])
+    assert isinstance(args, argparse.Namespace)
+    assert _base_options(args, ("kill", "forge")).secure
+    matrix = build_parser().parse_args(["matrix", "--secure"])
+    assert _base_options(matrix, ()).secure
