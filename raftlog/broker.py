@@ -26,7 +26,7 @@ from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.acls import check_filter
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.controller.messages import CONFIG_OPS
-from raftlog.metadata.image import MetadataImage
+from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
 from raftlog.net.kafka.backend import (
     AclCreateResult,
@@ -51,6 +51,7 @@ from raftlog.net.kafka.backend import (
 )
 from raftlog.replication.manager import ReplicaManager
 from raftlog.security.acl import AclBinding, AclBindingFilter, ScramCredential, ScramMechanism
+from raftlog.security.authorizer import Authorizer
 
 log = logging.getLogger("raftlog.broker")
 
@@ -87,6 +88,25 @@ class BrokerBackend:
         self._unsafe_partitions = replicas.unsafe_partitions
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
+        # The ACL authorizer the Kafka handlers ask (raftlog.net.kafka.authz), or None when
+        # authorizer_class_name is empty. Immutable: a change of the image's ACLs builds a
+        # new one, so a request never sees half an update and a check is a few lookups.
+        self.authorizer: Authorizer | None = None
+        self._authorized_acls: object = None  # the image.acls the authorizer was built from
+        if config.authorizer_enabled:
+            metadata.add_listener(self._rebuild_authorizer)
+
+    def _rebuild_authorizer(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        # The image is copy-on-write: the same acls mapping means no ACL changed.
+        if image.acls is self._authorized_acls:
+            return
+        self._authorized_acls = image.acls
+        self.authorizer = Authorizer(
+            image.acls.values(),
+            super_users=self.config.super_user_principals,
+            allow_everyone_if_no_acl_found=self.config.allow_everyone_if_no_acl_found,
+        )
+        log.debug("authorizer rebuilt: %d ACLs", len(self.authorizer))
 
     # ---------------------------------------------------------------- cluster view
     @property

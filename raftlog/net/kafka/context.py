@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from raftlog.config import NodeConfig
 from raftlog.net.kafka.backend import KafkaBackend
+from raftlog.security.authorizer import Authorizer
 
 
 class QuotaHook(Protocol):
@@ -120,6 +121,9 @@ class RequestContext:
     extras: dict[str, Any] = field(default_factory=dict)
     # Per-listener endpoints (None: one listener, so the registered endpoint is the answer).
     endpoints: EndpointLookup | None = None
+    # The ACL authorizer (raftlog.net.kafka.authz asks it); None: authorization is off and
+    # every request is allowed.
+    authorizer: Authorizer | None = None
 
     def throttle(self, throttle_ms: int) -> None:
         self.throttle_ms = max(self.throttle_ms, throttle_ms)

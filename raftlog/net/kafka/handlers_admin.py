@@ -8,6 +8,7 @@ from typing import Any
 
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller.messages import NewTopic
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import (
     AlterConfigOp,
     ConfigEntry,
@@ -74,6 +75,13 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
     validate_only = bool(request.validate_only)
     throttled = []
     admitted = []
+    refused: list[CreateTopicResult] = []
+    describable: set[str] | None = None  # None: every topic's configs may be shown
+    if ctx.authorizer is not None:
+        new_topics, refused = _creatable(ctx, new_topics)
+        describable = authz.allowed_names(
+            ctx, authz.DESCRIBE_CONFIGS_TOPIC, (t.name for t in new_topics), log_denied=False
+        )
     for t in new_topics:
         partitions = len(t.assignments or ()) or (
             t.num_partitions if t.num_partitions > 0 else ctx.config.num_partitions
@@ -94,22 +102,40 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> dict[str, A
         )
     except KafkaError as exc:
         results = throttled + [CreateTopicResult(t.name, exc.code, exc.message) for t in admitted]
-    by_name = {r.name: r for r in results}
+    by_name = {r.name: r for r in refused + results}
     topics = []
-    for t in new_topics:
-        r = by_name.get(t.name) or CreateTopicResult(t.name, ErrorCode.unknown_server_error)
-        topics.append(
-            {
-                "name": t.name,
-                "topic_id": r.topic_id,
-                "error_code": r.error,
-                "error_message": r.message,
-                "num_partitions": r.num_partitions,
-                "replication_factor": r.replication_factor,
-                "configs": [_config_entry_dict(c) for c in r.configs],
-            }
-        )
+    for name in (t.name for t in request.topics):
+        r = by_name.get(name) or CreateTopicResult(name, ErrorCode.unknown_server_error)
+        topic: dict[str, Any] = {
+            "name": name,
+            "topic_id": r.topic_id,
+            "error_code": r.error,
+            "error_message": r.message,
+            "num_partitions": r.num_partitions,
+            "replication_factor": r.replication_factor,
+            "configs": [_config_entry_dict(c) for c in r.configs],
+        }
+        if describable is not None and name not in describable and r.error == ErrorCode.none:
+            # Created, but the principal may not see its configs (as Kafka answers).
+            topic["configs"] = []
+            topic["topic_config_error_code"] = ErrorCode.topic_authorization_failed
+        topics.append(topic)
     return {"throttle_time": 0, "topics": topics}
+
+
+def _creatable(
+    ctx: RequestContext, new_topics: list[NewTopic]
+) -> tuple[list[NewTopic], list[CreateTopicResult]]:
+    """CREATE on the cluster allows every topic; else each needs CREATE on itself."""
+    if authz.allows(ctx, authz.CREATE_CLUSTER, log_denied=False):
+        return new_topics, []
+    allowed = authz.allowed_names(ctx, authz.CREATE_TOPIC, (t.name for t in new_topics))
+    refused = [
+        CreateTopicResult(t.name, authz.CREATE_TOPIC.error, authz.AUTHORIZATION_FAILED_MESSAGE)
+        for t in new_topics
+        if t.name not in allowed
+    ]
+    return [t for t in new_topics if t.name in allowed], refused
 
 
 async def handle_delete_topics(ctx: RequestContext, request: Any) -> dict[str, Any]:
@@ -122,6 +148,10 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> dict[str, A
     admitted: list[str | Any] = []
     for target in targets:
         name = target if isinstance(target, str) else ctx.backend.topic_name(target)
+        refusal = _delete_refusal(ctx, target, name)
+        if refusal is not None:
+            throttled.append(refusal)
+            continue
         count = _partition_count(ctx, name) if name is not None else 0
         if _admit_mutations(ctx, "delete_topics", count):
             admitted.append(target)
@@ -154,9 +184,36 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> dict[str, A
     }
 
 
+def _delete_refusal(ctx: RequestContext, target: Any, name: str | None) -> DeleteTopicResult | None:
+    """DELETE on the topic. A topic named by id that the principal may not DESCRIBE is
+    UNKNOWN_TOPIC_ID, as if it did not exist (Kafka's ControllerApis)."""
+    if ctx.authorizer is None:
+        return None
+    if isinstance(target, str):
+        if authz.allows(ctx, authz.DELETE_TOPIC, target):
+            return None
+        return DeleteTopicResult(target, None, authz.DELETE_TOPIC.error)
+    if name is None:
+        return None  # an unknown id: the backend answers UNKNOWN_TOPIC_ID
+    if not authz.allows(ctx, authz.DESCRIBE_TOPIC, name):
+        return DeleteTopicResult(None, target, ErrorCode.unknown_topic_id)
+    if not authz.allows(ctx, authz.DELETE_TOPIC, name):
+        return DeleteTopicResult(None, target, authz.DELETE_TOPIC.error)
+    return None
+
+
 async def handle_create_partitions(ctx: RequestContext, request: Any) -> dict[str, Any]:
     results = []
     for t in request.topics:
+        if not authz.allows(ctx, authz.ALTER_TOPIC, t.name):
+            results.append(
+                {
+                    "name": t.name,
+                    "error_code": authz.ALTER_TOPIC.error,
+                    "error_message": authz.AUTHORIZATION_FAILED_MESSAGE,
+                }
+            )
+            continue
         assignments = None if t.assignments is None else [list(a.broker_ids) for a in t.assignments]
         added = t.count - _partition_count(ctx, t.name)
         if not request.validate_only and not _admit_mutations(ctx, "create_partitions", added):
@@ -196,8 +253,11 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> dict[str
     results = []
     for res in request.resources:
         rtype = _resource_type(res.resource_type)
+        refusal = authz.config_refusal(ctx, res.resource_type, res.resource_name, alter=False)
         if rtype is None:
             result = ConfigsResult(ErrorCode.invalid_request, "unsupported resource type")
+        elif refusal is not None:
+            result = ConfigsResult(refusal, authz.AUTHORIZATION_FAILED_MESSAGE)
         else:
             keys = None if res.configuration_keys is None else list(res.configuration_keys)
             result = await guarded(
@@ -223,8 +283,11 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> dict[str, A
         rtype = _resource_type(res.resource_type)
         code: ErrorCode
         message: str | None  # null: no message (the backend has nothing to add)
+        refusal = authz.config_refusal(ctx, res.resource_type, res.resource_name, alter=True)
         if rtype is None:
             code, message = ErrorCode.invalid_request, "unsupported resource type"
+        elif refusal is not None:
+            code, message = refusal, authz.AUTHORIZATION_FAILED_MESSAGE
         else:
             code, message = await guarded(
                 f"alter_configs {res.resource_name}",
@@ -259,8 +322,11 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
             ops = None
         code: ErrorCode
         message: str | None
+        refusal = authz.config_refusal(ctx, res.resource_type, res.resource_name, alter=True)
         if rtype is None or ops is None:
             code, message = ErrorCode.invalid_request, "unsupported resource type or operation"
+        elif refusal is not None:
+            code, message = refusal, authz.AUTHORIZATION_FAILED_MESSAGE
         else:
             code, message = await guarded(
                 f"incremental_alter_configs {res.resource_name}",

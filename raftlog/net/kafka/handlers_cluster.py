@@ -6,6 +6,7 @@ from typing import Any
 
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
 from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_util import log
@@ -14,7 +15,11 @@ METADATA_TOPIC = "__cluster_metadata"
 
 
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    # Kafka's broker answers anyone; DESCRIBE on the cluster only decides the KIP-430 field.
     backend = ctx.backend
+    cluster_operations = NO_AUTHORIZED_OPERATIONS
+    if request.include_cluster_authorized_operations:
+        cluster_operations = authz.cluster_operations_if_described(ctx)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
@@ -23,7 +28,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str
         "cluster_id": backend.cluster_id,
         "controller_id": backend.controller_id(),
         "brokers": [_broker_dict(ctx, b) for b in backend.brokers()],
-        "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        "cluster_authorized_operations": cluster_operations,
     }
 
 
@@ -44,6 +49,9 @@ def _replica_dict(r: Any) -> dict[str, Any]:
 
 
 async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    refusal = authz.cluster_refusal(ctx, authz.DESCRIBE_CLUSTER)
+    if refusal is not None:
+        return {"error_code": refusal, "error_message": None, "topics": [], "nodes": []}
     topics = []
     for topic in request.topics:
         partitions = []
@@ -81,6 +89,14 @@ async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str,
 
 async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
     filters = [QuotaFilter(c.entity_type, c.match_type, c.match) for c in request.components]
+    refusal = authz.cluster_refusal(ctx, authz.DESCRIBE_CONFIGS_CLUSTER)
+    if refusal is not None:
+        return {
+            "throttle_time": 0,
+            "error_code": refusal,
+            "error_message": authz.AUTHORIZATION_FAILED_MESSAGE,
+            "entries": None,
+        }
     try:
         entries = await ctx.backend.describe_client_quotas(filters, bool(request.strict))
     except KafkaError as exc:
@@ -112,6 +128,13 @@ async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> dict[
         )
         for entry in request.entries
     ]
+    refusal = authz.cluster_refusal(ctx, authz.ALTER_CONFIGS_CLUSTER)
+    if refusal is not None:
+        results = [
+            QuotaAlterResult(a.entity, refusal, authz.AUTHORIZATION_FAILED_MESSAGE)
+            for a in alterations
+        ]
+        return _alter_quotas_response(results)
     try:
         results = list(
             await ctx.backend.alter_client_quotas(alterations, bool(request.validate_only))
@@ -121,6 +144,10 @@ async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> dict[
     except Exception:
         log.exception("alter_client_quotas failed")
         results = [QuotaAlterResult(a.entity, ErrorCode.unknown_server_error) for a in alterations]
+    return _alter_quotas_response(results)
+
+
+def _alter_quotas_response(results: list[QuotaAlterResult]) -> dict[str, Any]:
     return {
         "throttle_time": 0,
         "entries": [

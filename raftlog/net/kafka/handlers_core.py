@@ -7,9 +7,11 @@ from typing import Any
 
 import trio
 
+from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller.messages import NewTopic
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import (
     ProduceResult,
     ProducerIdResult,
@@ -20,6 +22,7 @@ from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_util import guarded, leader_dict, log, to_ms
 from raftlog.net.limits import RateLimitedLog
+from raftlog.security.acl import ResourceType
 
 VALID_ACKS = (-1, 0, 1)
 TRANSACTION_STATE_TOPIC = "__transaction_state"
@@ -67,7 +70,7 @@ def _topic_dict(t: TopicInfo) -> dict[str, Any]:
         "topic_id": t.topic_id,
         "is_internal": t.is_internal,
         "partitions": [_partition_dict(p) for p in t.partitions],
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
     }
 
 
@@ -78,20 +81,31 @@ def _missing_topic(name: str | None, error: ErrorCode, topic_id: Any = None) -> 
         "topic_id": topic_id,
         "is_internal": False,
         "partitions": [],
-        "topic_authorized_operations": -2147483648,
+        "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
     }
 
 
 async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    """Topics the principal may DESCRIBE (an unnamed listing leaves out the others, a named
+    one answers TOPIC_AUTHORIZATION_FAILED whether it exists or not); auto-creation needs
+    CREATE on the cluster or the topic. KIP-430 fields only when asked (authz.API_RULES)."""
     backend = ctx.backend
     requested = request.topics
     # v0 has no null array: an empty list there means "all topics", as in Kafka.
     all_topics = requested is None or (ctx.api_version == 0 and not requested)
     topics: list[dict[str, Any]] = []
     if all_topics:
-        topics = [_topic_dict(t) for t in backend.topics(None)]
+        listed = backend.topics(None)
+        if ctx.authorizer is not None:
+            # Filtering a listing is not a refusal: Kafka logs nothing for it.
+            describable = authz.allowed_names(
+                ctx, authz.DESCRIBE_TOPIC, [t.name for t in listed], log_denied=False
+            )
+            listed = [t for t in listed if t.name in describable]
+        topics = [_topic_dict(t) for t in listed]
     else:
         names: list[str] = []
+        by_id: dict[str, Any] = {}  # names the client asked for by topic id
         for item in requested:
             name = getattr(item, "name", None)
             topic_id = getattr(item, "topic_id", None)
@@ -100,22 +114,54 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
                 if name is None:
                     topics.append(_missing_topic(None, ErrorCode.unknown_topic_id, topic_id))
                     continue
+                by_id[name] = topic_id
             if name is not None:
                 names.append(name)
-        known = {t.name: t for t in backend.topics(names)}
-        missing = [n for n in dict.fromkeys(names) if n not in known]
+        # Checked before existence, so an unauthorized name looks the same either way.
+        describable = authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, names)
+        known = {t.name: t for t in backend.topics([n for n in names if n in describable])}
+        missing = [n for n in dict.fromkeys(names) if n in describable and n not in known]
         allow = getattr(request, "allow_auto_topic_creation", True)
         created: dict[str, ErrorCode] = {}
+        refused = {n for n in dict.fromkeys(names) if n not in describable}
         if missing and allow and backend.auto_create_topics():
-            created = await _auto_create(ctx, missing)
-            known.update({t.name: t for t in backend.topics(missing)})
+            if not authz.allows(ctx, authz.CREATE_CLUSTER, log_denied=False):
+                creatable = authz.allowed_names(ctx, authz.CREATE_TOPIC, missing)
+                refused.update(n for n in missing if n not in creatable)
+                missing = [n for n in missing if n in creatable]
+            if missing:
+                created = await _auto_create(ctx, missing)
+                known.update({t.name: t for t in backend.topics(missing)})
         for name in dict.fromkeys(names):
-            if name in known:
+            if name in refused:
+                # Asked by id: the id comes back, the name stays hidden (as Kafka).
+                hidden = name in by_id
+                topics.append(
+                    _missing_topic(
+                        None if hidden else name,
+                        ErrorCode.topic_authorization_failed,
+                        by_id.get(name),
+                    )
+                )
+            elif name in known:
                 topics.append(_topic_dict(known[name]))
             elif name in created:
                 topics.append(_missing_topic(name, created[name]))
             else:
                 topics.append(_missing_topic(name, ErrorCode.unknown_topic_or_partition))
+    if getattr(request, "include_topic_authorized_operations", False):
+        for topic in topics:
+            if topic["error_code"] == ErrorCode.none:
+                topic["topic_authorized_operations"] = authz.authorized_operations(
+                    ctx, ResourceType.TOPIC, topic["name"]
+                )
+    cluster_operations = NO_AUTHORIZED_OPERATIONS
+    # v8-10 carry the cluster's operations; v11 moved them to DescribeCluster (KIP-700).
+    if (
+        getattr(request, "include_cluster_authorized_operations", False)
+        and 8 <= (ctx.api_version) <= 10
+    ):
+        cluster_operations = authz.cluster_operations_if_described(ctx)
     return {
         "throttle_time": 0,
         "brokers": [
@@ -124,7 +170,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
         "cluster_id": backend.cluster_id,
         "controller_id": backend.controller_id(),
         "topics": topics,
-        "cluster_authorized_operations": -2147483648,
+        "cluster_authorized_operations": cluster_operations,
     }
 
 
@@ -165,6 +211,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     ]
     results: list[ProduceResult] = [ProduceResult()] * len(jobs)
     produced_bytes = sum(len(r) for _, _, r in jobs if r is not None)
+    # Partitions the authorizer refused (answered here, never appended); none when it is off.
+    refused: set[int] = set()
+    if ctx.authorizer is not None:
+        refused = _refuse_unauthorized(ctx, request.transactional_id, jobs, results)
 
     async def one(i: int, topic: str, partition: int, records: bytes | None) -> None:
         if acks not in VALID_ACKS:
@@ -191,7 +241,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     # Partitions are independent (acks=all waits per partition): run them concurrently.
     async with trio.open_nursery() as nursery:
         for i, (topic, partition, records) in enumerate(jobs):
-            nursery.start_soon(one, i, topic, partition, records)
+            if i not in refused:
+                nursery.start_soon(one, i, topic, partition, records)
 
     ctx.throttle(ctx.quotas.record_produce(ctx.client_id, ctx.connection.user, produced_bytes))
     if acks == 0:
@@ -226,8 +277,37 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     return response
 
 
+def _refuse_unauthorized(
+    ctx: RequestContext,
+    transactional_id: str | None,
+    jobs: Sequence[tuple[str, int, bytes | None]],
+    results: list[ProduceResult],
+) -> set[int]:
+    """Kafka's checks for a produce: transactional batches need WRITE on the request's
+    transactional id (else every partition is refused with TRANSACTIONAL_ID_AUTHORIZATION_
+    FAILED); then WRITE on each topic (else that topic's partitions get TOPIC_AUTHORIZATION_
+    FAILED, before any existence check, and the others are appended). Fills `results` for
+    the refused jobs and returns their indexes."""
+    transactional = any(r is not None and authz.has_transactional_batch(r) for _, _, r in jobs)
+    if transactional and (
+        transactional_id is None
+        or not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id)
+    ):
+        for i in range(len(jobs)):
+            results[i] = ProduceResult(ErrorCode.transactional_id_authorization_failed)
+        return set(range(len(jobs)))
+    writable = authz.allowed_names(ctx, authz.WRITE_TOPIC, (topic for topic, _, _ in jobs))
+    refused = {i for i, (topic, _, _) in enumerate(jobs) if topic not in writable}
+    for i in refused:
+        results[i] = ProduceResult(ErrorCode.topic_authorization_failed)
+    return refused
+
+
 # ------------------------------------------------------------------------------ InitProducerId
 async def handle_init_producer_id(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    refusal = authz.init_producer_id_refusal(ctx, request.transactional_id)
+    if refusal is not None:
+        return {"throttle_time": 0, "error_code": refusal, "producer_id": -1, "producer_epoch": -1}
     result = await guarded(
         "init_producer_id",
         lambda: ctx.backend.init_producer_id(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import (
     EpochEndOffset,
     FetchResult,
@@ -118,6 +120,10 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
         for topic in request.topics
         for p in topic.partitions
     ]
+    # Partitions the authorizer refused: answered with the error, never read or waited on.
+    refused: list[tuple[str, int, int, int, int]] = []
+    if ctx.authorizer is not None:
+        wanted, refused = _split_authorized(ctx, wanted, is_replica)
     deadline = trio.current_time() + max_wait_ms / 1000
     while True:
         # Take the events before reading so an append between read and wait wakes us.
@@ -138,6 +144,9 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
         # Zero-copy regions count at their length: the bytes the socket will carry.
         ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
     by_topic: dict[str, list[dict[str, Any]]] = {}
+    if refused:
+        wanted = wanted + refused
+        results = results + [FetchResult(ErrorCode.topic_authorization_failed)] * len(refused)
     for (topic, partition, _, _, _), r in zip(wanted, results, strict=True):
         entry: dict[str, Any] = {
             "partition_index": partition,
@@ -165,12 +174,55 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
     }
 
 
+def _split_authorized(
+    ctx: RequestContext, wanted: list[tuple[str, int, int, int, int]], is_replica: bool
+) -> tuple[list[tuple[str, int, int, int, int]], list[tuple[str, int, int, int, int]]]:
+    """(allowed, refused) partitions: a consumer needs READ on each topic; a fetch naming a
+    replica needs CLUSTER_ACTION on the cluster for all of them (as Kafka)."""
+    if is_replica:
+        if authz.allows(ctx, authz.CLUSTER_ACTION_FOR_REPLICA_FETCH):
+            return wanted, []
+        return [], wanted
+    readable = authz.allowed_names(ctx, authz.READ_TOPIC, (w[0] for w in wanted))
+    return [w for w in wanted if w[0] in readable], [w for w in wanted if w[0] not in readable]
+
+
+def _describable(
+    ctx: RequestContext,
+    topics: Iterable[Any],
+    name_of: Callable[[Any], str],
+    *,
+    cluster_action_covers: bool = False,
+) -> set[str] | None:
+    """ListOffsets and OffsetForLeaderEpoch: the topics the principal may DESCRIBE (None:
+    all of them: no authorizer, or, for OffsetForLeaderEpoch, a follower's CLUSTER_ACTION)."""
+    if ctx.authorizer is None:
+        return None
+    if cluster_action_covers and authz.allows(ctx, authz.CLUSTER_ACTION, log_denied=False):
+        return None
+    return authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, (name_of(t) for t in topics))
+
+
 # ------------------------------------------------------------------------------ ListOffsets
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> dict[str, Any]:
     isolation = IsolationLevel(getattr(request, "isolation_level", 0))
+    describable = _describable(ctx, request.topics, lambda t: t.name)
     topics = []
     for topic in request.topics:
         partitions = []
+        if describable is not None and topic.name not in describable:
+            partitions = [
+                {
+                    "partition_index": p.partition_index,
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+                for p in topic.partitions
+            ]
+            topics.append({"name": topic.name, "partitions": partitions})
+            continue
         for p in topic.partitions:
             leader_epoch = getattr(p, "current_leader_epoch", -1)
             result = await guarded(
@@ -200,9 +252,22 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> dict[str, An
 
 # ------------------------------------------------------------------- OffsetForLeaderEpoch
 async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    describable = _describable(ctx, request.topics, lambda t: t.topic, cluster_action_covers=True)
     topics = []
     for topic in request.topics:
         partitions = []
+        if describable is not None and topic.topic not in describable:
+            partitions = [
+                {
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "partition": p.partition,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                for p in topic.partitions
+            ]
+            topics.append({"topic": topic.topic, "partitions": partitions})
+            continue
         for p in topic.partitions:
             result = await guarded(
                 f"offset_for_leader_epoch {topic.topic}-{p.partition}",

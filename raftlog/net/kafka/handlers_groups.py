@@ -6,12 +6,17 @@ version-neutral types of raftlog.groups.messages, calls the node's GroupService,
 answer back to a dict of kio field names (`codec.build` drops what the version lacks). The
 group logic itself lives in raftlog.groups; nothing here decides membership or offsets.
 
+Authorization (authz.API_RULES) is checked here, before the coordinator sees a request, as
+Kafka's KafkaApis does: READ on the group for membership and commits (and READ on each
+committed topic), DESCRIBE on the group for lookups, DELETE to delete it.
+
 `register_group_apis(registry, service)` adds them to an ApiRegistry; `GROUP_VERSION_TABLE`
 is the advertised ranges (why each: docs/protocol.md, "Consumer groups").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -20,9 +25,11 @@ from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
 from raftlog.groups.service import CoordinatorLocation, GroupService
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_util import to_ms
+from raftlog.security.acl import ResourceType
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -75,6 +82,13 @@ def register_group_apis(registry: ApiRegistry, service: GroupService) -> None:
         registry.register(api_key, lo, hi, table[api_key])
 
 
+# FindCoordinator: what each key type needs (a transactional id is its own resource).
+_COORDINATOR_RULES = {
+    KEY_TYPE_GROUP: authz.DESCRIBE_GROUP,
+    KEY_TYPE_TRANSACTION: authz.DESCRIBE_TRANSACTIONAL_ID,
+}
+
+
 def _client_host(ctx: RequestContext) -> str:
     # Kafka reports InetAddress.toString(): "/127.0.0.1".
     host = ctx.connection.peer.rsplit(":", 1)[0]
@@ -105,6 +119,9 @@ class GroupHandlers:
         self, ctx: RequestContext, key_type: int, key: str
     ) -> CoordinatorLocation:
         """The coordinator's endpoint on the listener this request came in on."""
+        rule = _COORDINATOR_RULES.get(key_type)
+        if rule is not None and not authz.allows(ctx, rule, key):
+            return CoordinatorLocation(rule.error)
         location = await self._locate(key_type, key)
         code, node_id, host, port = location
         if code != ErrorCode.none:
@@ -136,6 +153,17 @@ class GroupHandlers:
 
     # ------------------------------------------------------------------ membership
     async def join_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
+            return {
+                "error_code": authz.READ_GROUP.error,
+                "generation_id": -1,
+                "protocol_type": None,
+                "protocol_name": None if ctx.api_version >= 7 else "",
+                "leader": "",
+                "skip_assignment": False,
+                "member_id": request.member_id,
+                "members": [],
+            }
         session_timeout_ms = to_ms(request.session_timeout)
         req = m.JoinGroupRequest(
             group_id=request.group_id,
@@ -179,6 +207,13 @@ class GroupHandlers:
         }
 
     async def sync_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
+            return {
+                "error_code": authz.READ_GROUP.error,
+                "protocol_type": None,
+                "protocol_name": None,
+                "assignment": b"",
+            }
         req = m.SyncGroupRequest(
             group_id=request.group_id,
             generation_id=request.generation_id,
@@ -197,6 +232,8 @@ class GroupHandlers:
         }
 
     async def heartbeat(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
+            return {"error_code": authz.READ_GROUP.error}
         req = m.HeartbeatRequest(
             group_id=request.group_id,
             generation_id=request.generation_id,
@@ -207,6 +244,8 @@ class GroupHandlers:
         return {"error_code": resp.error_code}
 
     async def leave_group(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
+        if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
+            return {"error_code": authz.READ_GROUP.error, "members": []}
         if ctx.api_version >= 3:
             members = tuple(
                 m.LeaveMember(x.member_id, x.group_instance_id) for x in request.members
@@ -253,8 +292,14 @@ class GroupHandlers:
             member_id=request.member_id,
             group_instance_id=getattr(request, "group_instance_id", None),
         )
+        refused: tuple[m.TopicErrors, ...] = ()
+        if ctx.authorizer is not None:
+            req, refused = _authorized_commit(ctx, req)
         # v2-4 carry a retention time; offsets do not expire yet (docs/groups.md).
-        resp = await self.service.shell.offset_commit(req)
+        if req.topics or not refused:
+            resp = await self.service.shell.offset_commit(req)
+        else:
+            resp = m.OffsetCommitResponse(())
         return {
             "topics": [
                 {
@@ -264,12 +309,16 @@ class GroupHandlers:
                         for p in t.partitions
                     ],
                 }
-                for t in resp.topics
+                for t in refused + resp.topics
             ]
         }
 
     async def _fetch_one(
-        self, group_id: str, topics: Iterable[Any] | None, require_stable: bool
+        self,
+        ctx: RequestContext,
+        group_id: str,
+        topics: Iterable[Any] | None,
+        require_stable: bool,
     ) -> tuple[m.OffsetFetchResponse, m.OffsetFetchRequest]:
         req = m.OffsetFetchRequest(
             group_id=group_id,
@@ -279,7 +328,45 @@ class GroupHandlers:
             # Without transactions no offset is ever pending, so every fetch is stable.
             require_stable=require_stable,
         )
-        return await self.service.shell.offset_fetch(req), req
+        if ctx.authorizer is None:
+            return await self.service.shell.offset_fetch(req), req
+        return await self._authorized_fetch(ctx, req), req
+
+    async def _authorized_fetch(
+        self, ctx: RequestContext, req: m.OffsetFetchRequest
+    ) -> m.OffsetFetchResponse:
+        """Kafka's OffsetFetch checks: DESCRIBE on the group (else GROUP_AUTHORIZATION_FAILED);
+        named topics without DESCRIBE answer TOPIC_AUTHORIZATION_FAILED per partition; when
+        all topics are asked for, those without DESCRIBE are left out."""
+        if not authz.allows(ctx, authz.DESCRIBE_GROUP, req.group_id):
+            return m.OffsetFetchResponse(authz.DESCRIBE_GROUP.error)
+        if req.topics is None:
+            resp = await self.service.shell.offset_fetch(req)
+            describable = authz.allowed_names(
+                ctx, authz.DESCRIBE_TOPIC, (t.name for t in resp.topics), log_denied=False
+            )
+            return m.OffsetFetchResponse(
+                resp.error_code, tuple(t for t in resp.topics if t.name in describable)
+            )
+        describable = authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, (t.name for t in req.topics))
+        refused = tuple(
+            m.FetchedTopic(
+                t.name,
+                tuple(
+                    m.FetchedOffset(p, -1, error_code=authz.DESCRIBE_TOPIC.error)
+                    for p in t.partitions
+                ),
+            )
+            for t in req.topics
+            if t.name not in describable
+        )
+        allowed = tuple(t for t in req.topics if t.name in describable)
+        if not allowed and refused:
+            return m.OffsetFetchResponse(ErrorCode.none, refused)
+        resp = await self.service.shell.offset_fetch(
+            m.OffsetFetchRequest(req.group_id, allowed, req.require_stable)
+        )
+        return m.OffsetFetchResponse(resp.error_code, resp.topics + refused)
 
     async def offset_fetch(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         require_stable = bool(getattr(request, "require_stable", False))
@@ -298,7 +385,7 @@ class GroupHandlers:
                 }
             out = []
             for group in groups:
-                resp, _ = await self._fetch_one(group.group_id, group.topics, require_stable)
+                resp, _ = await self._fetch_one(ctx, group.group_id, group.topics, require_stable)
                 out.append(
                     {
                         "group_id": group.group_id,
@@ -307,7 +394,7 @@ class GroupHandlers:
                     }
                 )
             return {"groups": out}
-        resp, req = await self._fetch_one(request.group_id, request.topics, require_stable)
+        resp, req = await self._fetch_one(ctx, request.group_id, request.topics, require_stable)
         if ctx.api_version < 2 and resp.error_code is not ErrorCode.none:
             # v1 has no top-level error: every requested partition carries it (as Kafka).
             topics = [
@@ -329,6 +416,15 @@ class GroupHandlers:
         types_filter = {t.lower() for t in getattr(request, "types_filter", ())}
         resp = await self.service.shell.list_groups(states_filter)
         groups = resp.groups
+        if ctx.authorizer is not None and not authz.allows(
+            ctx, authz.DESCRIBE_CLUSTER, log_denied=False
+        ):
+            # Without DESCRIBE on the cluster, only the groups the principal may DESCRIBE
+            # are listed (a filter, not a refusal: nothing is logged, as in Kafka).
+            describable = authz.allowed_names(
+                ctx, authz.DESCRIBE_GROUP, (g.group_id for g in groups), log_denied=False
+            )
+            groups = tuple(g for g in groups if g.group_id in describable)
         if types_filter and CLASSIC_GROUP_TYPE not in types_filter:
             groups = ()
         return {
@@ -349,15 +445,46 @@ class GroupHandlers:
         if len(group_ids) > MAX_GROUPS_PER_REQUEST:
             described = [m.DescribedGroup(g, ErrorCode.invalid_request, "") for g in group_ids]
         else:
-            described = await self.service.shell.describe_groups(group_ids)
-        return {"groups": [_described_dict(ctx.api_version, g) for g in described]}
+            allowed = authz.allowed_names(ctx, authz.DESCRIBE_GROUP, group_ids)
+            found = {
+                g.group_id: g
+                for g in await self.service.shell.describe_groups(
+                    [g for g in group_ids if g in allowed]
+                )
+            }
+            described = [
+                found.get(g) or m.DescribedGroup(g, authz.DESCRIBE_GROUP.error, "")
+                for g in group_ids
+            ]
+        with_operations = bool(getattr(request, "include_authorized_operations", False))
+        return {
+            "groups": [
+                _described_dict(
+                    ctx.api_version,
+                    g,
+                    authz.authorized_operations(ctx, ResourceType.GROUP, g.group_id)
+                    if with_operations and g.error_code is ErrorCode.none
+                    else NO_AUTHORIZED_OPERATIONS,
+                )
+                for g in described
+            ]
+        }
 
     async def delete_groups(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         names = list(request.groups_names)
         if len(names) > MAX_GROUPS_PER_REQUEST:
             results = [m.DeleteGroupResult(g, ErrorCode.invalid_request) for g in names]
         else:
-            results = await self.service.shell.delete_groups(names)
+            deletable = authz.allowed_names(ctx, authz.DELETE_GROUP, names)
+            results = [
+                m.DeleteGroupResult(g, authz.DELETE_GROUP.error)
+                for g in names
+                if g not in deletable
+            ]
+            if any(g in deletable for g in names):
+                results += await self.service.shell.delete_groups(
+                    [g for g in names if g in deletable]
+                )
         return {"results": [{"group_id": r.group_id, "error_code": r.error_code} for r in results]}
 
 
@@ -390,7 +517,32 @@ def _fetched_topics(topics: Iterable[m.FetchedTopic]) -> list[dict[str, Any]]:
     ]
 
 
-def _described_dict(version: int, g: m.DescribedGroup) -> dict[str, Any]:
+def _authorized_commit(
+    ctx: RequestContext, req: m.OffsetCommitRequest
+) -> tuple[m.OffsetCommitRequest, tuple[m.TopicErrors, ...]]:
+    """Kafka's OffsetCommit checks: READ on the group (else every partition is
+    GROUP_AUTHORIZATION_FAILED), then READ on each topic (else its partitions are
+    TOPIC_AUTHORIZATION_FAILED and the rest are committed). Returns what may be committed
+    and the refused topics' answers."""
+
+    def refused(topic: m.OffsetCommitTopic, code: ErrorCode) -> m.TopicErrors:
+        return m.TopicErrors(
+            topic.name, tuple(m.PartitionError(p.partition, code) for p in topic.partitions)
+        )
+
+    if not authz.allows(ctx, authz.READ_GROUP, req.group_id):
+        code = authz.READ_GROUP.error
+        return dataclasses.replace(req, topics=()), tuple(refused(t, code) for t in req.topics)
+    readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in req.topics))
+    return (
+        dataclasses.replace(req, topics=tuple(t for t in req.topics if t.name in readable)),
+        tuple(refused(t, authz.READ_TOPIC.error) for t in req.topics if t.name not in readable),
+    )
+
+
+def _described_dict(
+    version: int, g: m.DescribedGroup, authorized_operations: int = NO_AUTHORIZED_OPERATIONS
+) -> dict[str, Any]:
     code, message = g.error_code, None
     if version >= 6 and code is ErrorCode.none and g.state == "Dead":
         # KIP-1043: v6 reports an unknown group as an error instead of a Dead group.
@@ -413,5 +565,5 @@ def _described_dict(version: int, g: m.DescribedGroup) -> dict[str, Any]:
             }
             for mem in g.members
         ],
-        "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        "authorized_operations": authorized_operations,
     }

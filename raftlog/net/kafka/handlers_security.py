@@ -2,9 +2,9 @@
 AlterUserScramCredentials.
 
 Writes go through the backend to the active controller and are answered once committed;
-reads come from this node's image. Who may call these is not checked here: that is the
-authorizer's job, before a request reaches its handler (Kafka asks for ALTER on the CLUSTER
-resource for the three writes, DESCRIBE on it for the two reads).
+reads come from this node's image. Each handler first asks the authorizer what Kafka asks
+(authz.API_RULES: ALTER on the CLUSTER resource for the three writes, DESCRIBE on it for
+the two reads); a refusal is CLUSTER_AUTHORIZATION_FAILED for every item of the request.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from kio.schema.index import api_key_map
 
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller.messages import ScramCredentialDeletion, ScramCredentialUpsertion
+from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiRegistry
 from raftlog.net.kafka.backend import AclCreateResult, AclDeleteResult, ScramAlterResult
 from raftlog.net.kafka.context import RequestContext
@@ -85,6 +86,13 @@ async def _guarded(
         return [failed(item, ErrorCode.unknown_server_error, None) for item in items]
 
 
+def _refuse_unless(ctx: RequestContext, rule: authz.Rule) -> None:
+    """Raise the rule's error (answered as the response's top-level error) when refused."""
+    refusal = authz.cluster_refusal(ctx, rule)
+    if refusal is not None:
+        raise KafkaError(refusal, authz.AUTHORIZATION_FAILED_MESSAGE)
+
+
 # ---------------------------------------------------------------- ACLs
 async def handle_create_acls(ctx: RequestContext, request: Any) -> dict[str, Any]:
     creations = [
@@ -99,12 +107,17 @@ async def handle_create_acls(ctx: RequestContext, request: Any) -> dict[str, Any
         )
         for c in request.creations
     ]
-    results = await _guarded(
-        "create_acls",
-        creations,
-        lambda: ctx.backend.create_acls(creations),
-        lambda _binding, code, message: AclCreateResult(code, message),
-    )
+    refusal = authz.cluster_refusal(ctx, authz.ALTER_CLUSTER)
+    results: Sequence[AclCreateResult]
+    if refusal is not None:
+        results = [AclCreateResult(refusal, authz.AUTHORIZATION_FAILED_MESSAGE)] * len(creations)
+    else:
+        results = await _guarded(
+            "create_acls",
+            creations,
+            lambda: ctx.backend.create_acls(creations),
+            lambda _binding, code, message: AclCreateResult(code, message),
+        )
     return {
         "throttle_time": 0,
         "results": [{"error_code": r.error, "error_message": r.message} for r in results],
@@ -117,6 +130,7 @@ def _resource_key(b: AclBinding) -> tuple[int, str, int]:
 
 async def handle_describe_acls(ctx: RequestContext, request: Any) -> dict[str, Any]:
     try:
+        _refuse_unless(ctx, authz.DESCRIBE_CLUSTER)
         bindings = await ctx.backend.describe_acls(_filter(request))
     except KafkaError as exc:
         return {
@@ -171,12 +185,17 @@ def _matching_acl(b: AclBinding) -> dict[str, Any]:
 
 async def handle_delete_acls(ctx: RequestContext, request: Any) -> dict[str, Any]:
     filters = [_filter(f) for f in request.filters]
-    results = await _guarded(
-        "delete_acls",
-        filters,
-        lambda: ctx.backend.delete_acls(filters),
-        lambda _filter, code, message: AclDeleteResult(code, message),
-    )
+    refusal = authz.cluster_refusal(ctx, authz.ALTER_CLUSTER)
+    results: Sequence[AclDeleteResult]
+    if refusal is not None:
+        results = [AclDeleteResult(refusal, authz.AUTHORIZATION_FAILED_MESSAGE)] * len(filters)
+    else:
+        results = await _guarded(
+            "delete_acls",
+            filters,
+            lambda: ctx.backend.delete_acls(filters),
+            lambda _filter, code, message: AclDeleteResult(code, message),
+        )
     return {
         "throttle_time": 0,
         "filter_results": [
@@ -196,6 +215,7 @@ async def handle_describe_user_scram_credentials(
 ) -> dict[str, Any]:
     users = None if request.users is None else [u.name for u in request.users]
     try:
+        _refuse_unless(ctx, authz.DESCRIBE_CLUSTER)
         described = await ctx.backend.describe_user_scram_credentials(users)
     except KafkaError as exc:
         return {
@@ -232,12 +252,19 @@ async def handle_alter_user_scram_credentials(ctx: RequestContext, request: Any)
         for u in request.upsertions
     ]
     users = list(dict.fromkeys([d.name for d in deletions] + [u.name for u in upsertions]))
-    results = await _guarded(
-        "alter_user_scram_credentials",
-        users,
-        lambda: ctx.backend.alter_user_scram_credentials(deletions, upsertions),
-        ScramAlterResult,
-    )
+    refusal = authz.cluster_refusal(ctx, authz.ALTER_CLUSTER)
+    results: Sequence[ScramAlterResult]
+    if refusal is not None:
+        results = [
+            ScramAlterResult(user, refusal, authz.AUTHORIZATION_FAILED_MESSAGE) for user in users
+        ]
+    else:
+        results = await _guarded(
+            "alter_user_scram_credentials",
+            users,
+            lambda: ctx.backend.alter_user_scram_credentials(deletions, upsertions),
+            ScramAlterResult,
+        )
     return {
         "throttle_time": 0,
         "results": [

@@ -275,6 +275,9 @@ class Connection:
             client_id=self.client_id,
             api_table=self._state.registry.table(),
             endpoints=self._state.endpoints,
+            # The backend swaps in a new authorizer when the ACLs change; each request
+            # uses the one current when it was read.
+            authorizer=getattr(self._state.backend, "authorizer", None),
         )
         nursery.start_soon(self._handle, spec, ctx, body, slot)
         return slot
