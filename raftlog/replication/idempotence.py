@@ -162,10 +162,15 @@ class ProducerStateHolder:
             self.log.append_aborted_txns(aborted)
 
     def last_stable_offset(self, high_watermark: int) -> int | None:
-        """The LSO (never above `high_watermark`), None while the table is loading."""
+        """The LSO (never above `high_watermark`), None while the table is loading.
+
+        Never below the log start either (Kafka clamps its first unstable offset there):
+        retention may delete the start of a transaction that never ends, and what is gone
+        cannot be unstable."""
         if not self.ready.is_set():
             return None
-        return self._table.last_stable_offset(high_watermark)
+        stable = self._table.last_stable_offset(high_watermark)
+        return min(max(stable, self.log.log_start_offset), high_watermark)
 
     # ------------------------------------------------------------------ snapshots
     def rolled(self) -> bool:

@@ -64,23 +64,23 @@ def _last_stable_offset(hosted: HostedPartition) -> int:
 
 
 async def clean_partitions(partitions: list[HostedPartition], clock_ms: Callable[[], int]) -> None:
-    """Retention and compaction, never past a replica's LSO (at most its HW): data a consumer
-    may not have seen yet, a follower may still need to diverge from, or a transaction that
-    is still open, stays (the log start never passes an open transaction's first offset, so
-    a restart's replay sees every open transaction begin)."""
+    """Retention never past a replica's HW and compaction never past its LSO: data a consumer
+    may not have seen yet or a follower may still need to diverge from stays, and no
+    undecided transaction is compacted. Retention does not wait for the LSO (Kafka's rule):
+    a transaction that never ends must not keep the disk from being freed; the LSO then
+    stays at the log start (idempotence.py)."""
     for hosted in partitions:
         partition_log = hosted.log
         if partition_log.closed or not hosted.producers.loaded:
             continue  # a loading producer state reads this log in a worker thread
         now_ms = clock_ms()
-        stable = hosted.producers.last_stable_offset(hosted.replica.high_watermark)
-        if stable is None:
-            continue
-        target = min(retention_target(partition_log, now_ms), stable)
+        high_watermark = hosted.replica.high_watermark
+        target = min(retention_target(partition_log, now_ms), high_watermark)
         if target > partition_log.log_start_offset:
             deleted = partition_log.advance_log_start(target)
             log.info("%s: retention deleted %d segment(s)", partition_log.directory.name, deleted)
-        if partition_log.config.compact:
+        stable = hosted.producers.last_stable_offset(high_watermark)
+        if partition_log.config.compact and stable is not None:
             async with hosted.disk_lock:
                 if not partition_log.closed:  # removed while we waited for the lock
                     await clean_log(partition_log, clean_below_offset=stable, now_ms=now_ms)
