@@ -23,6 +23,7 @@ from raftlog.records import (
     Compression,
     Record,
     build_batch,
+    build_txn_marker,
     compress,
     compute_crc,
     iter_records,
@@ -254,6 +255,11 @@ REFUSED: dict[str, tuple[bytes, ErrorCode]] = {
     "compression codec 6": (forge(three_records(), 3, attributes=6), CORRUPT),
     "control batch from a client": (
         forge(three_records(), 3, attributes=make_attributes(is_control=True)),
+        INVALID,
+    ),
+    # Only a partition leader writes markers, for the transaction coordinator.
+    "a well-formed COMMIT marker from a client": (
+        build_txn_marker(producer_id=9, producer_epoch=0, coordinator_epoch=0, commit=True),
         INVALID,
     ),
     "producer id -7": (forge(three_records(), 3, producer_id=-7), INVALID),
