@@ -56,6 +56,7 @@ from raftlog.net.rpc import (
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.produce import refuse_without_coordinator
 from raftlog.security import principal as principals
 from raftlog.security import tls
 from raftlog.security.acl import ScramMechanism
@@ -245,6 +246,8 @@ class Node:
             # i.e. the broker has caught up with the metadata log.
             incarnation_id=self.lifecycle.incarnation_id,
         )
+        # No transaction coordinator yet: a transactional batch can only be forged (#15).
+        self.replicas.writes.verify_transaction = refuse_without_coordinator
         await nursery.start(self.replicas.run)
         self.lifecycle.unsafe_partitions = self.replicas.unsafe_partitions
         self._rpc_node_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch

@@ -73,6 +73,14 @@ async def allow_every_transaction(request: TxnProduce) -> ErrorCode:
     return ErrorCode.none
 
 
+async def refuse_without_coordinator(request: TxnProduce) -> ErrorCode:
+    """A node's verifier while it has no transaction coordinator: no stock client can hold a
+    transactional producer id then (FindCoordinator for a transactional id is unavailable),
+    so a transactional batch is forged, and one left open would hold back the LSO (and every
+    read_committed consumer and compaction) for ever."""
+    return ErrorCode.invalid_txn_state
+
+
 class ProducePath:
     """Produces to the partitions this broker leads (the Kafka backend calls `produce`)."""
 

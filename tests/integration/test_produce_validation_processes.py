@@ -222,3 +222,21 @@ def test_produce_to_internal_topics_is_refused_and_groups_keep_working(cluster):
         assert trio.run(_log_end, leader, OFFSETS_TOPIC, offsets_partition) > end
     finally:
         consumer.close()
+
+
+def test_a_forged_transactional_batch_is_refused_while_no_coordinator_exists(cluster):
+    """No stock client can hold a transactional producer id yet, so a transactional batch is
+    forged; stored, it would hold the last stable offset (and read_committed readers) back for
+    ever."""
+    leader = _leader_address(cluster, TOPIC, 0)
+    end = trio.run(_log_end, leader, TOPIC, 0)
+    forged = build_batch(
+        [Record(value=b"never committed")],
+        producer_id=4242,
+        producer_epoch=0,
+        base_sequence=0,
+        is_transactional=True,
+    )
+    error, _ = trio.run(_raw_produce, leader, TOPIC, 0, forged)
+    assert error == ErrorCode.invalid_txn_state
+    assert trio.run(_log_end, leader, TOPIC, 0) == end
