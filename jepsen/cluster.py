@@ -385,7 +385,8 @@ class Cluster:
         return False
 
     async def create_topic(self) -> None:
-        """Create the workload's topic; an existing one (a retry after a timeout) is fine."""
+        """Create the workload's topic; an existing one (a retry after a timeout) is fine.
+        A secure cluster also gets the workload user's ACLs (creating one again is fine)."""
         from raftlog.client import Admin, NewTopic
         from raftlog.client.cluster import open_cluster
         from raftlog.errors import ErrorCode, KafkaError
@@ -400,10 +401,17 @@ class Cluster:
             async with open_cluster(
                 self._live_bootstrap(), security=self.client_security
             ) as client:
-                results = await Admin(client).create_topics([topic])
+                admin = Admin(client)
+                results = await admin.create_topics([topic])
+                acls = []
+                if self.secure is not None:
+                    acls = await admin.create_acls(SecureSetup.workload_acls(self.opts.topic))
         result = results[self.opts.topic]
         if result.error not in (ErrorCode.none, ErrorCode.topic_already_exists):
             raise KafkaError(result.error, f"create topic {self.opts.topic}: {result.message}")
+        for acl in acls:
+            if acl.error != ErrorCode.none:
+                raise KafkaError(acl.error, f"create the workload's ACLs: {acl.message}")
 
     async def wait_ready(self, timeout_s: float, *, topic: bool = True) -> None:
         """Wait until every running node accepts clients, the quorum has a leader and (with

@@ -10,9 +10,12 @@ Layout inside the run's nodes directory:
     <name>/tls/node.key        its key (0600)
 
 The admin user cannot be created over SASL before anyone can log in, so every node's config
-seeds it through bootstrap_scram_credentials (salted, never the password); the password
-itself lives only in this process, for the workload's and the harness's clients. The CA's
-key is not written anywhere: a run never issues certificates after it has started.
+seeds it through bootstrap_scram_credentials (salted, never the password), together with
+the workload's user. The admin (the authorizer's super user) is the harness's: topic, ACLs,
+leader lookups. The workload's clients log in as `jepsen`, which may do only what the ACLs
+the harness creates at start-up allow (WORKLOAD_ACLS): every send and poll of the run is
+decided by the authorizer, on whichever node leads. Passwords live only in this process.
+The CA's key is not written anywhere: a run never issues certificates after it has started.
 """
 
 from __future__ import annotations
@@ -25,11 +28,22 @@ from pathlib import Path
 from typing import Any
 
 from raftlog.client.properties import ClientSecurity, SecurityProtocol
-from raftlog.security.acl import ScramMechanism
+from raftlog.security.acl import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourceType,
+    ScramMechanism,
+)
 from raftlog.security.certs import issue_certificate, make_ca
 from raftlog.security.scram import DEFAULT_SALT_BYTES, salted_password
 
 ADMIN_USER = "admin"
+WORKLOAD_USER = "jepsen"
+# The workload's consumers are group members in name only (assign, never commit); their
+# group ids all start with this (jepsen.workload).
+WORKLOAD_GROUP_PREFIX = "jepsen-"
 MECHANISM = ScramMechanism.SCRAM_SHA_512
 # Kafka's tools' default for SCRAM-SHA-512.
 ITERATIONS = 8192
@@ -69,6 +83,7 @@ class SecureSetup:
     ca_location: Path
     node_files: dict[str, tuple[Path, Path]]  # node name -> (certificate, key)
     password: str = field(repr=False)
+    workload_password: str = field(repr=False)
     bootstrap_credentials: str = field(repr=False)
 
     @classmethod
@@ -95,7 +110,14 @@ class SecureSetup:
             _write(cert, issued.cert_pem, PUBLIC_MODE)
             node_files[name] = (cert, key)
         password = secrets.token_urlsafe(PASSWORD_BYTES)
-        return cls(ca_location, node_files, password, scram_bootstrap_entry(ADMIN_USER, password))
+        workload_password = secrets.token_urlsafe(PASSWORD_BYTES)
+        credentials = ";".join(
+            [
+                scram_bootstrap_entry(ADMIN_USER, password),
+                scram_bootstrap_entry(WORKLOAD_USER, workload_password),
+            ]
+        )
+        return cls(ca_location, node_files, password, workload_password, credentials)
 
     def node_overrides(self, name: str, address: str, client_port: int) -> dict[str, Any]:
         """The node config keys of a secure node: SASL_SSL only for clients, mutual TLS
@@ -117,14 +139,30 @@ class SecureSetup:
         }
 
     def librdkafka(self) -> dict[str, Any]:
-        """confluent-kafka settings of the admin over SASL_SSL (the workload's clients)."""
+        """confluent-kafka settings of the workload's user over SASL_SSL."""
         return {
             "security.protocol": LISTENER,
             "sasl.mechanism": MECHANISM.sasl_name,
-            "sasl.username": ADMIN_USER,
-            "sasl.password": self.password,
+            "sasl.username": WORKLOAD_USER,
+            "sasl.password": self.workload_password,
             "ssl.ca.location": str(self.ca_location),
         }
+
+    @staticmethod
+    def workload_acls(topic: str) -> list[AclBinding]:
+        """What the workload's user needs, and no more: WRITE (idempotent produce, KIP-679)
+        and READ (which implies DESCRIBE: metadata, offsets) on the run's topic, READ on its
+        consumers' groups."""
+        principal = f"User:{WORKLOAD_USER}"
+        allow = AclPermissionType.ALLOW
+        return [
+            AclBinding(ResourceType.TOPIC, topic, PatternType.LITERAL, principal, "*",
+                       AclOperation.WRITE, allow),
+            AclBinding(ResourceType.TOPIC, topic, PatternType.LITERAL, principal, "*",
+                       AclOperation.READ, allow),
+            AclBinding(ResourceType.GROUP, WORKLOAD_GROUP_PREFIX, PatternType.PREFIXED,
+                       principal, "*", AclOperation.READ, allow),
+        ]  # fmt: skip
 
     def client_security(self) -> ClientSecurity:
         """The same for raftlog's own client (the harness's control-plane questions)."""

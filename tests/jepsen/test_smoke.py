@@ -86,9 +86,10 @@ SECURE_SEED = 14
 @pytest.mark.cluster
 @needs_cluster
 def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path) -> None:
-    """--secure: SASL_SSL (SCRAM-SHA-512) clients, mutual TLS between nodes, the authorizer.
-    Kills and a rogue on every internal listener; the rogue has no certificate, so every
-    connection it makes is refused at the TLS handshake and nothing it sends is answered."""
+    """--secure: SASL_SSL (SCRAM-SHA-512) clients, mutual TLS between nodes, the authorizer,
+    and a workload user that may only do what its ACLs allow. Kills and a rogue on every
+    internal listener; the rogue has no certificate, so every connection it makes is refused
+    at the TLS handshake and nothing it sends is answered."""
     outcome = run(
         RunOptions(
             nodes=3,
@@ -120,6 +121,7 @@ def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path
     config = (outcome.run_dir / "nodes" / "n1" / "node.toml").read_text()
     assert 'internal_security_protocol = "SSL"' in config
     assert 'authorizer_class_name = "StandardAuthorizer"' in config
+    assert 'super_users = "User:admin"' in config and "name=jepsen," in config
 
 
 @pytest.mark.cluster
