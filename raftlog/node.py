@@ -441,7 +441,8 @@ def _listener_security(config: NodeConfig, listener: Listener) -> ListenerSecuri
             certfile=config.ssl_certificate_location,
             keyfile=config.ssl_key_location,
             cafile=config.ssl_ca_location or None,
-            client_auth=config.ssl_client_auth,
+            # KIP-684: ssl.client.auth is for SSL listeners; SASL_SSL clients log in with SASL.
+            client_auth=config.ssl_client_auth if listener.security_protocol == "SSL" else "none",
             key_password=config.ssl_key_password or None,
         )
         try:

@@ -387,12 +387,6 @@ def test_stock_client_administers_produces_and_consumes_in_a_group(
     assert matrix.committed(group, topic) == RECORDS
 
 
-@pytest.mark.xfail(
-    reason="Kafka (KIP-684) applies ssl.client.auth to SSL listeners only; raftlog applies "
-    "ssl_client_auth to SASL_SSL listeners too, so a SCRAM client without a certificate "
-    "fails the TLS handshake",
-    strict=True,
-)
 def test_sasl_ssl_needs_no_client_certificate(matrix: Matrix) -> None:
     security = matrix.security("SASL_SSL-SCRAM-SHA-512")
     config = {k: v for k, v in security.librdkafka().items() if "certificate" not in k}
