@@ -45,7 +45,7 @@ sim: $(STAMP)
 	RAFTLOG_SIM_SEEDS=$(SEEDS) $(PY) -m pytest -q tests/sim $(PYTEST_ARGS)
 
 bench: $(STAMP) sysdeps
-	@for b in storage quorum replication fetch quotas spark; do \
+	@for b in storage quorum replication fetch quotas spark security; do \
 	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks.$$b"; $(PY) -m benchmarks.$$b || exit 1; fi; \
 	done
 
