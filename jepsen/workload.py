@@ -176,8 +176,10 @@ class KeyedConsumer:
         for msg in self._consumer.consume(num_messages=max_records, timeout=timeout_s):
             if msg.error() is not None:
                 raise KafkaException(msg.error())
-            key, offset = int(msg.partition()), int(msg.offset())
-            out.setdefault(str(key), []).append([offset, int(msg.value())])
+            partition, at, value = msg.partition(), msg.offset(), msg.value()
+            assert partition is not None and at is not None and value is not None, msg
+            key, offset = int(partition), int(at)
+            out.setdefault(str(key), []).append([offset, int(value)])
             self.positions[key] = offset + 1
         return out
 

@@ -125,7 +125,8 @@ def build_index(history: History) -> Index:
                 continue
             is_final = op.f == FINAL_POLL
             idx.final_polls_ok += is_final
-            idx.poll_offsets[op.index] = per_key = {}
+            per_key: dict[str, list[int]] = {}
+            idx.poll_offsets[op.index] = per_key
             value = op.value
             if not isinstance(value, dict):
                 continue
