@@ -176,11 +176,11 @@ def _group_consume(clients: Clients, user: str, group: str, topic: str) -> Kafka
             message = consumer.poll(0.5)
             if message is None:
                 continue
-            if message.error() is not None:
-                return message.error()
-            value: bytes = message.value()
-            consumer.commit(message, asynchronous=False)
-            return value
+            error = message.error()
+            if error is not None:
+                return error
+            consumer.commit(message=message, asynchronous=False)
+            return message.value() or b""
         raise AssertionError(f"{user} got neither a record nor an error from {topic}")
     finally:
         consumer.close()
@@ -226,6 +226,19 @@ def test_acls_decide_what_each_user_may_do(tmp_path: Path) -> None:
         # No ACL: produce and consume are refused with TOPIC_AUTHORIZATION_FAILED.
         assert clients.produce("alice", "orders") == KafkaError.TOPIC_AUTHORIZATION_FAILED
         _kafka_python_read_refused(clients, "alice", "orders")
+        # The refusal is in the authorizer log, as Kafka's authorizer logs it (the client's
+        # Metadata request met it first).
+        denied = (
+            "Principal = User:alice is Denied Operation = DESCRIBE from host = 127.0.0.1 "
+            "on resource = TOPIC:orders"
+        )
+
+        def logged() -> bool:
+            return any(
+                denied in n.log_path.read_text(errors="replace") for n in cluster.nodes.values()
+            )
+
+        cluster.wait_for(logged, "the refusal's log line")
 
         # ALLOW WRITE lets alice produce; a PREFIXED ALLOW covers pay-1.
         _create_acls(
