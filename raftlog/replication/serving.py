@@ -7,6 +7,7 @@ get the same bytes read in a worker thread (they travel inside a msgpack frame).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,140 +126,84 @@ class ReadPaths:
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> FetchResult:
         """Whole batches from fetch_offset, never past the HW; read_committed never past the
-        LSO, answered by `_fetch_committed` (the uncommitted path takes no transaction cost).
-        The LSO reported here is the HW: read_uncommitted clients do not use it."""
-        if isolation == IsolationLevel.READ_COMMITTED:
-            return await self._fetch_committed(
-                topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch
-            )
+        LSO, with the aborted transactions overlapping what it returns (from the segments'
+        txn indexes). The LSO reported to read_uncommitted clients is the HW: they do not use
+        it, and their path takes no transaction cost."""
         hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
         if hosted is None or leader is None or error != ErrorCode.none:
             hint = self.replicas.leader_hint(topic, partition) if leader is None else None
             return FetchResult(error, current_leader=hint)
         partition_log = hosted.log
         high_watermark = leader.high_watermark
-        base = FetchResult(
+        committed = isolation == IsolationLevel.READ_COMMITTED
+        limit = high_watermark
+        if committed:
+            stable = hosted.producers.last_stable_offset(high_watermark)
+            # While the producer state loads nothing is known to be stable past the log start:
+            # an empty answer (no error) makes the consumer ask again.
+            limit = partition_log.log_start_offset if stable is None else stable
+        answer = functools.partial(
+            CommittedFetchResult if committed else FetchResult,
             high_watermark=high_watermark,
-            last_stable_offset=high_watermark,
+            last_stable_offset=limit,
             log_start_offset=partition_log.log_start_offset,
         )
         if not partition_log.log_start_offset <= fetch_offset <= partition_log.log_end_offset:
-            return FetchResult(
-                ErrorCode.offset_out_of_range,
-                high_watermark=high_watermark,
-                last_stable_offset=high_watermark,
-                log_start_offset=partition_log.log_start_offset,
-            )
-        if fetch_offset >= high_watermark:
-            return base
+            return answer(ErrorCode.offset_out_of_range)
+        if fetch_offset >= limit:
+            return answer()
         max_bytes = max(0, min(partition_max_bytes, self.replicas.config.fetch_max_bytes))
-        try:
-            result = partition_log.read(fetch_offset, max_bytes, max_offset=high_watermark)
-        except OffsetOutOfRangeError:
-            return FetchResult(
-                ErrorCode.offset_out_of_range,
-                high_watermark=high_watermark,
-                last_stable_offset=high_watermark,
-                log_start_offset=partition_log.log_start_offset,
-            )
-        except KafkaError as exc:
-            return FetchResult(exc.code)
-        if result.unverified is not None:
-            try:
-                outcome = await trio.to_thread.run_sync(verify_read, result.unverified)
-            except (OSError, ValueError) as exc:
-                log.warning("%s-%d: verifying a read failed: %r", topic, partition, exc)
-                return FetchResult(ErrorCode.kafka_storage_error)
-            if self._verified(hosted, result, outcome) < result.size_bytes:
-                if outcome.next_offset <= fetch_offset:
-                    return FetchResult(ErrorCode.kafka_storage_error)
-                # Serve the whole batches before the damaged one (verified just now).
-                limit = min(high_watermark, outcome.next_offset)
-                try:
-                    result = partition_log.read(fetch_offset, max_bytes, max_offset=limit)
-                except KafkaError as exc:
-                    return FetchResult(exc.code)
-        records = list(result.regions)
-        return FetchResult(
-            high_watermark=high_watermark,
-            last_stable_offset=high_watermark,
-            log_start_offset=partition_log.log_start_offset,
-            records=records,
-        )
-
-    async def _fetch_committed(
-        self,
-        topic: str,
-        partition: int,
-        fetch_offset: int,
-        partition_max_bytes: int,
-        current_leader_epoch: int,
-    ) -> FetchResult:
-        """read_committed: whole batches from fetch_offset below the LSO, with the aborted
-        transactions overlapping them (from the segments' txn indexes)."""
-        hosted, leader, error = self._leader_for(topic, partition, current_leader_epoch)
-        if hosted is None or leader is None or error != ErrorCode.none:
-            hint = self.replicas.leader_hint(topic, partition) if leader is None else None
-            return FetchResult(error, current_leader=hint)
-        partition_log = hosted.log
-        high_watermark = leader.high_watermark
-        stable = hosted.producers.last_stable_offset(high_watermark)
-        log_start = partition_log.log_start_offset
-        if stable is None:
-            # The producer state is loading: nothing is known to be stable past the start.
-            # An empty answer (no error) makes the consumer ask again.
-            stable = log_start
-        if not log_start <= fetch_offset <= partition_log.log_end_offset:
-            return FetchResult(
-                ErrorCode.offset_out_of_range,
-                high_watermark=high_watermark,
-                last_stable_offset=stable,
-                log_start_offset=log_start,
-            )
-        if fetch_offset >= stable:
-            return CommittedFetchResult(
-                high_watermark=high_watermark, last_stable_offset=stable, log_start_offset=log_start
-            )
-        max_bytes = max(0, min(partition_max_bytes, self.replicas.config.fetch_max_bytes))
-        try:
-            result = partition_log.read(fetch_offset, max_bytes, max_offset=stable)
-        except OffsetOutOfRangeError:
-            return FetchResult(
-                ErrorCode.offset_out_of_range,
-                high_watermark=high_watermark,
-                last_stable_offset=stable,
-                log_start_offset=partition_log.log_start_offset,
-            )
-        except KafkaError as exc:
-            return FetchResult(exc.code)
-        if result.unverified is not None:
-            try:
-                outcome = await trio.to_thread.run_sync(verify_read, result.unverified)
-            except (OSError, ValueError) as exc:
-                log.warning("%s-%d: verifying a read failed: %r", topic, partition, exc)
-                return FetchResult(ErrorCode.kafka_storage_error)
-            if self._verified(hosted, result, outcome) < result.size_bytes:
-                if outcome.next_offset <= fetch_offset:
-                    return FetchResult(ErrorCode.kafka_storage_error)
-                limit = min(stable, outcome.next_offset)
-                try:
-                    result = partition_log.read(fetch_offset, max_bytes, max_offset=limit)
-                except KafkaError as exc:
-                    return FetchResult(exc.code)
+        read = await self._read_verified(hosted, fetch_offset, max_bytes, limit)
+        if read == ErrorCode.offset_out_of_range:
+            return answer(read)  # the log start moved under the read (retention)
+        if isinstance(read, ErrorCode):
+            return FetchResult(read)
+        if not committed:
+            return answer(records=list(read.regions))
         aborted: tuple[tuple[int, int], ...] = ()
-        if result.regions and result.next_offset > fetch_offset:
+        if read.regions and read.next_offset > fetch_offset:
             try:
-                found = partition_log.collect_aborted_txns(fetch_offset, result.next_offset)
+                found = partition_log.collect_aborted_txns(fetch_offset, read.next_offset)
             except KafkaError as exc:
                 return FetchResult(exc.code)
             aborted = tuple((t.producer_id, t.first_offset) for t in found)
         return CommittedFetchResult(
             high_watermark=high_watermark,
-            last_stable_offset=stable,
+            last_stable_offset=limit,
             log_start_offset=partition_log.log_start_offset,
-            records=list(result.regions),
+            records=list(read.regions),
             aborted_transactions=aborted,
         )
+
+    async def _read_verified(
+        self, hosted: HostedPartition, fetch_offset: int, max_bytes: int, limit: int
+    ) -> ReadResult | ErrorCode:
+        """The log's whole batches from fetch_offset below `limit`; bytes taken on trust at
+        start-up are verified first, and a read stops before a damaged batch (an error when it
+        starts there)."""
+        partition_log = hosted.log
+        try:
+            result = partition_log.read(fetch_offset, max_bytes, max_offset=limit)
+        except KafkaError as exc:  # OffsetOutOfRangeError included
+            return exc.code
+        if result.unverified is None:
+            return result
+        try:
+            outcome = await trio.to_thread.run_sync(verify_read, result.unverified)
+        except (OSError, ValueError) as exc:
+            log.warning("%s-%d: verifying a read failed: %r", *hosted.key, exc)
+            return ErrorCode.kafka_storage_error
+        if self._verified(hosted, result, outcome) == result.size_bytes:
+            return result
+        if outcome.next_offset <= fetch_offset:
+            return ErrorCode.kafka_storage_error
+        # Serve the whole batches before the damaged one (verified just now).
+        try:
+            return partition_log.read(
+                fetch_offset, max_bytes, max_offset=min(limit, outcome.next_offset)
+            )
+        except KafkaError as exc:
+            return exc.code
 
     async def list_offset(
         self,
