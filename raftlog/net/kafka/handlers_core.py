@@ -150,17 +150,18 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
             else:
                 topics.append(_missing_topic(name, ErrorCode.unknown_topic_or_partition))
     if getattr(request, "include_topic_authorized_operations", False):
+        # As Kafka: every topic the principal may DESCRIBE, whatever its error.
         for topic in topics:
-            if topic["error_code"] == ErrorCode.none:
+            if topic["name"] is not None and (
+                topic["error_code"] != ErrorCode.topic_authorization_failed
+            ):
                 topic["topic_authorized_operations"] = authz.authorized_operations(
                     ctx, ResourceType.TOPIC, topic["name"]
                 )
     cluster_operations = NO_AUTHORIZED_OPERATIONS
     # v8-10 carry the cluster's operations; v11 moved them to DescribeCluster (KIP-700).
-    if (
-        getattr(request, "include_cluster_authorized_operations", False)
-        and 8 <= (ctx.api_version) <= 10
-    ):
+    asked = getattr(request, "include_cluster_authorized_operations", False)
+    if asked and 8 <= ctx.api_version <= 10:
         cluster_operations = authz.cluster_operations_if_described(ctx)
     return {
         "throttle_time": 0,
