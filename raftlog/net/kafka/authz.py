@@ -265,7 +265,8 @@ def _host(ctx: RequestContext) -> str:
 
 
 def _api_name(ctx: RequestContext) -> str:
-    return api_name(ctx.api_key)
+    """Kafka's name for the request in its authorizer log ("OffsetCommit")."""
+    return "".join(part.capitalize() for part in api_name(ctx.api_key).split("_"))
 
 
 def allows(

@@ -444,17 +444,17 @@ class GroupHandlers:
         group_ids = list(request.groups)
         if len(group_ids) > MAX_GROUPS_PER_REQUEST:
             described = [m.DescribedGroup(g, ErrorCode.invalid_request, "") for g in group_ids]
+        elif ctx.authorizer is None:
+            described = list(await self.service.shell.describe_groups(group_ids))
         else:
             allowed = authz.allowed_names(ctx, authz.DESCRIBE_GROUP, group_ids)
-            found = {
-                g.group_id: g
-                for g in await self.service.shell.describe_groups(
-                    [g for g in group_ids if g in allowed]
-                )
-            }
+            found = iter(
+                await self.service.shell.describe_groups([g for g in group_ids if g in allowed])
+            )
+            # The coordinator answers the allowed groups in order; the rest are refused.
+            refused = authz.DESCRIBE_GROUP.error
             described = [
-                found.get(g) or m.DescribedGroup(g, authz.DESCRIBE_GROUP.error, "")
-                for g in group_ids
+                next(found) if g in allowed else m.DescribedGroup(g, refused, "") for g in group_ids
             ]
         with_operations = bool(getattr(request, "include_authorized_operations", False))
         return {
