@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,12 +24,14 @@ from kio.schema.index import api_key_map
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
+from raftlog.broker import BrokerBackend
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.metadata.controller.messages import NewTopic
+from raftlog.metadata.image import MetadataImage
 from raftlog.net.kafka import authz, codec, handlers_security
 from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.backend import AclCreateResult, AclDeleteResult, ScramAlterResult
@@ -962,3 +966,70 @@ def test_has_transactional_batch() -> None:
     assert authz.has_transactional_batch(plain + txn)
     assert not authz.has_transactional_batch(b"")
     assert not authz.has_transactional_batch(b"\x00" * 30)
+
+
+# ---------------------------------------------------------------- off, and the node's wiring
+async def test_without_an_authorizer_everything_is_allowed_as_before(broker: AuthzBroker) -> None:
+    broker.backend.authorizer = None
+    alice = await broker.client("alice")
+    assert produce_codes(await alice.request(produce("orders", "secret"))) == {
+        "orders": E.none,
+        "secret": E.none,
+    }
+    got = await alice.request(metadata(None, ops=True))
+    assert {t.name for t in got.topics} == {"orders", "secret"}
+    # KIP-430 fields keep their "not provided" value without an authorizer.
+    assert {t.topic_authorized_operations for t in got.topics} == {NO_AUTHORIZED_OPERATIONS}
+    assert got.cluster_authorized_operations == NO_AUTHORIZED_OPERATIONS
+    assert commit_codes(await alice.request(commit("g1", "orders"))) == {"orders": E.none}
+
+
+class _Metadata:
+    """The parts of MetadataService the broker backend uses for its authorizer."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage()
+        self.listeners: list[Any] = []
+
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+        listener(self.image, None)
+
+    def publish(self, image: MetadataImage) -> None:
+        self.image = image
+        for listener in self.listeners:
+            listener(image, None)
+
+
+def _broker_backend(config: NodeConfig, metadata: _Metadata) -> BrokerBackend:
+    paths = SimpleNamespace(
+        produce=None, fetch=None, list_offset=None, offset_for_leader_epoch=None
+    )
+    replicas = SimpleNamespace(
+        writes=paths,
+        reads=paths,
+        replicas=SimpleNamespace(data_event=None),
+        unsafe_partitions=lambda: (),
+    )
+    return BrokerBackend(config, metadata, None, None, replicas, None)  # type: ignore[arg-type]
+
+
+def test_broker_backend_builds_its_authorizer_from_the_image() -> None:
+    metadata = _Metadata()
+    assert _broker_backend(NodeConfig(), metadata).authorizer is None  # off: nothing built
+    config = NodeConfig(
+        authorizer_class_name="StandardAuthorizer",
+        super_users="User:admin",
+        allow_everyone_if_no_acl_found=True,
+    )
+    backend = _broker_backend(config, metadata)
+    first = backend.authorizer
+    assert first is not None and len(first) == 0
+    assert first.allow_everyone_if_no_acl_found and first.super_users == {"User:admin"}
+    # A change elsewhere in the image keeps the authorizer; a change of the ACLs rebuilds it.
+    metadata.publish(dataclasses.replace(metadata.image, cluster_id="other"))
+    assert backend.authorizer is first
+    binding = acl(T, "orders", Op.WRITE)
+    metadata.publish(dataclasses.replace(metadata.image, acls={uuid.uuid4(): binding}))
+    assert backend.authorizer is not first and len(backend.authorizer) == 1
+    assert backend.authorizer.authorize("User:alice", "1.2.3.4", Op.WRITE, T, "orders")
