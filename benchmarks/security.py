@@ -83,18 +83,11 @@ class BenchCluster:
 
 def _scram_entry(user: str, password: str) -> str:
     """A bootstrap_scram_credentials entry (kafka-storage format --add-scram's syntax)."""
-    import base64
-    import secrets
-
     from raftlog.security.acl import ScramMechanism
-    from raftlog.security.scram import salted_password
+    from raftlog.security.scram import bootstrap_entry
 
-    salt = secrets.token_bytes(32)
-    salted = salted_password(ScramMechanism.SCRAM_SHA_512, password, salt, SCRAM_ITERATIONS)
-    return (
-        f"SCRAM-SHA-512=[name={user},iterations={SCRAM_ITERATIONS},"
-        f'salt="{base64.b64encode(salt).decode()}",'
-        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
+    return bootstrap_entry(
+        ScramMechanism.SCRAM_SHA_512, user, password, iterations=SCRAM_ITERATIONS
     )
 
 

@@ -21,7 +21,6 @@ password), for the controller to write once into a fresh metadata log.
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from raftlog.client.properties import load_client_properties
 from raftlog.errors import ConfigError
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.certs import issue_certificate, make_ca
-from raftlog.security.scram import DEFAULT_SALT_BYTES, salted_password
+from raftlog.security.scram import bootstrap_entry
 
 TLS_DIR = "tls"
 CA_FILE = "ca.pem"
@@ -147,16 +146,8 @@ def client_properties_text(cluster: LocalCluster, password: str) -> str:
 
 
 def scram_bootstrap_entry(user: str, mechanism: ScramMechanism, password: str) -> str:
-    """`SCRAM-SHA-512=[name=admin,iterations=8192,salt="...",saltedpassword="..."]`, the
-    syntax of kafka-storage's --add-scram with the password already salted."""
-    iterations = DEFAULT_ITERATIONS[mechanism]
-    salt = secrets.token_bytes(DEFAULT_SALT_BYTES)
-    salted = salted_password(mechanism, password, salt, iterations)
-    return (
-        f"{mechanism.sasl_name}=[name={user},iterations={iterations},"
-        f'salt="{base64.b64encode(salt).decode()}",'
-        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
-    )
+    """The admin's bootstrap_scram_credentials entry, at the CLI's default iterations."""
+    return bootstrap_entry(mechanism, user, password, iterations=DEFAULT_ITERATIONS[mechanism])
 
 
 def node_overrides(

@@ -20,7 +20,6 @@ The CA's key is not written anywhere: a run never issues certificates after it h
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from raftlog.security.acl import (
     ScramMechanism,
 )
 from raftlog.security.certs import issue_certificate, make_ca
-from raftlog.security.scram import DEFAULT_SALT_BYTES, salted_password
+from raftlog.security.scram import bootstrap_entry
 
 ADMIN_USER = "admin"
 WORKLOAD_USER = "jepsen"
@@ -66,14 +65,8 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def scram_bootstrap_entry(user: str, password: str) -> str:
-    """One bootstrap_scram_credentials entry (kafka-storage format --add-scram's syntax)."""
-    salt = secrets.token_bytes(DEFAULT_SALT_BYTES)
-    salted = salted_password(MECHANISM, password, salt, ITERATIONS)
-    return (
-        f"{MECHANISM.sasl_name}=[name={user},iterations={ITERATIONS},"
-        f'salt="{base64.b64encode(salt).decode()}",'
-        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
-    )
+    """One bootstrap_scram_credentials entry for the run's mechanism and iterations."""
+    return bootstrap_entry(MECHANISM, user, password, iterations=ITERATIONS)
 
 
 @dataclass

@@ -10,6 +10,7 @@ sets a credential burn the broker's CPU. Only stdlib hashlib/hmac/secrets are us
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import secrets
@@ -164,3 +165,16 @@ def _password_bytes(password: str) -> bytes:
     if len(encoded) > MAX_PASSWORD_BYTES:
         raise ValueError(f"password is longer than {MAX_PASSWORD_BYTES} bytes")
     return encoded
+
+
+def bootstrap_entry(mechanism: ScramMechanism, user: str, password: str, *, iterations: int) -> str:
+    """One `bootstrap_scram_credentials` entry in kafka-storage format --add-scram's salted
+    syntax, `SCRAM-SHA-512=[name=admin,iterations=8192,salt="...",saltedpassword="..."]`,
+    with a fresh salt: what a node config may hold instead of the password."""
+    salt = secrets.token_bytes(DEFAULT_SALT_BYTES)
+    salted = salted_password(mechanism, password, salt, iterations)
+    return (
+        f"{mechanism.sasl_name}=[name={user},iterations={iterations},"
+        f'salt="{base64.b64encode(salt).decode()}",'
+        f'saltedpassword="{base64.b64encode(salted).decode()}"]'
+    )

@@ -131,3 +131,17 @@ def test_verify_password_false_on_malformed_credential() -> None:
     assert not scram.verify_password(good, "\udcff")  # lone surrogate
     with pytest.raises(ValueError):
         scram.validate_credential(bad)
+
+
+def test_a_bootstrap_entry_is_what_the_node_config_reads_and_holds_no_password() -> None:
+    from raftlog.config import parse_bootstrap_scram
+
+    mechanism = ScramMechanism.SCRAM_SHA_512
+    entry = scram.bootstrap_entry(mechanism, "admin", "s3cret", iterations=8192)
+    assert "s3cret" not in entry
+    (parsed,) = parse_bootstrap_scram(entry)
+    assert (parsed.mechanism, parsed.user, parsed.iterations) == ("SCRAM-SHA-512", "admin", 8192)
+    credential = scram.credential_from_salted_password(
+        mechanism, salt=parsed.salt, salted_password=parsed.salted_password, iterations=8192
+    )
+    assert scram.verify_password(credential, "s3cret")
