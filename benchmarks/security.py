@@ -38,6 +38,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from benchmarks.common import console, emit_result
 from raftlog.constants import MIB
+from raftlog.net.tls import node_common_name
 
 VALUE_BYTES = 1000
 PRODUCER_BATCH_BYTES = 256 * 1024
@@ -105,7 +106,7 @@ def secure_cluster(root: Path, *, authorizer: bool) -> Iterator[BenchCluster]:
     ca_path.write_bytes(ca.cert_pem)
     node_files = {}
     for node_id in (1, 2, 3):
-        issued = certs.issue_certificate(ca, f"node-{node_id}")
+        issued = certs.issue_certificate(ca, node_common_name(node_id))
         cert, key = pki / f"node-{node_id}.pem", pki / f"node-{node_id}.key"
         cert.write_bytes(issued.cert_pem)
         key.write_bytes(issued.key_pem)

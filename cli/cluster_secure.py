@@ -32,6 +32,7 @@ from raftlog_cli.cluster_local import LOOPBACK, LocalCluster, LocalNode
 from raftlog.client.admin_security import DEFAULT_ITERATIONS
 from raftlog.client.properties import load_client_properties
 from raftlog.errors import ConfigError
+from raftlog.net.tls import node_common_name
 from raftlog.security.acl import ScramMechanism
 from raftlog.security.certs import issue_certificate, make_ca
 from raftlog.security.scram import bootstrap_entry
@@ -120,7 +121,7 @@ def _issue(cluster: LocalCluster) -> None:
     for node in cluster.nodes:
         issued = issue_certificate(
             ca,
-            f"node-{node.node_id}",
+            node_common_name(node.node_id),
             dns_names=("localhost",),
             ip_addresses=(LOOPBACK,),
             client=True,  # the internal listener is mutual TLS

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from raftlog.client.properties import ClientSecurity, SecurityProtocol
+from raftlog.net.tls import node_common_name
 from raftlog.security.acl import (
     AclBinding,
     AclOperation,
@@ -89,7 +90,7 @@ class SecureSetup:
         for name, (node_id, address) in nodes.items():
             issued = issue_certificate(
                 ca,
-                f"node-{node_id}",
+                node_common_name(node_id),
                 dns_names=("localhost",),
                 ip_addresses=(address,),
                 client=True,  # the internal listener is mutual TLS
