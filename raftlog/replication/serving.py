@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -52,15 +51,6 @@ INLINE_REPLICA_READ_MAX_BYTES = 256 * 1024
 ReplicaRead = tuple[ReplicaFetchPartition, HostedPartition, LeaderState]
 # Room left in an internal frame for the envelope and per-partition fields of a fetch answer.
 REPLICA_FETCH_FRAME_OVERHEAD_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class CommittedFetchResult(FetchResult):
-    """A read_committed answer: records end below the LSO (`last_stable_offset`), and
-    `aborted_transactions` holds (producer_id, first_offset) of every aborted transaction
-    overlapping them, oldest marker first (Kafka's FetchResponse aborted_transactions)."""
-
-    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 def check_leader_epoch(leader: LeaderState, current_leader_epoch: int) -> ErrorCode:
@@ -143,7 +133,7 @@ class ReadPaths:
             # an empty answer (no error) makes the consumer ask again.
             limit = partition_log.log_start_offset if stable is None else stable
         answer = functools.partial(
-            CommittedFetchResult if committed else FetchResult,
+            FetchResult,
             high_watermark=high_watermark,
             last_stable_offset=limit,
             log_start_offset=partition_log.log_start_offset,
@@ -167,13 +157,7 @@ class ReadPaths:
             except KafkaError as exc:
                 return FetchResult(exc.code)
             aborted = tuple((t.producer_id, t.first_offset) for t in found)
-        return CommittedFetchResult(
-            high_watermark=high_watermark,
-            last_stable_offset=limit,
-            log_start_offset=partition_log.log_start_offset,
-            records=list(read.regions),
-            aborted_transactions=aborted,
-        )
+        return answer(records=list(read.regions), aborted_transactions=aborted)
 
     async def _read_verified(
         self, hosted: HostedPartition, fetch_offset: int, max_bytes: int, limit: int

@@ -130,6 +130,9 @@ class FetchResult:
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end_offset) for a follower
     current_leader: LeaderHint | None = None
     preferred_read_replica: int = -1
+    # read_committed: (producer_id, first_offset) of every aborted transaction overlapping
+    # `records`, oldest first (Kafka's FetchResponse aborted_transactions).
+    aborted_transactions: Sequence[tuple[int, int]] = ()
 
     @property
     def records_bytes(self) -> int:

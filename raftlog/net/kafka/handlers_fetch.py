@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -63,16 +64,7 @@ async def _read_all(
         size = result.records_bytes
         if total_bytes and size > remaining_bytes:
             # Over the response limit: keep the partition's offsets, drop its records.
-            result = FetchResult(
-                result.error,
-                result.high_watermark,
-                result.last_stable_offset,
-                result.log_start_offset,
-                (),
-                result.diverging_epoch,
-                result.current_leader,
-                result.preferred_read_replica,
-            )
+            result = dataclasses.replace(result, records=(), aborted_transactions=())
             size = 0
         total_bytes += size
         remaining_bytes -= size
@@ -154,7 +146,10 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
             "high_watermark": r.high_watermark,
             "last_stable_offset": r.last_stable_offset,
             "log_start_offset": r.log_start_offset,
-            "aborted_transactions": [],
+            # Always empty under read_uncommitted (its result carries none).
+            "aborted_transactions": [
+                {"producer_id": pid, "first_offset": first} for pid, first in r.aborted_transactions
+            ],
             "preferred_read_replica": r.preferred_read_replica,
             "records": RecordSet(r.records),
         }
