@@ -53,6 +53,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.metadata.controller",
         "raftlog.replication.core",
         "raftlog.groups",
+        "raftlog.txn",
         "raftlog.quotas",
         "raftlog.spark",
     ),
