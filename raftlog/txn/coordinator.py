@@ -1,0 +1,836 @@
+"""TxnCoordinator: the transactions of one `__transaction_state` partition, sans-IO.
+
+One object per leadership of the partition: the driver creates it when this broker becomes
+the partition's leader, with the partition leader epoch as the coordinator epoch (every marker
+carries it, so partitions refuse a deposed coordinator's markers), answers
+COORDINATOR_LOAD_IN_PROGRESS until `load(records)`, and calls `resign()` when leadership moves
+(every parked caller gets NOT_COORDINATOR; the object is done for good, the next leadership
+gets a new one).
+
+Every method takes `now_ms` (wall-clock: it is stored in the records) and returns Effects:
+- replies (token, result) to deliver;
+- appends of records to this `__transaction_state` partition (acks=all); the driver calls
+  `on_append_done(append_id, error_code)` when each is replicated or failed;
+- marker writes (WriteTxnMarkers to every partition of a transaction); the driver calls
+  `on_markers_done(marker_id, {partition: error_code})` with one code per partition.
+
+Persist before you promise, and the order that makes transactions atomic:
+  PrepareCommit/PrepareAbort record replicated -> EndTxn answered, markers written ->
+  every marker acknowledged -> CompleteCommit/CompleteAbort record.
+A transaction is completed only when every one of its partitions has its marker; a marker is
+written only after the decision is durable, so a coordinator that fails over finds the Prepare
+record when it loads and writes the same markers again (`load` emits them).
+
+Kafka's TransactionCoordinator and TransactionStateManager decide what is answered; the
+comments name the Kafka rule where it is not obvious.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from raftlog.errors import ErrorCode
+from raftlog.groups.hashing import partition_for_group
+from raftlog.txn import describe
+from raftlog.txn import log_format as fmt
+from raftlog.txn.log_format import (
+    MAX_PRODUCER_EPOCH,
+    MAX_TRANSACTIONAL_ID_BYTES,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    Record,
+    TopicPartition,
+    TransactionState,
+)
+from raftlog.txn.messages import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsTxn,
+    AddPartitionsTxnResult,
+    DescribedTransaction,
+    EndTxnRequest,
+    EndTxnResult,
+    InitProducerIdRequest,
+    InitProducerIdResult,
+    ListTransactionsResult,
+    TxnApi,
+    for_version,
+)
+from raftlog.txn.settings import TxnConfig
+from raftlog.txn.state import (
+    IDLE_STATES,
+    PREPARE_STATES,
+    TransactionMetadata,
+    TxnTransit,
+    is_epoch_exhausted,
+)
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+Token = Hashable
+# Returns a fresh producer id, or None while none is at hand (the driver fetches blocks of
+# ids from the controller with AllocateProducerIds); the caller then retries.
+ProducerIdAllocator = Callable[[], int | None]
+
+S = TransactionState
+
+# How a failed append of `__transaction_state` surfaces (Kafka's TransactionStateManager).
+_APPEND_ERROR_MAP = {
+    ErrorCode.unknown_topic_or_partition: ErrorCode.coordinator_not_available,
+    ErrorCode.not_enough_replicas: ErrorCode.coordinator_not_available,
+    ErrorCode.not_enough_replicas_after_append: ErrorCode.coordinator_not_available,
+    ErrorCode.request_timed_out: ErrorCode.coordinator_not_available,
+    ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
+    ErrorCode.kafka_storage_error: ErrorCode.not_coordinator,
+    ErrorCode.message_too_large: ErrorCode.unknown_server_error,
+    ErrorCode.record_list_too_large: ErrorCode.unknown_server_error,
+}
+
+# Marker answers after which the partition counts as done without a marker (Kafka: its
+# log cannot hold one; nothing it holds waits for it).
+_MARKER_NOT_NEEDED = frozenset({ErrorCode.unsupported_for_message_format})
+# A newer coordinator or producer epoch is on the partition: this coordinator is stale and
+# stops; the one that loaded the partition since finishes the transaction (Kafka's rule).
+_MARKER_STALE = frozenset(
+    {ErrorCode.transaction_coordinator_fenced, ErrorCode.invalid_producer_epoch}
+)
+
+
+def map_append_error(code: ErrorCode) -> ErrorCode:
+    return _APPEND_ERROR_MAP.get(code, code)
+
+
+@dataclass(frozen=True)
+class Append:
+    """Append `records` to `__transaction_state` partition `partition` with acks=all, then
+    call TxnCoordinator.on_append_done(append_id, error_code, now_ms)."""
+
+    append_id: int
+    partition: int
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True)
+class WriteMarkers:
+    """Write one COMMIT/ABORT marker to each of `partitions` (WriteTxnMarkers), then call
+    TxnCoordinator.on_markers_done(marker_id, {partition: error_code}, now_ms)."""
+
+    marker_id: int
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    commit: bool
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass
+class Effects:
+    replies: list[tuple[Token, object]] = field(default_factory=list)
+    appends: list[Append] = field(default_factory=list)
+    markers: list[WriteMarkers] = field(default_factory=list)
+
+    def extend(self, other: Effects) -> None:
+        self.replies.extend(other.replies)
+        self.appends.extend(other.appends)
+        self.markers.extend(other.markers)
+
+
+class _Why(Enum):
+    INIT = auto()  # InitProducerId: reply the new id and epoch
+    FENCE_FOR_INIT = auto()  # InitProducerId found a transaction Ongoing: abort it first
+    ADD = auto()  # AddPartitionsToTxn / AddOffsetsToTxn
+    END = auto()  # EndTxn from the producer
+    TIMEOUT = auto()  # the coordinator aborts a timed-out transaction
+    COMPLETE = auto()  # every marker written
+    EXPIRE = auto()  # transactional.id.expiration.ms
+
+
+@dataclass
+class _AddBatch:
+    """One AddPartitionsToTxn / AddOffsetsToTxn request: its transactions' results."""
+
+    token: Token
+    results: list[AddPartitionsTxnResult | None]
+    remaining: int
+    offsets: bool  # AddOffsetsToTxn: the reply is one error code
+
+
+@dataclass
+class _Pending:
+    transactional_id: str
+    transit: TxnTransit
+    why: _Why
+    token: Token | None = None
+    api: TxnApi | None = None
+    api_version: int = 0
+    batch: _AddBatch | None = None
+    batch_index: int = 0
+    partitions: tuple[TopicPartition, ...] = ()
+
+
+@dataclass(frozen=True)
+class _MarkerSend:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+class TxnCoordinator:
+    def __init__(
+        self,
+        partition: int,
+        coordinator_epoch: int,
+        config: TxnConfig,
+        allocate_producer_id: ProducerIdAllocator,
+    ) -> None:
+        if not 0 <= partition < config.transaction_state_log_num_partitions:
+            raise ValueError(f"partition {partition} out of range")
+        if not 0 <= coordinator_epoch < 2**31:
+            raise ValueError(f"coordinator epoch {coordinator_epoch} out of range")
+        self.partition = partition
+        self.coordinator_epoch = coordinator_epoch
+        self.config = config
+        self._allocate = allocate_producer_id
+        self.loading = True
+        self.resigned = False
+        self.transactions: dict[str, TransactionMetadata] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._markers: dict[int, _MarkerSend] = {}
+        self._markers_inflight: set[str] = set()
+        # transactional id -> when its markers (or completion record) are tried again.
+        self._retry_at_ms: dict[str, int] = {}
+        # Transactions whose markers a newer coordinator or producer epoch refused.
+        self.stalled: set[str] = set()
+        self._next_id = 0
+        self._next_abort_scan_ms = 0
+        self._next_expire_scan_ms = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self, records: Iterable[Record], now_ms: int) -> Effects:
+        """Replay the partition's records (its log, in order) and start serving it.
+
+        Transactions found in PrepareCommit/PrepareAbort get their markers written again
+        (with this coordinator's epoch), then their Complete record. Raises
+        TxnLogRecordError on a record that does not decode; the coordinator stays loading.
+        """
+        if not self.loading or self.resigned:
+            raise AssertionError(f"load() of partition {self.partition} twice or after resign")
+        states = fmt.replay(records)
+        transactions = {
+            txn_id: TransactionMetadata.from_value(txn_id, value)
+            for txn_id, value in states.items()
+        }
+        self.transactions = transactions
+        self.loading = False
+        self._next_abort_scan_ms = (
+            now_ms + self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms
+        )
+        self._next_expire_scan_ms = (
+            now_ms + self.config.transaction_remove_expired_transaction_cleanup_interval_ms
+        )
+        fx = Effects()
+        owed = [t for t in transactions.values() if t.state in PREPARE_STATES]
+        for txn in owed:
+            self._advance(fx, txn, now_ms)
+        log.info(
+            "transaction state partition %d loaded at coordinator epoch %d: %d transactional "
+            "ids, %d transactions to complete",
+            self.partition,
+            self.coordinator_epoch,
+            len(transactions),
+            len(owed),
+        )
+        return fx
+
+    def resign(self, now_ms: int) -> Effects:
+        """Leadership moved away: every parked caller gets NOT_COORDINATOR; later
+        completions are ignored. The new leader's coordinator finishes what is owed."""
+        fx = Effects()
+        answered: set[int] = set()
+        for pending in self._pending.values():
+            if pending.batch is not None:
+                if id(pending.batch) not in answered:
+                    answered.add(id(pending.batch))
+                    self._fail_batch(fx, pending.batch, ErrorCode.not_coordinator)
+            elif pending.token is not None:
+                fx.replies.append(
+                    (pending.token, self._error_reply(pending, ErrorCode.not_coordinator))
+                )
+        self._pending.clear()
+        self._markers.clear()
+        self._markers_inflight.clear()
+        self._retry_at_ms.clear()
+        self.transactions.clear()
+        self.resigned = True
+        self.loading = False
+        return fx
+
+    def _route(self, transactional_id: str) -> ErrorCode:
+        if self.resigned:
+            return ErrorCode.not_coordinator
+        if self.config.partition_for(transactional_id) != self.partition:
+            return ErrorCode.not_coordinator
+        if self.loading:
+            return ErrorCode.coordinator_load_in_progress
+        return ErrorCode.none
+
+    # ------------------------------------------------------------------ plumbing
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _append(self, fx: Effects, pending: _Pending) -> None:
+        append_id = self._new_id()
+        self._pending[append_id] = pending
+        value = None if pending.transit.state is S.DEAD else pending.transit.to_value()
+        record = fmt.record(pending.transactional_id, value)
+        fx.appends.append(Append(append_id, self.partition, (record,)))
+
+    def _error_reply(self, pending: _Pending, code: ErrorCode) -> object:
+        if pending.api is TxnApi.INIT_PRODUCER_ID:
+            return InitProducerIdResult(for_version(code, pending.api, pending.api_version))
+        if pending.api is TxnApi.END_TXN:
+            return EndTxnResult(for_version(code, pending.api, pending.api_version))
+        raise AssertionError(f"no single reply for {pending}")
+
+    # ------------------------------------------------------------------ InitProducerId
+    def init_producer_id(self, token: Token, req: InitProducerIdRequest, now_ms: int) -> Effects:
+        """InitProducerId with a transactional id: replies InitProducerIdResult once the
+        new epoch (or producer id) is replicated."""
+        fx = Effects()
+        code = self._init_producer_id(token, req, fx, now_ms)
+        if code is not None:
+            api = TxnApi.INIT_PRODUCER_ID
+            fx.replies.append(
+                (token, InitProducerIdResult(for_version(code, api, req.api_version)))
+            )
+        return fx
+
+    def _init_producer_id(
+        self, token: Token, req: InitProducerIdRequest, fx: Effects, now_ms: int
+    ) -> ErrorCode | None:
+        """The error to answer now, or None: a record was appended and answers later."""
+        if not _valid_transactional_id(req.transactional_id):
+            return ErrorCode.invalid_request
+        expected: tuple[int, int] | None = None
+        if req.producer_id != NO_PRODUCER_ID or req.producer_epoch != NO_PRODUCER_EPOCH:
+            # KIP-360: both or neither, and in range.
+            if not (0 <= req.producer_id < 2**63 and 0 <= req.producer_epoch <= MAX_PRODUCER_EPOCH):
+                return ErrorCode.invalid_request
+            expected = (req.producer_id, req.producer_epoch)
+        timeout_ms = req.transaction_timeout_ms
+        if not 0 < timeout_ms <= self.config.transaction_max_timeout_ms:
+            return ErrorCode.invalid_transaction_timeout
+        code = self._route(req.transactional_id)
+        if code is not ErrorCode.none:
+            return code
+        txn = self.transactions.get(req.transactional_id)
+        if txn is None:
+            if len(self.transactions) >= self.config.max_transactional_ids:
+                log.warning(
+                    "refusing transactional id %r: max_transactional_ids reached",
+                    req.transactional_id,
+                )
+                return ErrorCode.coordinator_not_available
+            producer_id = self._allocate()
+            if producer_id is None:
+                return ErrorCode.coordinator_load_in_progress
+            txn = TransactionMetadata.new(req.transactional_id, producer_id, timeout_ms, now_ms)
+            self.transactions[req.transactional_id] = txn
+        if txn.pending_in_progress:
+            return ErrorCode.concurrent_transactions
+        if expected is not None and not (
+            # KIP-360: the producer may recover if the id is new, if it holds the current
+            # producer id (its epoch is checked below), or if it retries a rotation.
+            txn.producer_epoch == NO_PRODUCER_EPOCH
+            or expected[0] == txn.producer_id
+            or (expected[0] == txn.previous_producer_id and is_epoch_exhausted(expected[1]))
+        ):
+            return ErrorCode.producer_fenced
+        pending = _Pending(
+            req.transactional_id,
+            txn.snapshot(),
+            _Why.INIT,
+            token=token,
+            api=TxnApi.INIT_PRODUCER_ID,
+            api_version=req.api_version,
+        )
+        if txn.state in PREPARE_STATES:
+            return ErrorCode.concurrent_transactions
+        if txn.state is S.ONGOING:
+            # Abort the open transaction first, fencing its producer with a bumped epoch;
+            # the client retries (CONCURRENT_TRANSACTIONS) and gets the epoch after that.
+            pending.transit = txn.prepare_end(False, now_ms, fence_epoch=True)
+            pending.why = _Why.FENCE_FOR_INIT
+            self._append(fx, pending)
+            return None
+        if txn.state not in IDLE_STATES:
+            raise AssertionError(f"{txn!r}: InitProducerId in {txn.state.name}")
+        expected_epoch = None if expected is None else expected[1]
+        if is_epoch_exhausted(txn.producer_epoch):
+            if expected_epoch is not None and expected_epoch != txn.producer_epoch:
+                return ErrorCode.producer_fenced
+            new_producer_id = self._allocate()
+            if new_producer_id is None:
+                return ErrorCode.coordinator_load_in_progress
+            pending.transit = txn.prepare_producer_id_rotation(
+                new_producer_id, timeout_ms, now_ms, record_last_epoch=expected is not None
+            )
+        else:
+            transit = txn.prepare_increment_epoch(timeout_ms, expected_epoch, now_ms)
+            if isinstance(transit, ErrorCode):
+                return transit
+            pending.transit = transit
+        self._append(fx, pending)
+        return None
+
+    # ------------------------------------------------------------------ AddPartitionsToTxn
+    def add_partitions_to_txn(
+        self, token: Token, transactions: Sequence[AddPartitionsTxn], now_ms: int
+    ) -> Effects:
+        """AddPartitionsToTxn: v3 and older carry one transaction, v4+ a batch (which may be
+        verify_only, KIP-890). Replies list[AddPartitionsTxnResult], in request order, once
+        every transaction's record (if one is needed) is replicated."""
+        fx = Effects()
+        batch = _AddBatch(token, [None] * len(transactions), 0, offsets=False)
+        for index, txn_req in enumerate(transactions):
+            self._add_partitions(fx, batch, index, txn_req, now_ms)
+        if batch.remaining == 0:
+            fx.replies.append((token, list(batch.results)))
+        return fx
+
+    def add_offsets_to_txn(self, token: Token, req: AddOffsetsToTxnRequest, now_ms: int) -> Effects:
+        """AddOffsetsToTxn: the group's `__consumer_offsets` partition joins the transaction
+        (its offsets then commit or abort with it). Replies an ErrorCode."""
+        fx = Effects()
+        if not req.group_id:
+            fx.replies.append((token, ErrorCode.invalid_group_id))
+            return fx
+        partition = partition_for_group(req.group_id, self.config.offsets_topic_num_partitions)
+        txn_req = AddPartitionsTxn(
+            req.transactional_id,
+            req.producer_id,
+            req.producer_epoch,
+            ((OFFSETS_TOPIC, partition),),
+            api_version=req.api_version,
+        )
+        batch = _AddBatch(token, [None], 0, offsets=True)
+        self._add_partitions(fx, batch, 0, txn_req, now_ms, api=TxnApi.ADD_OFFSETS_TO_TXN)
+        if batch.remaining == 0:
+            fx.replies.append((token, _offsets_reply(batch)))
+        return fx
+
+    def _add_partitions(
+        self,
+        fx: Effects,
+        batch: _AddBatch,
+        index: int,
+        req: AddPartitionsTxn,
+        now_ms: int,
+        api: TxnApi = TxnApi.ADD_PARTITIONS_TO_TXN,
+    ) -> None:
+        def answer(code: ErrorCode) -> None:
+            code = for_version(code, api, req.api_version)
+            batch.results[index] = AddPartitionsTxnResult(
+                req.transactional_id, {p: code for p in req.partitions}
+            )
+
+        if not _valid_transactional_id(req.transactional_id) or not _valid_partitions(
+            req.partitions, self.config.max_partitions_per_transaction
+        ):
+            return answer(ErrorCode.invalid_request)
+        if req.verify_only:
+            batch.results[index] = AddPartitionsTxnResult(
+                req.transactional_id,
+                {
+                    p: for_version(
+                        self.verify(req.transactional_id, req.producer_id, req.producer_epoch, *p),
+                        api,
+                        req.api_version,
+                    )
+                    for p in req.partitions
+                },
+            )
+            return None
+        code = self._check_producer(req.transactional_id, req.producer_id, req.producer_epoch)
+        if code is not ErrorCode.none:
+            return answer(code)
+        txn = self.transactions[req.transactional_id]
+        if txn.pending_in_progress or txn.state in PREPARE_STATES:
+            return answer(ErrorCode.concurrent_transactions)
+        wanted = frozenset(req.partitions)
+        if txn.state is S.ONGOING and wanted <= txn.partitions:
+            return answer(ErrorCode.none)  # nothing new: no record
+        if len(txn.partitions | wanted) > self.config.max_partitions_per_transaction:
+            return answer(ErrorCode.invalid_request)
+        if txn.state not in IDLE_STATES and txn.state is not S.ONGOING:
+            raise AssertionError(f"{txn!r}: AddPartitionsToTxn in {txn.state.name}")
+        transit = txn.prepare_add_partitions(wanted, now_ms)
+        batch.remaining += 1
+        pending = _Pending(
+            req.transactional_id,
+            transit,
+            _Why.ADD,
+            api=api,
+            api_version=req.api_version,
+            batch=batch,
+            batch_index=index,
+            partitions=req.partitions,
+        )
+        self._append(fx, pending)
+        return None
+
+    def _check_producer(
+        self, transactional_id: str, producer_id: int, producer_epoch: int
+    ) -> ErrorCode:
+        code = self._route(transactional_id)
+        if code is not ErrorCode.none:
+            return code
+        txn = self.transactions.get(transactional_id)
+        if txn is None or txn.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        if txn.producer_epoch != producer_epoch:
+            return ErrorCode.producer_fenced
+        return ErrorCode.none
+
+    def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> ErrorCode:
+        """KIP-890 part 1: may this producer's transactional batch open a transaction on
+        `topic`-`partition`? NONE only if the partition is in the producer's Ongoing
+        transaction (not one being ended): a late or retried produce cannot join the next
+        transaction, and a marker cannot commit a write the coordinator never added."""
+        code = self._check_producer(transactional_id, producer_id, producer_epoch)
+        if code is not ErrorCode.none:
+            return code
+        txn = self.transactions[transactional_id]
+        ending = txn.pending is not None and txn.pending.state is not S.ONGOING
+        if txn.state is S.ONGOING and not ending and (topic, partition) in txn.partitions:
+            return ErrorCode.none
+        return ErrorCode.invalid_txn_state
+
+    # ------------------------------------------------------------------ EndTxn
+    def end_txn(self, token: Token, req: EndTxnRequest, now_ms: int) -> Effects:
+        """EndTxn: replies EndTxnResult once the PrepareCommit/PrepareAbort record is
+        replicated (markers follow), or at once when nothing is to be written."""
+        fx = Effects()
+        code = self._end_txn(fx, token, req, now_ms)
+        if code is not None:
+            fx.replies.append(
+                (token, EndTxnResult(for_version(code, TxnApi.END_TXN, req.api_version)))
+            )
+        return fx
+
+    def _end_txn(
+        self, fx: Effects, token: Token, req: EndTxnRequest, now_ms: int
+    ) -> ErrorCode | None:
+        if not _valid_transactional_id(req.transactional_id):
+            return ErrorCode.invalid_request
+        code = self._check_producer(req.transactional_id, req.producer_id, req.producer_epoch)
+        if code is not ErrorCode.none:
+            return code
+        txn = self.transactions[req.transactional_id]
+        if txn.pending_in_progress:
+            return ErrorCode.concurrent_transactions
+        commit = req.committed
+        state = txn.state
+        if state is S.ONGOING:
+            pending = _Pending(
+                req.transactional_id,
+                txn.prepare_end(commit, now_ms),
+                _Why.END,
+                token=token,
+                api=TxnApi.END_TXN,
+                api_version=req.api_version,
+            )
+            self._append(fx, pending)
+            return None
+        # A retry of an EndTxn whose answer was lost finds its own outcome: the same outcome
+        # is NONE (done) or CONCURRENT_TRANSACTIONS (markers still being written); the
+        # other outcome, or no transaction at all, is INVALID_TXN_STATE.
+        if state is (S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT):
+            return ErrorCode.none
+        if state is (S.PREPARE_COMMIT if commit else S.PREPARE_ABORT):
+            return ErrorCode.concurrent_transactions
+        return ErrorCode.invalid_txn_state
+
+    # ------------------------------------------------------------------ completions
+    def on_append_done(self, append_id: int, error_code: ErrorCode, now_ms: int) -> Effects:
+        """The Append `append_id` finished: none = replicated to every ISR member."""
+        fx = Effects()
+        pending = self._pending.pop(append_id, None)
+        if pending is None:
+            return fx  # resigned since: the new coordinator answers
+        txn = self.transactions[pending.transactional_id]
+        code = map_append_error(error_code)
+        if code is not ErrorCode.none:
+            txn.abort_pending()
+            log.warning(
+                "appending %s of %r to %s-%d failed: %s",
+                pending.transit.state.name,
+                pending.transactional_id,
+                fmt.TRANSACTION_STATE_TOPIC,
+                self.partition,
+                error_code.name,
+            )
+            self._append_failed(fx, pending, code, now_ms)
+            return fx
+        txn.complete(pending.transit)
+        why = pending.why
+        if why is _Why.INIT:
+            fx.replies.append(
+                (
+                    pending.token,
+                    InitProducerIdResult(ErrorCode.none, txn.producer_id, txn.producer_epoch),
+                )
+            )
+        elif why is _Why.FENCE_FOR_INIT:
+            fx.replies.append(
+                (pending.token, self._error_reply(pending, ErrorCode.concurrent_transactions))
+            )
+            self._advance(fx, txn, now_ms)
+        elif why is _Why.ADD:
+            self._finish_add(fx, pending, ErrorCode.none)
+        elif why is _Why.END:
+            fx.replies.append((pending.token, EndTxnResult(ErrorCode.none)))
+            self._advance(fx, txn, now_ms)
+        elif why is _Why.TIMEOUT:
+            self._advance(fx, txn, now_ms)
+        elif why is _Why.COMPLETE:
+            self._retry_at_ms.pop(pending.transactional_id, None)
+        elif why is _Why.EXPIRE:
+            del self.transactions[pending.transactional_id]
+        return fx
+
+    def _append_failed(self, fx: Effects, pending: _Pending, code: ErrorCode, now_ms: int) -> None:
+        why = pending.why
+        if why is _Why.ADD:
+            self._finish_add(fx, pending, code)
+        elif why in (_Why.INIT, _Why.FENCE_FOR_INIT, _Why.END):
+            fx.replies.append((pending.token, self._error_reply(pending, code)))
+        elif why is _Why.COMPLETE:
+            if code is ErrorCode.not_coordinator:
+                self.stalled.add(pending.transactional_id)
+            else:
+                self._retry_at_ms[pending.transactional_id] = (
+                    now_ms + self.config.transaction_marker_retry_backoff_ms
+                )
+        # TIMEOUT and EXPIRE: the next scan tries again.
+
+    def _finish_add(self, fx: Effects, pending: _Pending, code: ErrorCode) -> None:
+        batch = pending.batch
+        assert batch is not None and pending.api is not None
+        code = for_version(code, pending.api, pending.api_version)
+        batch.results[pending.batch_index] = AddPartitionsTxnResult(
+            pending.transactional_id, {p: code for p in pending.partitions}
+        )
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            reply: object = _offsets_reply(batch) if batch.offsets else list(batch.results)
+            fx.replies.append((batch.token, reply))
+
+    def _fail_batch(self, fx: Effects, batch: _AddBatch, code: ErrorCode) -> None:
+        """Answer a batch now: transactions still waiting for their record get `code`."""
+        results = list(batch.results)
+        for pending in self._pending.values():
+            if pending.batch is batch and pending.api is not None:
+                mapped = for_version(code, pending.api, pending.api_version)
+                results[pending.batch_index] = AddPartitionsTxnResult(
+                    pending.transactional_id, {p: mapped for p in pending.partitions}
+                )
+        batch.remaining = 0
+        done = [r for r in results if r is not None]
+        fx.replies.append((batch.token, _offsets_reply_of(done) if batch.offsets else done))
+
+    # ------------------------------------------------------------------ markers
+    def _advance(self, fx: Effects, txn: TransactionMetadata, now_ms: int) -> None:
+        """A Prepare transaction moves on: markers for the partitions still owed one, or the
+        Complete record once none is."""
+        txn_id = txn.transactional_id
+        if txn.state not in PREPARE_STATES or txn.pending_in_progress:
+            return
+        if txn_id in self._markers_inflight or txn_id in self.stalled:
+            return
+        self._retry_at_ms.pop(txn_id, None)
+        if txn.partitions:
+            marker_id = self._new_id()
+            self._markers[marker_id] = _MarkerSend(txn_id, txn.producer_id, txn.producer_epoch)
+            self._markers_inflight.add(txn_id)
+            fx.markers.append(
+                WriteMarkers(
+                    marker_id=marker_id,
+                    transactional_id=txn_id,
+                    producer_id=txn.producer_id,
+                    producer_epoch=txn.producer_epoch,
+                    coordinator_epoch=self.coordinator_epoch,
+                    commit=txn.state is S.PREPARE_COMMIT,
+                    partitions=tuple(sorted(txn.partitions)),
+                )
+            )
+            return
+        self._append(fx, _Pending(txn_id, txn.prepare_complete(now_ms), _Why.COMPLETE))
+
+    def on_markers_done(
+        self, marker_id: int, results: Mapping[TopicPartition, ErrorCode], now_ms: int
+    ) -> Effects:
+        """The WriteMarkers `marker_id` finished, one error code per partition."""
+        fx = Effects()
+        send = self._markers.pop(marker_id, None)
+        if send is None:
+            return fx  # resigned since
+        txn_id = send.transactional_id
+        self._markers_inflight.discard(txn_id)
+        txn = self.transactions.get(txn_id)
+        if (
+            txn is None
+            or txn.state not in PREPARE_STATES
+            or (txn.producer_id, txn.producer_epoch) != (send.producer_id, send.producer_epoch)
+        ):
+            raise AssertionError(f"markers {marker_id} done for {txn!r}, sent for {send}")
+        retry = False
+        for partition, code in results.items():
+            if partition not in txn.partitions:
+                continue
+            if code is ErrorCode.none or code in _MARKER_NOT_NEEDED:
+                txn.remove_partition(partition)
+            elif code in _MARKER_STALE:
+                log.warning(
+                    "marker of %r on %s-%d refused (%s): a newer coordinator finishes it",
+                    txn_id,
+                    *partition,
+                    code.name,
+                )
+                self.stalled.add(txn_id)
+            else:
+                retry = True
+        if txn_id in self.stalled:
+            return fx
+        if retry or txn.partitions:
+            # Partitions missing from the answer count as failed: retried, never assumed.
+            self._retry_at_ms[txn_id] = now_ms + self.config.transaction_marker_retry_backoff_ms
+            return fx
+        self._advance(fx, txn, now_ms)
+        return fx
+
+    # ------------------------------------------------------------------ timers
+    def next_deadline_ms(self) -> int | None:
+        if self.loading or self.resigned:
+            return None
+        return min(
+            self._next_abort_scan_ms,
+            self._next_expire_scan_ms,
+            *self._retry_at_ms.values(),
+        )
+
+    def tick(self, now_ms: int) -> Effects:
+        fx = Effects()
+        if self.loading or self.resigned:
+            return fx
+        for txn_id, due_ms in list(self._retry_at_ms.items()):
+            if due_ms <= now_ms:
+                del self._retry_at_ms[txn_id]
+                self._advance(fx, self.transactions[txn_id], now_ms)
+        if now_ms >= self._next_abort_scan_ms:
+            self._next_abort_scan_ms = (
+                now_ms + self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms
+            )
+            self._abort_timed_out(fx, now_ms)
+        if now_ms >= self._next_expire_scan_ms:
+            self._next_expire_scan_ms = (
+                now_ms + self.config.transaction_remove_expired_transaction_cleanup_interval_ms
+            )
+            self._expire_transactional_ids(fx, now_ms)
+        return fx
+
+    def _abort_timed_out(self, fx: Effects, now_ms: int) -> None:
+        """Abort every Ongoing transaction older than its timeout, bumping the epoch so its
+        producer (perhaps a zombie) is fenced on the coordinator and on every partition."""
+        for txn in list(self.transactions.values()):
+            if (
+                txn.state is S.ONGOING
+                and not txn.pending_in_progress
+                and txn.start_timestamp_ms + txn.transaction_timeout_ms <= now_ms
+            ):
+                log.info(
+                    "aborting %r: older than its timeout of %d ms",
+                    txn.transactional_id,
+                    txn.transaction_timeout_ms,
+                )
+                transit = txn.prepare_end(False, now_ms, fence_epoch=True)
+                self._append(fx, _Pending(txn.transactional_id, transit, _Why.TIMEOUT))
+
+    def _expire_transactional_ids(self, fx: Effects, now_ms: int) -> None:
+        expiration_ms = self.config.transactional_id_expiration_ms
+        for txn in list(self.transactions.values()):
+            if (
+                txn.state in IDLE_STATES
+                and not txn.pending_in_progress
+                and txn.last_update_timestamp_ms + expiration_ms <= now_ms
+            ):
+                self._append(fx, _Pending(txn.transactional_id, txn.prepare_dead(), _Why.EXPIRE))
+
+    # ------------------------------------------------------------------ admin
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[DescribedTransaction]:
+        described = []
+        for txn_id in transactional_ids:
+            code = (
+                self._route(txn_id)
+                if _valid_transactional_id(txn_id)
+                else ErrorCode.invalid_request
+            )
+            txn = self.transactions.get(txn_id)
+            if code is ErrorCode.none and txn is None:
+                code = ErrorCode.transactional_id_not_found
+            if code is not ErrorCode.none or txn is None:
+                described.append(DescribedTransaction(txn_id, code))
+            else:
+                described.append(describe.describe(txn))
+        return described
+
+    def list_transactions(
+        self,
+        *,
+        state_filters: Iterable[str] = (),
+        producer_id_filters: Iterable[int] = (),
+        duration_filter_ms: int = -1,
+        now_ms: int = 0,
+    ) -> ListTransactionsResult:
+        """This partition's part of ListTransactions (a broker merges its partitions')."""
+        return describe.list_transactions(
+            self.transactions.values(),
+            state_filters=state_filters,
+            producer_id_filters=producer_id_filters,
+            duration_filter_ms=duration_filter_ms,
+            now_ms=now_ms,
+            loading=self.loading,
+        )
+
+
+def _valid_transactional_id(transactional_id: str) -> bool:
+    return 0 < len(transactional_id.encode()) <= MAX_TRANSACTIONAL_ID_BYTES
+
+
+def _valid_partitions(partitions: Sequence[TopicPartition], limit: int) -> bool:
+    if len(partitions) > limit:
+        return False
+    return all(topic and 0 <= partition < 2**31 for topic, partition in partitions)
+
+
+def _offsets_reply(batch: _AddBatch) -> ErrorCode:
+    return _offsets_reply_of([r for r in batch.results if r is not None])
+
+
+def _offsets_reply_of(results: Sequence[AddPartitionsTxnResult]) -> ErrorCode:
+    for result in results:
+        for code in result.errors.values():
+            return code
+    return ErrorCode.none
