@@ -351,17 +351,24 @@ class Cluster:
         return disk_damage.partition_dir(data_dir, self.opts.topic, partition)
 
     async def damage(self, name: str, partition: int, kind: str, rng: random.Random) -> str:
-        """Kill `name`, damage its replica of `partition`, start it again."""
+        """Stop `name`, damage its replica of `partition`, start it again. A flipped byte
+        follows a clean shutdown half the time (its recovery point then covers the whole log,
+        so only a read or the scrubber can find the flip, as a disk's bit rot is found) and a
+        kill -9 otherwise (recovery scans from an older recovery point and may cut it)."""
         damage_fn = disk_damage.flip_byte if kind == "corrupt" else disk_damage.cut_mid_batch
         directory = self.partition_dir(name, partition)
-        await self.kill(name)
+        clean = kind == "corrupt" and rng.random() < 0.5
+        if clean:
+            await self.stop(name)
+        else:
+            await self.kill(name)
         try:
             done = await trio.to_thread.run_sync(damage_fn, directory, rng)
         finally:
             await self.start(name)
         if done is None:
             raise RuntimeError(f"{directory} holds no batch to damage")
-        return done.describe()
+        return done.describe() + (" after a clean shutdown" if clean else " after kill -9")
 
     def forger(self, rng: random.Random) -> Forger:
         addresses = {n.node_id: (n.address, INTERNAL_PORT) for n in self.nodes.values()}
