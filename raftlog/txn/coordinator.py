@@ -618,12 +618,11 @@ class TxnCoordinator:
         elif why in (_Why.INIT, _Why.FENCE_FOR_INIT, _Why.END):
             fx.replies.append((pending.token, self._error_reply(pending, code)))
         elif why is _Why.COMPLETE:
-            if code is ErrorCode.not_coordinator:
-                self.stalled.add(pending.transactional_id)
-            else:
-                self._retry_at_ms[pending.transactional_id] = (
-                    now_ms + self.config.transaction_marker_retry_backoff_ms
-                )
+            # Tried again until it lands or this coordinator resigns (a lost leadership
+            # resigns it; the next one writes the markers and this record itself).
+            self._retry_at_ms[pending.transactional_id] = (
+                now_ms + self.config.transaction_marker_retry_backoff_ms
+            )
         # TIMEOUT and EXPIRE: the next scan tries again.
 
     def _finish_add(self, fx: Effects, pending: _Pending, code: ErrorCode) -> None:
