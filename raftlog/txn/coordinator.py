@@ -28,14 +28,24 @@ comments name the Kafka rule where it is not obvious.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum, auto
 
 from raftlog.errors import ErrorCode
 from raftlog.groups.hashing import partition_for_group
+from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.txn import describe
 from raftlog.txn import log_format as fmt
+from raftlog.txn.effects import (
+    MARKER_NOT_NEEDED,
+    MARKER_STALE,
+    Append,
+    Effects,
+    Token,
+    WriteMarkers,
+    map_append_error,
+)
 from raftlog.txn.log_format import (
     MAX_PRODUCER_EPOCH,
     MAX_TRANSACTIONAL_ID_BYTES,
@@ -69,74 +79,11 @@ from raftlog.txn.state import (
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
-Token = Hashable
 # Returns a fresh producer id, or None while none is at hand (the driver fetches blocks of
 # ids from the controller with AllocateProducerIds); the caller then retries.
 ProducerIdAllocator = Callable[[], int | None]
 
 S = TransactionState
-
-# How a failed append of `__transaction_state` surfaces (Kafka's TransactionStateManager).
-_APPEND_ERROR_MAP = {
-    ErrorCode.unknown_topic_or_partition: ErrorCode.coordinator_not_available,
-    ErrorCode.not_enough_replicas: ErrorCode.coordinator_not_available,
-    ErrorCode.not_enough_replicas_after_append: ErrorCode.coordinator_not_available,
-    ErrorCode.request_timed_out: ErrorCode.coordinator_not_available,
-    ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
-    ErrorCode.kafka_storage_error: ErrorCode.not_coordinator,
-    ErrorCode.message_too_large: ErrorCode.unknown_server_error,
-    ErrorCode.record_list_too_large: ErrorCode.unknown_server_error,
-}
-
-# Marker answers after which the partition counts as done without a marker (Kafka: its
-# log cannot hold one; nothing it holds waits for it).
-_MARKER_NOT_NEEDED = frozenset({ErrorCode.unsupported_for_message_format})
-# A newer coordinator or producer epoch is on the partition: this coordinator is stale and
-# stops; the one that loaded the partition since finishes the transaction (Kafka's rule).
-_MARKER_STALE = frozenset(
-    {ErrorCode.transaction_coordinator_fenced, ErrorCode.invalid_producer_epoch}
-)
-
-
-def map_append_error(code: ErrorCode) -> ErrorCode:
-    return _APPEND_ERROR_MAP.get(code, code)
-
-
-@dataclass(frozen=True)
-class Append:
-    """Append `records` to `__transaction_state` partition `partition` with acks=all, then
-    call TxnCoordinator.on_append_done(append_id, error_code, now_ms)."""
-
-    append_id: int
-    partition: int
-    records: tuple[Record, ...]
-
-
-@dataclass(frozen=True)
-class WriteMarkers:
-    """Write one COMMIT/ABORT marker to each of `partitions` (WriteTxnMarkers), then call
-    TxnCoordinator.on_markers_done(marker_id, {partition: error_code}, now_ms)."""
-
-    marker_id: int
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    coordinator_epoch: int
-    commit: bool
-    partitions: tuple[TopicPartition, ...]
-
-
-@dataclass
-class Effects:
-    replies: list[tuple[Token, object]] = field(default_factory=list)
-    appends: list[Append] = field(default_factory=list)
-    markers: list[WriteMarkers] = field(default_factory=list)
-
-    def extend(self, other: Effects) -> None:
-        self.replies.extend(other.replies)
-        self.appends.extend(other.appends)
-        self.markers.extend(other.markers)
 
 
 class _Why(Enum):
@@ -699,9 +646,9 @@ class TxnCoordinator:
         for partition, code in results.items():
             if partition not in txn.partitions:
                 continue
-            if code is ErrorCode.none or code in _MARKER_NOT_NEEDED:
+            if code is ErrorCode.none or code in MARKER_NOT_NEEDED:
                 txn.remove_partition(partition)
-            elif code in _MARKER_STALE:
+            elif code in MARKER_STALE:
                 log.warning(
                     "marker of %r on %s-%d refused (%s): a newer coordinator finishes it",
                     txn_id,

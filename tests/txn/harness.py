@@ -8,7 +8,8 @@ from typing import Any
 
 from raftlog.errors import ErrorCode
 from raftlog.txn import log_format as fmt
-from raftlog.txn.coordinator import Append, Effects, TxnCoordinator, WriteMarkers
+from raftlog.txn.coordinator import TxnCoordinator
+from raftlog.txn.effects import Append, Effects, WriteMarkers
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,

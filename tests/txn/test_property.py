@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from raftlog.errors import ErrorCode
 from raftlog.txn import log_format as fmt
-from raftlog.txn.coordinator import Append, WriteMarkers
+from raftlog.txn.effects import Append, WriteMarkers
 from raftlog.txn.log_format import TransactionState
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,

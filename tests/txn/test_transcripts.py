@@ -25,7 +25,7 @@ import pytest
 
 from raftlog.errors import ErrorCode
 from raftlog.txn import log_format as fmt
-from raftlog.txn.coordinator import Effects
+from raftlog.txn.effects import Effects
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
