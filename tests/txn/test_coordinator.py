@@ -9,7 +9,12 @@ from raftlog.groups.hashing import partition_for_group
 from raftlog.txn import log_format as fmt
 from raftlog.txn.coordinator import TxnCoordinator
 from raftlog.txn.log_format import MAX_PRODUCER_EPOCH, TransactionLogValue, TransactionState
-from raftlog.txn.messages import AddPartitionsTxn, EndTxnRequest, InitProducerIdRequest
+from raftlog.txn.messages import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsTxn,
+    EndTxnRequest,
+    InitProducerIdRequest,
+)
 from raftlog.txn.settings import TxnConfig
 from tests.txn.harness import TIMEOUT_MS, Harness, txn_id_on
 
@@ -503,3 +508,57 @@ def test_describe_and_list():
     long_running = h.coord.list_transactions(duration_filter_ms=4_000, now_ms=h.now_ms)
     assert [t.transactional_id for t in long_running.transactions] == ["a"]
     assert h.coord.list_transactions(duration_filter_ms=6_000, now_ms=h.now_ms).transactions == ()
+
+
+def test_resign_answers_batched_and_offsets_requests():
+    h = Harness()
+    pid, epoch = begin(h)
+    h.auto = False
+    batch = h.call(
+        "add_partitions_to_txn",
+        [AddPartitionsTxn("tx", pid, epoch, (U0,)), AddPartitionsTxn("zz", 1, 0, (U0,))],
+    )
+    h2 = Harness()
+    pid2, epoch2 = begin(h2)
+    h2.auto = False
+    offsets = h2.call(
+        "add_offsets_to_txn",
+        AddOffsetsToTxnRequest("tx", pid2, epoch2, "g"),
+    )
+    h.apply(h.coord.resign(h.now_ms))
+    h2.apply(h2.coord.resign(h2.now_ms))
+    results = h.reply(batch)
+    assert [r.errors for r in results] == [
+        {U0: E.not_coordinator},
+        {U0: E.invalid_producer_id_mapping},
+    ]
+    assert h2.reply(offsets) is E.not_coordinator
+
+
+def test_marker_answers_missing_partitions_are_retried_and_old_formats_count_as_written():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0, T1, U0)
+    h.auto = False
+    h.end("tx", pid, epoch, False)
+    h.flush_appends()
+    (marker,) = h.markers
+    h.markers.clear()
+    h.apply(
+        h.coord.on_markers_done(
+            marker.marker_id, {T0: E.none, T1: E.unsupported_for_message_format}, h.now_ms
+        )
+    )
+    assert h.coord.transactions["tx"].partitions == {U0}
+    h.tick(h.config.transaction_marker_retry_backoff_ms)
+    assert [m.partitions for m in h.markers] == [(U0,)]
+
+
+def test_fencing_abort_whose_record_fails_answers_the_error():
+    h = Harness()
+    begin(h)
+    h.auto = False
+    token = h.call("init_producer_id", InitProducerIdRequest("tx", TIMEOUT_MS))
+    h.flush_appends(E.not_enough_replicas)
+    assert h.reply(token).error_code is E.coordinator_not_available
+    assert h.state_of("tx") is S.ONGOING and h.coord.transactions["tx"].producer_epoch == 0
+    assert h.markers == []
