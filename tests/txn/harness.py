@@ -51,7 +51,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.log: list[fmt.Record] = []
-        self.replies: dict[int, Any] = {}
+        self.replies: dict[Any, Any] = {}
         self.appends: list[Append] = []
         self.markers: list[WriteMarkers] = []
         # Every marker a partition acknowledged: (partition, producer id, epoch, commit).

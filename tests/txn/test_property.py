@@ -140,8 +140,8 @@ class World:
             pid, epoch = self.held_or_guess(txn_id, stale)
             partitions = data.draw(st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=3))
             verify_only = data.draw(st.booleans())
-            req = AddPartitionsTxn(txn_id, pid, epoch, tuple(partitions), verify_only)
-            h.call("add_partitions_to_txn", [req])
+            add = AddPartitionsTxn(txn_id, pid, epoch, tuple(partitions), verify_only)
+            h.call("add_partitions_to_txn", [add])
         elif op == "offsets":
             pid, epoch = self.held_or_guess(txn_id, stale)
             h.call("add_offsets_to_txn", AddOffsetsToTxnRequest(txn_id, pid, epoch, "g"))
