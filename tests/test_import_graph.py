@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.net.limits",
         "raftlog.net.wire",
         "raftlog.net.rpc",
+        "raftlog.net.tls",
         "raftlog.net.kafka.backend",
         "raftlog.metadata.records",
         "raftlog.metadata.controller.messages",
