@@ -24,7 +24,8 @@ import trio
 from raftlog.broker import BrokerBackend, quorum_info_from_progress
 from raftlog.clock import clock_ms, wall_clock_ms
 from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
-from raftlog.config import Listener, NodeConfig, parse_bootstrap_scram
+from raftlog.config import NodeConfig
+from raftlog.config_listeners import Listener, parse_bootstrap_scram
 from raftlog.errors import (
     ConfigError,
     ErrorCode,

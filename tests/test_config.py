@@ -216,7 +216,7 @@ def test_tls_files_must_exist_and_mutual_tls_needs_a_ca(tmp_path):
 
 
 def test_bootstrap_scram_credentials_take_kafka_storage_syntax_salted_only():
-    from raftlog.config import parse_bootstrap_scram
+    from raftlog.config_listeners import parse_bootstrap_scram
 
     entry = 'SCRAM-SHA-512=[name=admin,iterations=8192,salt="c2FsdA==",saltedpassword="AAECAw=="]'
     (credential,) = parse_bootstrap_scram(f"{entry}; ")

@@ -29,7 +29,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.epochs",
     ),
     # 1: configuration and the Kafka record format
-    ("raftlog.config", "raftlog.config_keys", "raftlog.records", "raftlog.batch_validation"),
+    (
+        "raftlog.config",
+        "raftlog.config_keys",
+        "raftlog.config_listeners",
+        "raftlog.records",
+        "raftlog.batch_validation",
+    ),
     # 2: disk, framing and internal RPC, declared messages and records, the Kafka-facing
     # seam types, the client
     (

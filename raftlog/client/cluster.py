@@ -29,7 +29,7 @@ from raftlog.client.connection import (
 )
 from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.client.protocol import error_of
-from raftlog.config import parse_host_port
+from raftlog.config_listeners import parse_host_port
 from raftlog.errors import ErrorCode, KafkaError
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raftlog.config_listeners import SASL_MECHANISMS
 from raftlog.constants import MIB
 from raftlog.errors import ConfigError
 
@@ -38,7 +39,6 @@ MAX_VALUE_CHARS = 8_192
 MAX_USERNAME_CHARS = 1_024
 MAX_PASSWORD_CHARS = 1_024
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # Mechanisms Kafka knows that raftlog does not implement: named in the error, not "unknown".
 _UNSUPPORTED_MECHANISMS = ("GSSAPI", "OAUTHBEARER", "AWS_MSK_IAM")
 _PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"

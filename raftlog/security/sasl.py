@@ -23,11 +23,13 @@ import secrets
 from collections.abc import Callable, Collection
 from typing import Protocol
 
+from raftlog.config_listeners import SASL_MECHANISMS
 from raftlog.errors import RemoteError
 from raftlog.security import scram
 from raftlog.security.acl import ScramCredential, ScramMechanism
 
-SUPPORTED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# The mechanisms implemented here; the config keys and client properties accept these names.
+SUPPORTED_MECHANISMS = SASL_MECHANISMS
 SCRAM_MECHANISMS = {m.sasl_name: m for m in scram.MECHANISMS}
 
 # One SASL message from a client; a SCRAM client-first with a 255-byte name is far smaller.

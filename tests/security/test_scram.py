@@ -134,7 +134,7 @@ def test_verify_password_false_on_malformed_credential() -> None:
 
 
 def test_a_bootstrap_entry_is_what_the_node_config_reads_and_holds_no_password() -> None:
-    from raftlog.config import parse_bootstrap_scram
+    from raftlog.config_listeners import parse_bootstrap_scram
 
     mechanism = ScramMechanism.SCRAM_SHA_512
     entry = scram.bootstrap_entry(mechanism, "admin", "s3cret", iterations=8192)
