@@ -38,6 +38,8 @@ from raftlog.net.kafka.backend import (
     CreateTopicResult,
     DeleteTopicResult,
     PartitionInfo,
+    PartitionProducers,
+    ProducerDescription,
     ProducerIdResult,
     QuorumInfo,
     QuotaAlteration,
@@ -48,8 +50,11 @@ from raftlog.net.kafka.backend import (
     ScramAlterResult,
     ScramUserDescription,
     TopicInfo,
+    TopicPartitionKey,
+    TxnMarkerWrite,
 )
 from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.txn_markers import MAX_PRODUCER_STATE_WAIT_MS, TxnMarkerRequest
 from raftlog.security.acl import AclBinding, AclBindingFilter, ScramCredential, ScramMechanism
 from raftlog.security.authorizer import Authorizer
 
@@ -86,6 +91,7 @@ class BrokerBackend:
         self.offset_for_leader_epoch = replicas.reads.offset_for_leader_epoch
         self.data_event = replicas.replicas.data_event
         self._unsafe_partitions = replicas.unsafe_partitions
+        self._replica_manager = replicas
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
         # The ACL authorizer the Kafka handlers ask (raftlog.net.kafka.authz), or None when
@@ -405,8 +411,9 @@ class BrokerBackend:
         producer_epoch: int,
     ) -> ProducerIdResult:
         if transactional_id is not None:
-            # Transactions are not implemented; refusing beats pretending.
-            return ProducerIdResult(ErrorCode.transactional_id_authorization_failed)
+            # The handlers send these to the transaction coordinator (handlers_txn.py); an id
+            # handed out here would be one no coordinator knows.
+            return ProducerIdResult(ErrorCode.coordinator_not_available)
         # Without a transactional id there is no state to check an offered id/epoch against
         # (KIP-360 verifies those only for transactional producers), so like Kafka every
         # call gets a fresh producer id at epoch 0. Bumping the offered id's epoch instead
@@ -429,6 +436,46 @@ class BrokerBackend:
                 start = reply.producer_id_start
                 self._producer_ids = list(range(start + reply.producer_id_len - 1, start - 1, -1))
             return self._producer_ids.pop()
+
+    # ---------------------------------------------------------------- transactions
+    async def write_txn_markers(
+        self, markers: Sequence[TxnMarkerWrite]
+    ) -> Sequence[dict[TopicPartitionKey, ErrorCode]]:
+        requests = [
+            TxnMarkerRequest(
+                m.producer_id, m.producer_epoch, m.coordinator_epoch, m.commit, m.partitions
+            )
+            for m in markers
+        ]
+        return await self._replica_manager.write_txn_markers(requests)
+
+    async def describe_producers(self, topic: str, partition: int) -> PartitionProducers:
+        replicas = self._replica_manager.replicas
+        key = (topic, partition)
+        hosted = replicas.partitions.get(key)
+        if hosted is not None and hosted.replica.leader is not None and not hosted.producers.loaded:
+            # A new leader rebuilds its producer state from the log: wait for it (bounded),
+            # as a marker does, rather than answer an empty table.
+            with trio.move_on_after(MAX_PRODUCER_STATE_WAIT_MS / 1000):
+                await hosted.producers.ready.wait()
+            hosted = replicas.partitions.get(key)
+        if hosted is None or hosted.replica.leader is None:
+            return PartitionProducers(replicas.not_leader_error(topic, partition))
+        if not hosted.producers.loaded:
+            return PartitionProducers(ErrorCode.request_timed_out)
+        return PartitionProducers(
+            producers=[
+                ProducerDescription(
+                    producer_id=entry.producer_id,
+                    producer_epoch=entry.epoch,
+                    last_sequence=entry.last_seq,
+                    last_timestamp_ms=entry.last_timestamp_ms,
+                    coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=entry.current_txn_first_offset,
+                )
+                for entry in hosted.producers.table.entries()
+            ]
+        )
 
     # ---------------------------------------------------------------- ACLs and SCRAM
     async def _await_visible(self, predicate: Callable[[MetadataImage], bool]) -> None:

@@ -36,6 +36,8 @@ from raftlog.net.kafka.backend import (
     LeaderHint,
     ListOffsetsResult,
     PartitionInfo,
+    PartitionProducers,
+    ProducerDescription,
     ProduceResult,
     ProducerIdResult,
     ProducerInfo,
@@ -46,7 +48,11 @@ from raftlog.net.kafka.backend import (
     QuotaFilter,
     ReplicaState,
     TopicInfo,
+    TopicPartitionKey,
+    TxnMarkerWrite,
 )
+from raftlog.records import ControlType, TxnMarker, build_txn_marker
+from raftlog.replication.core.producer_table import ProducerStateTable, Verdict
 from raftlog.storage.segment import FileRegion
 
 BATCH_HEADER_BYTES = 61
@@ -70,6 +76,9 @@ class _Partition:
     end_offset: int = 0
     size_bytes: int = 0
     event: trio.Event = field(default_factory=trio.Event)
+    # Producer ids, epochs, sequences and open transactions, as a real leader keeps them
+    # (recorded, never checked: this backend validates nothing).
+    producers: ProducerStateTable = field(default_factory=ProducerStateTable)
 
     def notify(self) -> None:
         self.event.set()
@@ -121,6 +130,8 @@ class MemoryBackend:
         self.codecs_seen: dict[str, set[int]] = {}
         # Tests can make a partition report that another broker leads it.
         self.not_leader: dict[tuple[str, int], LeaderHint] = {}
+        # Every WriteTxnMarkers marker asked for, in order.
+        self.markers_written: list[TxnMarkerWrite] = []
 
     # -- cluster
     @property
@@ -186,6 +197,11 @@ class MemoryBackend:
         if hint is not None:
             return ProduceResult(ErrorCode.not_leader_or_follower, current_leader=hint)
         p = self._partition(topic, partition)
+        base = self._append(topic, p, records)
+        return ProduceResult(ErrorCode.none, base, -1, 0)
+
+    def _append(self, topic: str, p: _Partition, records: bytes) -> int:
+        """Store the batches at the log end; returns the first offset."""
         spans = split_batches(records)
         base = p.end_offset
         data = bytearray(records)
@@ -203,8 +219,9 @@ class MemoryBackend:
             p.end_offset += last_delta + 1
         p.file.write(bytes(data))
         p.size_bytes += len(data)
+        p.producers.update_leader_append(data, base)
         p.notify()
-        return ProduceResult(ErrorCode.none, base, -1, 0)
+        return base
 
     async def fetch(
         self,
@@ -432,6 +449,62 @@ class MemoryBackend:
         producer_epoch: int,
     ) -> ProducerIdResult:
         if transactional_id is not None:
-            raise KafkaError(ErrorCode.transactional_id_authorization_failed)
+            # The handlers send these to the transaction coordinator, never here.
+            raise KafkaError(ErrorCode.coordinator_not_available)
         self._next_producer_id += 1
         return ProducerIdResult(ErrorCode.none, self._next_producer_id, 0)
+
+    # -- transactions
+    async def write_txn_markers(
+        self, markers: Sequence[TxnMarkerWrite]
+    ) -> Sequence[dict[TopicPartitionKey, ErrorCode]]:
+        self.markers_written.extend(markers)
+        return [
+            {key: self._write_marker(marker, *key) for key in marker.partitions}
+            for marker in markers
+        ]
+
+    def _write_marker(self, marker: TxnMarkerWrite, topic: str, partition: int) -> ErrorCode:
+        try:
+            p = self._partition(topic, partition)
+        except KafkaError as exc:
+            return exc.code
+        control_type = ControlType.COMMIT if marker.commit else ControlType.ABORT
+        check = p.producers.check_marker(
+            TxnMarker(
+                marker.producer_id, marker.producer_epoch, control_type, marker.coordinator_epoch
+            )
+        )
+        if check.verdict is Verdict.ERROR:
+            return check.error
+        if check.verdict is Verdict.OK:
+            self._append(
+                topic,
+                p,
+                build_txn_marker(
+                    producer_id=marker.producer_id,
+                    producer_epoch=marker.producer_epoch,
+                    coordinator_epoch=marker.coordinator_epoch,
+                    commit=marker.commit,
+                ),
+            )
+        return ErrorCode.none
+
+    async def describe_producers(self, topic: str, partition: int) -> PartitionProducers:
+        try:
+            p = self._partition(topic, partition)
+        except KafkaError as exc:
+            return PartitionProducers(exc.code)
+        return PartitionProducers(
+            producers=[
+                ProducerDescription(
+                    producer_id=e.producer_id,
+                    producer_epoch=e.epoch,
+                    last_sequence=e.last_seq,
+                    last_timestamp_ms=e.last_timestamp_ms,
+                    coordinator_epoch=e.coordinator_epoch,
+                    current_txn_start_offset=e.current_txn_first_offset,
+                )
+                for e in p.producers.entries()
+            ]
+        )

@@ -245,6 +245,41 @@ class ProducerIdResult:
     producer_epoch: int = -1
 
 
+# ------------------------------------------------------------------------------ transactions
+# (topic, partition)
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class TxnMarkerWrite:
+    """One COMMIT/ABORT marker of a WriteTxnMarkers request, to write on `partitions`
+    (Kafka's WritableTxnMarker)."""
+
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    commit: bool
+    partitions: tuple[TopicPartitionKey, ...]
+
+
+@dataclass(frozen=True)
+class ProducerDescription:
+    """One active producer of a partition, as DescribeProducers reports it."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int = -1
+    last_timestamp_ms: int = -1
+    coordinator_epoch: int = -1  # of the last marker; -1: none seen
+    current_txn_start_offset: int = -1  # first offset of the open transaction; -1: none
+
+
+@dataclass(frozen=True)
+class PartitionProducers:
+    error: ErrorCode = ErrorCode.none
+    producers: Sequence[ProducerDescription] = ()
+
+
 # ------------------------------------------------------------------------------ security
 @dataclass(frozen=True)
 class AclCreateResult:
@@ -418,7 +453,24 @@ class KafkaBackend(Protocol):
         transaction_timeout_ms: int,
         producer_id: int,
         producer_epoch: int,
-    ) -> ProducerIdResult: ...
+    ) -> ProducerIdResult:
+        """A producer id for an idempotent producer. The handlers never pass a
+        transactional id: those go to the transaction coordinator (TxnService)."""
+        ...
+
+    # -- transactions (the coordinator's side is raftlog.txn.service.TxnService)
+    async def write_txn_markers(
+        self, markers: Sequence[TxnMarkerWrite]
+    ) -> Sequence[dict[TopicPartitionKey, ErrorCode]]:
+        """WriteTxnMarkers: each marker on each of its partitions this broker leads, answered
+        once committed (acks=all); one error code per partition (NOT_LEADER_OR_FOLLOWER for
+        partitions led elsewhere), one mapping per marker, in order."""
+        ...
+
+    async def describe_producers(self, topic: str, partition: int) -> PartitionProducers:
+        """DescribeProducers: the active producers of a partition this broker leads
+        (NOT_LEADER_OR_FOLLOWER / UNKNOWN_TOPIC_OR_PARTITION otherwise)."""
+        ...
 
     # -- ACLs and SCRAM credentials (writes go to the controller; reads from this image)
     async def create_acls(self, creations: Sequence[AclBinding]) -> Sequence[AclCreateResult]:

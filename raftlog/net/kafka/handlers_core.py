@@ -306,9 +306,20 @@ def _refuse_unauthorized(
 
 # ------------------------------------------------------------------------------ InitProducerId
 async def handle_init_producer_id(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    """InitProducerId for idempotent producers. One with a transactional id is the
+    transaction coordinator's: register_txn_apis (handlers_txn.py) puts a handler in front of
+    this one that routes it there; without one, the answer is COORDINATOR_NOT_AVAILABLE, as
+    FindCoordinator answers for a transactional id then."""
     refusal = authz.init_producer_id_refusal(ctx, request.transactional_id)
     if refusal is not None:
         return {"throttle_time": 0, "error_code": refusal, "producer_id": -1, "producer_epoch": -1}
+    if request.transactional_id is not None:
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.coordinator_not_available,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     result = await guarded(
         "init_producer_id",
         lambda: ctx.backend.init_producer_id(
