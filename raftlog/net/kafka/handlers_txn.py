@@ -539,14 +539,17 @@ class TxnHandlers:
                 answers.append(None)
                 asked.append(transactional_id)
         if asked:
-            described = iter(
-                await guarded(
-                    "txn describe_transactions",
-                    lambda: self.service.describe_transactions(asked),
-                    lambda code, _msg: [DescribedTransaction(t, code) for t in asked],
-                )
+            described = await guarded(
+                "txn describe_transactions",
+                lambda: self.service.describe_transactions(asked),
+                lambda code, _msg: [DescribedTransaction(t, code) for t in asked],
             )
-            answers = [a if a is not None else next(described) for a in answers]
+            # One answer per id asked, in order; anything else is a broken service.
+            if [d.transactional_id for d in described] != asked:
+                log.error("describe_transactions answered %d of %d ids", len(described), len(asked))
+                described = [DescribedTransaction(t, ErrorCode.unknown_server_error) for t in asked]
+            in_order = iter(described)
+            answers = [a if a is not None else next(in_order) for a in answers]
         states = []
         for found in answers:
             assert found is not None
