@@ -1,0 +1,541 @@
+"""TxnService on a real node: the transaction coordinator lives where `__transaction_state`
+leads.
+
+The coordinator of a transactional id is the leader of its `__transaction_state` partition.
+Transitions are appended to that partition with acks=all through the ReplicaManager, so they
+survive a failover: the next leader replays the partition before serving, with its own leader
+epoch as the coordinator epoch. Leadership comes from the metadata image, as for groups
+(groups/node_service.py); the topic is created on the first FindCoordinator for a
+transactional id.
+
+Markers go to each partition's leader: this node's own partitions through
+ReplicaManager.write_txn_markers, others through the internal RPC "txn.markers", whose
+handler on the leader does the same. After a marker lands on a `__consumer_offsets`
+partition, the leader tells its group coordinator (`complete_transaction`), which makes the
+transaction's offset commits visible or drops them.
+
+KIP-890 part 1: the produce path asks `verify` before a transactional batch opens a
+transaction on a partition; this node's coordinator answers directly, another node's through
+the internal RPC "txn.verify".
+
+This module sits below the replication and controller layers it drives (raftlog.txn is one
+layer of the import graph), so those arrive as plain objects: `metadata` (MetadataService:
+`.image`), `controller` (ControllerClient: `await call(request)`), `lifecycle`
+(BrokerLifecycle: `.broker_epoch`), `replicas` (ReplicaManager), and `marker_request`
+(replication.txn_markers.TxnMarkerRequest, the type write_txn_markers takes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import trio
+
+from raftlog.clock import wall_clock_ms
+from raftlog.codec import DecodeError
+from raftlog.config import NodeConfig
+from raftlog.constants import NO_LEADER
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.groups.service import CoordinatorLocation
+from raftlog.groups.settings import OFFSETS_TOPIC
+from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.net.rpc import PeerSet, RpcError
+from raftlog.records import Record as KafkaRecord
+from raftlog.records import build_batch, iter_batches, iter_records
+from raftlog.txn import rpc_bodies as wire
+from raftlog.txn.effects import WriteMarkers
+from raftlog.txn.log_format import TRANSACTION_STATE_TOPIC, Record, TopicPartition
+from raftlog.txn.messages import (
+    AddOffsetsToTxnRequest,
+    AddPartitionsTxn,
+    AddPartitionsTxnResult,
+    DescribedTransaction,
+    EndTxnRequest,
+    EndTxnResult,
+    InitProducerIdRequest,
+    InitProducerIdResult,
+    ListTransactionsResult,
+)
+from raftlog.txn.settings import TxnConfig, partition_for_transactional_id
+from raftlog.txn.shell import TxnCoordinatorShell
+
+log = logging.getLogger("raftlog.txn")
+
+# Kafka's transaction.state.log.replication.factor and transaction.state.log.min.isr
+# defaults; the factor is capped by the live brokers when the topic is created.
+TRANSACTION_STATE_REPLICATION_FACTOR = 3
+TRANSACTION_STATE_MIN_ISR = 2
+# Bytes read per step (on the event loop) when a new coordinator replays its partition.
+LOAD_READ_BYTES = 256 * 1024
+# How long a transition may wait for acks=all before its caller is told to retry.
+TXN_STATE_APPEND_TIMEOUT_MS = 10_000
+# A remote verification waits at most this long (the produce then fails retriably).
+VERIFY_RPC_TIMEOUT_S = 10.0
+# On top of the leader's own wait for acks=all (request_timeout_ms) before a marker call to
+# another broker is given up and retried.
+MARKER_RPC_SLACK_S = 5.0
+
+# (producer id, producer epoch, coordinator epoch, commit, partitions) -> TxnMarkerRequest.
+MarkerRequestFactory = Callable[[int, int, int, bool, tuple[TopicPartition, ...]], Any]
+# complete_transaction(offsets partition, producer id, committed): the group coordinator's
+# hook once a marker is on that `__consumer_offsets` partition.
+CompleteTransaction = Callable[[int, int, bool], Awaitable[Any]]
+
+# Verification answers a Produce response may not carry, mapped as Kafka 3.6+ does
+# (ReplicaManager's verification callback and AddPartitionsToTxnManager): a producer treats
+# NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE / COORDINATOR_LOAD_IN_PROGRESS /
+# CONCURRENT_TRANSACTIONS on a Produce as fatal or unknown, so the broker answers
+# NOT_ENOUGH_REPLICAS, which every producer retries (the batch is unchanged, the coordinator
+# is looked up or loaded meanwhile). PRODUCER_FENCED becomes INVALID_PRODUCER_EPOCH, the
+# fencing error Produce has always had. INVALID_TXN_STATE (the partition is not in the
+# transaction) and the rest pass through.
+_VERIFY_ERRORS_FOR_PRODUCE = {
+    ErrorCode.not_coordinator: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_not_available: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_load_in_progress: ErrorCode.not_enough_replicas,
+    ErrorCode.concurrent_transactions: ErrorCode.not_enough_replicas,
+    ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
+}
+
+
+class NotABrokerError(KafkaError):
+    """An internal transaction call from a node the metadata does not know as a broker."""
+
+
+class NodeTxnService:
+    """Implements raftlog.txn.service.TxnService for one broker, plus KIP-890's `verify`."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        metadata: Any,
+        controller: Any,
+        lifecycle: Any,
+        replicas: Any,
+        peers: PeerSet,
+        *,
+        marker_request: MarkerRequestFactory,
+        txn_config: TxnConfig | None = None,
+        complete_transaction: CompleteTransaction | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.metadata = metadata
+        self.controller = controller
+        self.lifecycle = lifecycle
+        self.replicas = replicas
+        self.peers = peers
+        self.marker_request = marker_request
+        self.complete_transaction = complete_transaction
+        txn_config = txn_config or TxnConfig(
+            offsets_topic_num_partitions=config.offsets_topic_num_partitions
+        )
+        self.shell = TxnCoordinatorShell(
+            txn_config,
+            self._append,
+            self._read_all,
+            self.write_markers,
+            self._allocate_producer_ids,
+            clock_ms=clock_ms,
+        )
+        self._creating = False
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def txn_config(self) -> TxnConfig:
+        return self.shell.config
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.shell.run)
+            task_status.started()
+
+    def register_rpc(self, node_methods: dict[str, Any]) -> None:
+        """The two internal methods, as handler(sender node id, body)."""
+        node_methods[wire.TXN_MARKERS_METHOD] = self.handle_markers
+        node_methods[wire.TXN_VERIFY_METHOD] = self.handle_verify
+
+    # ---------------------------------------------------------------- FindCoordinator
+    async def coordinator_for(self, transactional_id: str) -> CoordinatorLocation:
+        image: MetadataImage = self.metadata.image
+        topic = image.topic(TRANSACTION_STATE_TOPIC)
+        if topic is None:
+            self._create_topic()
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        partition = partition_for_transactional_id(transactional_id, len(topic.partitions))
+        state = topic.partitions.get(partition)
+        if state is None or state.leader == NO_LEADER:
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        broker = image.brokers.get(state.leader)
+        if broker is None or broker.fenced:
+            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+        host, port = broker.client_endpoint
+        return CoordinatorLocation(ErrorCode.none, state.leader, host, port)
+
+    def _create_topic(self) -> None:
+        if self._creating or self._nursery is None:
+            return
+        self._creating = True
+        self._nursery.start_soon(self._create_topic_task)
+
+    async def _create_topic_task(self) -> None:
+        try:
+            live = len(self.metadata.image.unfenced_brokers())
+            replication_factor = max(1, min(TRANSACTION_STATE_REPLICATION_FACTOR, live))
+            min_isr = min(TRANSACTION_STATE_MIN_ISR, replication_factor)
+            request = cm.CreateTopics(
+                (
+                    cm.NewTopic(
+                        TRANSACTION_STATE_TOPIC,
+                        self.txn_config.transaction_state_log_num_partitions,
+                        replication_factor,
+                        configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_isr)},
+                    ),
+                )
+            )
+            reply = await self.controller.call(request)
+            result = reply.results[0]
+            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
+                log.warning(
+                    "cannot create %s: %s %s",
+                    TRANSACTION_STATE_TOPIC,
+                    result.error_code.name,
+                    result.error_message,
+                )
+        except KafkaError as exc:
+            log.warning("cannot create %s: %s", TRANSACTION_STATE_TOPIC, exc)
+        finally:
+            self._creating = False
+
+    # ---------------------------------------------------------------- leadership
+    def on_metadata(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        """Follow leadership of the `__transaction_state` partitions (called after the
+        ReplicaManager's listener, so a partition led here is already hosted as leader)."""
+        topic = image.topic(TRANSACTION_STATE_TOPIC)
+        led: dict[int, int] = {}
+        if topic is not None:
+            count = len(topic.partitions)
+            if count != self.txn_config.transaction_state_log_num_partitions:
+                if self.shell.partitions:
+                    log.error("%s changed to %d partitions", TRANSACTION_STATE_TOPIC, count)
+                    return
+                # As Kafka: the topic's partition count routes transactional ids, whatever
+                # this node's configuration says.
+                self.shell.config = replace(
+                    self.txn_config, transaction_state_log_num_partitions=count
+                )
+            led = {
+                partition: state.leader_epoch
+                for partition, state in topic.partitions.items()
+                if state.leader == self.node_id
+            }
+        for partition, epoch in sorted(self.shell.partitions.items()):
+            if led.get(partition) != epoch:
+                self.shell.resign(partition)
+        for partition, epoch in sorted(led.items()):
+            self.shell.become_coordinator(partition, epoch)
+
+    # ---------------------------------------------------------------- TxnService
+    async def init_producer_id(self, request: InitProducerIdRequest) -> InitProducerIdResult:
+        return await self.shell.init_producer_id(request)
+
+    async def add_partitions_to_txn(
+        self, transactions: Sequence[AddPartitionsTxn]
+    ) -> list[AddPartitionsTxnResult]:
+        return await self.shell.add_partitions_to_txn(transactions)
+
+    async def add_offsets_to_txn(self, request: AddOffsetsToTxnRequest) -> ErrorCode:
+        return await self.shell.add_offsets_to_txn(request)
+
+    async def end_txn(self, request: EndTxnRequest) -> EndTxnResult:
+        return await self.shell.end_txn(request)
+
+    async def describe_transactions(
+        self, transactional_ids: Sequence[str]
+    ) -> list[DescribedTransaction]:
+        return await self.shell.describe_transactions(transactional_ids)
+
+    async def list_transactions(
+        self,
+        state_filters: Iterable[str],
+        producer_id_filters: Iterable[int],
+        duration_filter_ms: int,
+    ) -> ListTransactionsResult:
+        return await self.shell.list_transactions(
+            state_filters, producer_id_filters, duration_filter_ms
+        )
+
+    # ---------------------------------------------------------------- KIP-890 part 1
+    async def verify(self, request: Any) -> ErrorCode:
+        """ProducePath.verify_transaction: `request` is a replication.produce.TxnProduce."""
+        transactional_id: str | None = request.transactional_id
+        if not transactional_id:
+            # A transactional batch whose request names no transactional id cannot be
+            # checked against any coordinator: it cannot open a transaction.
+            return ErrorCode.invalid_txn_state
+        args = (
+            transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.topic,
+            request.partition,
+        )
+        leader = self._txn_state_leader(transactional_id)
+        if leader is None:
+            code = ErrorCode.coordinator_not_available
+        elif leader == self.node_id:
+            code = self.shell.verify(*args)
+        else:
+            code = await self._verify_remotely(leader, args)
+        return _VERIFY_ERRORS_FOR_PRODUCE.get(code, code)
+
+    def _txn_state_leader(self, transactional_id: str) -> int | None:
+        image: MetadataImage = self.metadata.image
+        topic = image.topic(TRANSACTION_STATE_TOPIC)
+        if topic is None:
+            return None
+        partition = partition_for_transactional_id(transactional_id, len(topic.partitions))
+        state = topic.partitions.get(partition)
+        if state is None or state.leader == NO_LEADER:
+            return None
+        return state.leader
+
+    async def _verify_remotely(
+        self, leader: int, args: tuple[str, int, int, str, int]
+    ) -> ErrorCode:
+        try:
+            body = wire.verify_request(*args)
+        except DecodeError:
+            return ErrorCode.invalid_request  # a value no peer would accept
+        try:
+            answer = await self._peer(leader).call(
+                wire.TXN_VERIFY_METHOD, body, timeout_s=VERIFY_RPC_TIMEOUT_S
+            )
+            return wire.decode_verify_response(answer)
+        except (RpcError, KafkaError, DecodeError) as exc:
+            log.info("verifying with the coordinator on node %d failed: %s", leader, exc)
+            return ErrorCode.coordinator_not_available
+
+    async def handle_verify(self, sender_id: int, body: Any) -> Any:
+        """The coordinator's side of "txn.verify"; answers the coordinator's own code (the
+        asking leader maps it for its producer)."""
+        self._check_broker(sender_id)
+        request = wire.decode_verify_request(body)
+        code = self.shell.verify(
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            request.topic,
+            request.partition,
+        )
+        return wire.verify_response(code)
+
+    # ---------------------------------------------------------------- markers
+    async def write_markers(self, send: WriteMarkers) -> dict[TopicPartition, ErrorCode]:
+        """One transaction's markers, each partition through its leader; one code each."""
+        image: MetadataImage = self.metadata.image
+        results: dict[TopicPartition, ErrorCode] = {}
+        by_leader: dict[int, list[TopicPartition]] = {}
+        for key in send.partitions:
+            topic = image.topic(key[0])
+            state = None if topic is None else topic.partitions.get(key[1])
+            if state is None:
+                # As Kafka: the partition was deleted, nothing on it waits for a marker.
+                log.info("no marker for deleted %s-%d", *key)
+                results[key] = ErrorCode.none
+            elif state.leader == NO_LEADER:
+                results[key] = ErrorCode.not_leader_or_follower  # retried after the backoff
+            else:
+                by_leader.setdefault(state.leader, []).append(key)
+
+        async def deliver(leader: int, partitions: tuple[TopicPartition, ...]) -> None:
+            marker = (
+                send.producer_id,
+                send.producer_epoch,
+                send.coordinator_epoch,
+                send.commit,
+                partitions,
+            )
+            if leader == self.node_id:
+                results.update(await self.write_local_markers(*marker))
+            else:
+                results.update(await self._write_remote_markers(leader, marker))
+
+        async with trio.open_nursery() as nursery:
+            for leader, partitions in by_leader.items():
+                nursery.start_soon(deliver, leader, tuple(partitions))
+        return results
+
+    async def write_local_markers(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        partitions: tuple[TopicPartition, ...],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """Write one marker on partitions this node leads, then tell the group coordinator
+        about the `__consumer_offsets` partitions among them."""
+        request = self.marker_request(
+            producer_id, producer_epoch, coordinator_epoch, commit, partitions
+        )
+        [results] = await self.replicas.write_txn_markers([request])
+        results = dict(results)
+        if self.complete_transaction is not None:
+            for (topic, partition), code in list(results.items()):
+                if topic != OFFSETS_TOPIC or code != ErrorCode.none:
+                    continue
+                try:
+                    await self.complete_transaction(partition, producer_id, commit)
+                except Exception as exc:
+                    # The marker is written; the coordinator sends it again (a duplicate is
+                    # answered without a second append) and the group coordinator is asked
+                    # again, so it must treat a second call as done.
+                    log.warning(
+                        "completing the transaction of producer %d on %s-%d failed: %s",
+                        producer_id,
+                        topic,
+                        partition,
+                        exc,
+                    )
+                    results[(topic, partition)] = (
+                        exc.code if isinstance(exc, KafkaError) else ErrorCode.request_timed_out
+                    )
+        return results
+
+    async def _write_remote_markers(
+        self, leader: int, marker: tuple[int, int, int, bool, tuple[TopicPartition, ...]]
+    ) -> dict[TopicPartition, ErrorCode]:
+        partitions = marker[4]
+        timeout_s = self.config.request_timeout_ms / 1000 + MARKER_RPC_SLACK_S
+        try:
+            answer = await self._peer(leader).call(
+                wire.TXN_MARKERS_METHOD, wire.markers_request(*marker), timeout_s=timeout_s
+            )
+            answered = wire.decode_markers_response(answer)
+        except (RpcError, KafkaError, DecodeError) as exc:
+            log.info("markers to node %d failed, to be retried: %s", leader, exc)
+            return {key: ErrorCode.request_timed_out for key in partitions}
+        # Only what was asked: a partition left out counts as failed (the core retries it).
+        return {key: answered[key] for key in partitions if key in answered}
+
+    async def handle_markers(self, sender_id: int, body: Any) -> Any:
+        """The partition leader's side of "txn.markers"."""
+        self._check_broker(sender_id)
+        request = wire.decode_markers_request(body)
+        results = await self.write_local_markers(
+            request.producer_id,
+            request.producer_epoch,
+            request.coordinator_epoch,
+            request.commit,
+            request.topic_partitions,
+        )
+        return wire.markers_response(results)
+
+    # ---------------------------------------------------------------- plumbing
+    def _check_broker(self, sender_id: int) -> None:
+        # Only a broker coordinates transactions; a controller-only node or an unknown
+        # peer has no business writing markers or asking about producers.
+        image: MetadataImage = self.metadata.image
+        if sender_id not in image.brokers:
+            raise NotABrokerError(ErrorCode.cluster_authorization_failed, f"node {sender_id}")
+
+    def _peer(self, node_id: int) -> Any:
+        image: MetadataImage = self.metadata.image
+        registration = image.brokers.get(node_id)
+        if registration is None:
+            raise KafkaError(ErrorCode.broker_not_available, f"unknown broker {node_id}")
+        # A voter is reached at its controller_quorum_voters address, as every other
+        # internal caller reaches it (one PeerClient per node, re-created when the address
+        # a caller names differs).
+        address = self.config.voters.get(node_id) or registration.internal_endpoint
+        return self.peers.peer(node_id, *address)
+
+    async def _allocate_producer_ids(self) -> range:
+        reply = await self.controller.call(
+            cm.AllocateProducerIds(self.node_id, self.lifecycle.broker_epoch)
+        )
+        if reply.error_code != ErrorCode.none:
+            raise KafkaError(reply.error_code, reply.error_message or "AllocateProducerIds")
+        start = reply.producer_id_start
+        return range(start, start + reply.producer_id_len)
+
+    async def _append(self, partition: int, records: list[Record]) -> None:
+        batch = build_batch([KafkaRecord(key=key, value=value) for key, value in records])
+        result = await self.replicas.writes.produce(
+            TRANSACTION_STATE_TOPIC, partition, batch, -1, TXN_STATE_APPEND_TIMEOUT_MS
+        )
+        if result.error != ErrorCode.none:
+            raise KafkaError(result.error, result.error_message or "transaction state append")
+
+    async def _read_all(self, partition: int) -> list[Record]:
+        """Every (key, value) of the partition, in log order, read on the event loop one
+        bounded chunk at a time (as groups/node_service.py reads `__consumer_offsets`, and
+        for the same reasons: the log changes only on the event loop, and a follower's cut
+        runs in a worker thread, which each chunk waits out)."""
+        hosted = self.replicas.replicas.partitions.get((TRANSACTION_STATE_TOPIC, partition))
+        if hosted is None:
+            return []
+        partition_log = hosted.log
+        out: list[Record] = []
+        await hosted.wait_for_log_cut()
+        offset = partition_log.log_start_offset
+        end = partition_log.log_end_offset
+        while offset < end:
+            await hosted.wait_for_log_cut()
+            data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
+            if not data:
+                break
+            for pos, header in iter_batches(data):
+                if not header.is_control:
+                    out.extend(
+                        (record.key, record.value)
+                        for record in iter_records(data, pos)
+                        if record.key is not None
+                    )
+                offset = header.next_offset
+            await trio.lowlevel.checkpoint()
+        return out
+
+
+async def start_node_txn_service(
+    nursery: trio.Nursery,
+    config: NodeConfig,
+    metadata: Any,
+    controller: Any,
+    lifecycle: Any,
+    replicas: Any,
+    peers: PeerSet,
+    rpc_node_methods: dict[str, Any],
+    marker_request: MarkerRequestFactory,
+    complete_transaction: CompleteTransaction | None = None,
+    *,
+    txn_config: TxnConfig | None = None,
+    clock_ms: Callable[[], int] = wall_clock_ms,
+) -> NodeTxnService:
+    """The node's wiring in one call: start the service, follow leadership (after the
+    replica manager's listener), serve the two internal methods, and verify transactional
+    produces (KIP-890) with it."""
+    service = NodeTxnService(
+        config,
+        metadata,
+        controller,
+        lifecycle,
+        replicas,
+        peers,
+        marker_request=marker_request,
+        txn_config=txn_config,
+        complete_transaction=complete_transaction,
+        clock_ms=clock_ms,
+    )
+    await nursery.start(service.run)
+    metadata.add_listener(service.on_metadata)
+    service.register_rpc(rpc_node_methods)
+    replicas.writes.verify_transaction = service.verify
+    return service
