@@ -782,3 +782,60 @@ async def test_without_txn_apis_a_transactional_id_finds_no_coordinator(tmp_path
     assert answer.error_code == E.coordinator_not_available
     assert (await env.init(None)).error_code == E.none
     backend.close()
+
+
+# ---------------------------------------------------------------- BrokerBackend
+async def test_broker_backend_markers_and_producers_over_real_replicas(tmp_path: Path) -> None:
+    """The node's backend: markers go through ReplicaManager.write_txn_markers (committed
+    like acks=all), producer state comes from the leader's ProducerStateTable, and a
+    follower answers NOT_LEADER_OR_FOLLOWER."""
+    from raftlog.broker import BrokerBackend
+    from raftlog.net.kafka.backend import TxnMarkerWrite
+    from tests.replication.test_manager import BROKERS, start_cluster
+    from tests.replication.test_manager import TOPIC as REPLICATED
+
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+
+        def backend(broker_id: int) -> BrokerBackend:
+            return BrokerBackend(
+                cluster.config,
+                None,  # type: ignore[arg-type]  # only the replicas are asked here
+                None,  # type: ignore[arg-type]
+                None,  # type: ignore[arg-type]
+                cluster.managers[broker_id],
+                None,  # type: ignore[arg-type]
+            )
+
+        leader = backend(cluster.leader_id)
+        follower = backend(next(b for b in BROKERS if b != cluster.leader_id))
+        written = await cluster.managers[cluster.leader_id].writes.produce(
+            REPLICATED, 0, txn_batch(61, 4, 0), -1, 10_000, None
+        )
+        assert written.error == E.none
+        found = await leader.describe_producers(REPLICATED, 0)
+        (state,) = found.producers
+        assert (found.error, state.producer_id, state.producer_epoch, state.last_sequence) == (
+            E.none,
+            61,
+            4,
+            1,
+        )
+        assert state.current_txn_start_offset == written.base_offset
+        assert (await follower.describe_producers(REPLICATED, 0)).error == (
+            E.not_leader_or_follower
+        )
+        assert (await leader.describe_producers("ghost", 0)).error == E.unknown_topic_or_partition
+        (answer,) = await leader.write_txn_markers(
+            [TxnMarkerWrite(61, 4, 2, False, ((REPLICATED, 0), ("ghost", 0)))]
+        )
+        assert answer == {(REPLICATED, 0): E.none, ("ghost", 0): E.unknown_topic_or_partition}
+        (state,) = (await leader.describe_producers(REPLICATED, 0)).producers
+        assert (state.current_txn_start_offset, state.coordinator_epoch) == (-1, 2)
+        # A coordinator epoch older than the last marker's is fenced by the partition.
+        (answer,) = await leader.write_txn_markers(
+            [TxnMarkerWrite(61, 4, 1, True, ((REPLICATED, 0),))]
+        )
+        assert answer == {(REPLICATED, 0): E.transaction_coordinator_fenced}
+        await cluster.stop_all()
