@@ -839,3 +839,47 @@ async def test_broker_backend_markers_and_producers_over_real_replicas(tmp_path:
         )
         assert answer == {(REPLICATED, 0): E.transaction_coordinator_fenced}
         await cluster.stop_all()
+
+
+async def test_limits_are_inclusive(env: Env) -> None:
+    from raftlog.net.kafka.handlers_txn import MAX_DESCRIBED_PARTITIONS, MAX_PARTITIONS_PER_REQUEST
+
+    pid, epoch = await env.begin("tx-limit")
+    at_limit = [(TOPIC, p) for p in range(MAX_PARTITIONS_PER_REQUEST)]
+    codes = await env.add("tx-limit", pid, epoch, at_limit)
+    assert len(codes) == MAX_PARTITIONS_PER_REQUEST
+    assert codes[(TOPIC, 0)] == E.operation_not_attempted  # the rest do not exist
+    assert await env.add("tx-limit", pid, epoch, [*at_limit, ("other", 0)]) == {}
+    found = await env.producers(*((TOPIC, p) for p in range(MAX_DESCRIBED_PARTITIONS)))
+    assert len(found) == MAX_DESCRIBED_PARTITIONS
+    found = await env.producers(*((TOPIC, p) for p in range(MAX_DESCRIBED_PARTITIONS + 1)))
+    assert found == {}
+
+
+async def test_a_failing_service_answers_unknown_server_error(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid, epoch = await env.begin("tx-broken", 0)
+
+    async def broken(*args: Any) -> Any:
+        raise RuntimeError("bug")
+
+    for name in ("init_producer_id", "add_partitions_to_txn", "add_offsets_to_txn", "end_txn"):
+        monkeypatch.setattr(env.service, name, broken)
+    assert (await env.init("tx-broken")).error_code == E.unknown_server_error
+    assert await env.add("tx-broken", pid, epoch, [(TOPIC, 1)]) == {
+        (TOPIC, 1): E.unknown_server_error
+    }
+    assert await env.add_offsets("tx-broken", pid, epoch) == E.unknown_server_error
+    assert await env.end("tx-broken", pid, epoch) == E.unknown_server_error
+
+
+async def test_a_fail_over_mid_transaction(env: Env) -> None:
+    """The coordinator of the transaction's partition changes: the next one loads the
+    in-memory log and the handlers serve the same transaction through it."""
+    pid, epoch = await env.begin("tx-move", 0)
+    env.service.fail_over(env.service.config.partition_for("tx-move"))
+    (described,) = await env.describe("tx-move")
+    assert (described.transaction_state, described.producer_id) == ("Ongoing", pid)
+    assert await env.end("tx-move", pid, epoch) == E.none
+    await wait_until("committed", lambda: env.service.state_of("tx-move") == "CompleteCommit")

@@ -104,8 +104,12 @@ TXN_VERSION_TABLE: dict[int, tuple[int, int]] = {
 }
 
 # Bounds on one request's fan-out (Kafka has none; real clients name a transaction's
-# partitions, a coordinator's markers for one broker, an operator's few ids).
-MAX_PARTITIONS_PER_REQUEST = 100_000
+# partitions, a coordinator's markers for one broker, an operator's few ids). A transaction
+# holds at most TxnConfig.max_partitions_per_transaction (10 000) partitions anyway.
+MAX_PARTITIONS_PER_REQUEST = 10_000
+# DescribeProducers answers up to ProducerStateConfig.max_producer_ids (10 000) producers
+# per partition: this bounds the response (and the concurrent look-ups) instead.
+MAX_DESCRIBED_PARTITIONS = 1_000
 MAX_IDS_PER_REQUEST = 10_000
 MAX_TRANSACTIONS_PER_REQUEST = 10_000
 MAX_MARKERS_PER_REQUEST = 10_000
@@ -625,7 +629,7 @@ class TxnHandlers:
             ctx,
             "partitions",
             _partition_count(topics, "partition_indexes"),
-            MAX_PARTITIONS_PER_REQUEST,
+            MAX_DESCRIBED_PARTITIONS,
         ):
             return {"topics": []}
         readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in topics))
