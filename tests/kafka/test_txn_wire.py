@@ -10,6 +10,7 @@ in front of theirs that does.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 from collections.abc import AsyncIterator, Callable
@@ -340,6 +341,57 @@ async def test_confluent_kafka_transactional_producer(tb: TxnBroker) -> None:
     found = await tb.backend.describe_producers(TOPIC, 0)
     (state,) = found.producers
     assert (state.producer_id, state.current_txn_start_offset) == (commit.producer_id, -1)
+
+
+async def _aiokafka_transactions(bootstrap: str, records_per_txn: int) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id="aio-txn", enable_idempotence=True
+    )
+    await producer.start()
+    try:
+        async with producer.transaction():
+            for i in range(records_per_txn):
+                await producer.send(TOPIC, key=f"k{i}".encode(), value=b"v", partition=i % 2)
+        await producer.begin_transaction()
+        for i in range(records_per_txn):
+            await producer.send_and_wait(TOPIC, key=f"k{i}".encode(), value=b"v", partition=0)
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+
+
+def _kafka_python_transactions(bootstrap: str, records_per_txn: int) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id="kp-txn")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for i in range(records_per_txn):
+        producer.send(TOPIC, key=f"k{i}".encode(), value=b"v", partition=i % 2)
+    producer.commit_transaction()
+    producer.begin_transaction()
+    for i in range(records_per_txn):
+        producer.send(TOPIC, key=f"k{i}".encode(), value=b"v", partition=0)
+    producer.flush()
+    producer.abort_transaction()
+    producer.close()
+
+
+@pytest.mark.parametrize("client_name", ["aiokafka", "kafka-python"])
+async def test_other_clients_transactional_producers(tb: TxnBroker, client_name: str) -> None:
+    if client_name == "aiokafka":
+        txn_id = "aio-txn"
+        await in_thread(lambda: asyncio.run(_aiokafka_transactions(tb.bootstrap, 6)))
+    else:
+        txn_id = "kp-txn"
+        await in_thread(lambda: _kafka_python_transactions(tb.bootstrap, 6))
+    await wait_until("aborted", lambda: tb.txn.state_of(txn_id) == "CompleteAbort")
+    commit, abort = tb.backend.markers_written
+    assert commit.commit and not abort.commit
+    assert set(commit.partitions) == {(TOPIC, 0), (TOPIC, 1)}
+    assert set(abort.partitions) == {(TOPIC, 0)}
 
 
 async def test_find_coordinator_for_a_transactional_id(client: WireClient, tb: TxnBroker) -> None:
