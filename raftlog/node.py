@@ -57,12 +57,13 @@ from raftlog.net.rpc import (
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
-from raftlog.replication.produce import refuse_without_coordinator
+from raftlog.replication.txn_markers import TxnMarkerRequest
 from raftlog.security import principal as principals
 from raftlog.security import tls
 from raftlog.security.acl import ScramMechanism
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from raftlog.storage.manager import LogManager
+from raftlog.txn.node_service import NodeTxnService, start_node_txn_service
 
 log = logging.getLogger("raftlog.node")
 kafka_log = logging.getLogger("raftlog.kafka")
@@ -138,6 +139,7 @@ class Node:
         self.log_manager: LogManager | None = None
         self.quotas: BrokerQuotas | None = None
         self.groups: NodeGroupService | None = None
+        self.txn: NodeTxnService | None = None
         self.rpc_port = 0
         self.kafka_port = 0  # the first listener's (the default endpoint)
         self.kafka_ports: dict[str, int] = {}  # listener name -> bound port
@@ -247,8 +249,6 @@ class Node:
             # i.e. the broker has caught up with the metadata log.
             incarnation_id=self.lifecycle.incarnation_id,
         )
-        # No transaction coordinator yet: a transactional batch can only be forged (#15).
-        self.replicas.writes.verify_transaction = refuse_without_coordinator
         await nursery.start(self.replicas.run)
         self.lifecycle.unsafe_partitions = self.replicas.unsafe_partitions
         self._rpc_node_methods["replica.fetch"] = self.replicas.reads.handle_replica_fetch
@@ -271,6 +271,18 @@ class Node:
         )
         await nursery.start(self.groups.run)
         self.metadata.add_listener(self.groups.on_metadata)
+        # Likewise for `__transaction_state`; it also verifies transactional produces (KIP-890).
+        self.txn = await start_node_txn_service(
+            nursery,
+            config,
+            self.metadata,
+            controller_client,
+            self.lifecycle,
+            self.replicas,
+            self.peers,
+            self._rpc_node_methods,
+            TxnMarkerRequest,
+        )
         registry = default_registry()
         register_group_apis(registry, self.groups)
         register_security_apis(registry)
