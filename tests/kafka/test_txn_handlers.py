@@ -360,6 +360,8 @@ async def test_add_offsets_per_version(env: Env, version: int) -> None:
     assert described.transaction_state == "Ongoing"
     assert [t.topic for t in described.topics] == [OFFSETS_TOPIC]
     assert await env.add_offsets("tx-offsets", pid, epoch, "", version) == E.invalid_group_id
+    huge = "g" * 40_000
+    assert await env.add_offsets("tx-offsets", pid, epoch, huge, version) == E.invalid_group_id
     await env.init("tx-offsets")  # fences, aborting the open transaction
     fenced = E.producer_fenced if version >= 2 else E.invalid_producer_epoch
     assert await env.add_offsets("tx-offsets", pid, epoch, "group-1", version) in (

@@ -119,6 +119,9 @@ MAX_STATE_FILTERS = 100
 # not, as in Kafka. Markers may go to the offsets topic, never to these two.
 NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
 MAX_INT64 = 2**63 - 1
+# What a non-flexible request version can carry (an int16 length); the offsets topic's keys
+# hold no longer group id either.
+MAX_GROUP_ID_CHARS = 2**15 - 1
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -414,7 +417,7 @@ class TxnHandlers:
             return ErrorCode.invalid_request
         if not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id):
             return authz.WRITE_TRANSACTIONAL_ID.error
-        if not request.group_id or len(request.group_id) > MAX_TRANSACTIONAL_ID_BYTES:
+        if not request.group_id or len(request.group_id) > MAX_GROUP_ID_CHARS:
             return ErrorCode.invalid_group_id
         if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
             return authz.READ_GROUP.error
