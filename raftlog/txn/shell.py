@@ -179,12 +179,11 @@ class TxnCoordinatorShell:
                 try:
                     records = await self._read_all(partition)
                     break
-                except (KafkaError, OSError) as exc:
+                except Exception as exc:  # a damaged partition must not stop the node
                     if slot.resigned:
                         return
                     log.warning(
-                        "reading %s partition %d failed (attempt %d/%d): %s",
-                        "__transaction_state",
+                        "reading __transaction_state-%d failed (attempt %d/%d): %s",
                         partition,
                         attempt,
                         LOAD_ATTEMPTS,
@@ -192,7 +191,7 @@ class TxnCoordinatorShell:
                     )
             else:
                 log.error("cannot read __transaction_state-%d, not coordinating it", partition)
-                self.resign(partition)
+                self._give_up(slot)
                 return
             if slot.resigned:
                 return  # resigned while reading: this load is stale
@@ -202,11 +201,18 @@ class TxnCoordinatorShell:
                 log.error(
                     "cannot load __transaction_state-%d, not coordinating it: %s", partition, exc
                 )
-                self.resign(partition)
+                self._give_up(slot)
                 return
             self._apply(slot, fx)
         finally:
             slot.loaded.set()
+
+    def _give_up(self, slot: _Slot) -> None:
+        """Stop serving a partition that cannot be loaded: its callers get NOT_COORDINATOR
+        (they look the coordinator up again) until the next leadership tries anew."""
+        partition = slot.coordinator.partition
+        if self._slots.get(partition) is slot:
+            self.resign(partition)
 
     # ------------------------------------------------------------------ requests
     async def init_producer_id(self, req: InitProducerIdRequest) -> InitProducerIdResult:

@@ -52,6 +52,7 @@ class FakeNode:
         self.markers_go = trio.Event()
         # Every marker a partition took: (partition, producer id, epoch, coordinator epoch, commit).
         self.written: list[tuple[fmt.TopicPartition, int, int, int, bool]] = []
+        self.read_failures = 0  # reads that fail before one succeeds
         self.blocks = 0
         self.block_size = 10
         self.allocator_fails = 0
@@ -63,6 +64,9 @@ class FakeNode:
         self.log.setdefault(partition, []).extend(records)
 
     async def read_all(self, partition: int) -> list[fmt.Record]:
+        if self.read_failures:
+            self.read_failures -= 1
+            raise KafkaError(ErrorCode.offset_out_of_range, "the log moved under the read")
         return list(self.log.get(partition, []))
 
     async def write_markers(self, markers: WriteMarkers) -> dict[fmt.TopicPartition, ErrorCode]:
@@ -332,4 +336,34 @@ async def test_cancelled_caller_leaves_nothing_parked(autojump_clock) -> None:
         assert scope.cancelled_caught
         assert not shell._replies
         await wait_until("the record lands anyway", lambda: state(node, txn_id) is S.ONGOING)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_partition_that_cannot_be_loaded_is_not_served(autojump_clock) -> None:
+    node = FakeNode()
+    txn_id = txn_id_on(0, CONFIG)
+    async with trio.open_nursery() as nursery:
+        shell = await start_shell(nursery, node, partitions=(1,))
+        # One read fails (the log moved under it): the next attempt loads and serves.
+        node.read_failures = 1
+        shell.become_coordinator(0, 0)
+        await shell.wait_loaded(0)
+        pid, epoch = await init(shell, txn_id)
+        shell.resign(0)
+
+        # Every read fails: given up, answered NOT_COORDINATOR, the shell still serving.
+        node.read_failures = 1_000
+        shell.become_coordinator(0, 1)
+        await shell.wait_loaded(0)
+        assert shell.partitions == {1: 0}
+        result = await shell.init_producer_id(InitProducerIdRequest(txn_id, 1000))
+        assert result.error_code is ErrorCode.not_coordinator
+
+        # A record that does not decode: not served from a partial state either.
+        node.read_failures = 0
+        node.log[0].append((b"\xff\xffgarbage", b"\x00"))
+        shell.become_coordinator(0, 2)
+        await shell.wait_loaded(0)
+        assert shell.partitions == {1: 0}
+        assert shell.verify(txn_id, pid, epoch, *T0) is ErrorCode.not_coordinator
         nursery.cancel_scope.cancel()
