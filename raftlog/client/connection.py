@@ -44,6 +44,7 @@ from raftlog.client.protocol import (
 from raftlog.constants import MIB
 from raftlog.errors import ErrorCode, RemoteError
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
+from raftlog.net.tls import TLSStream
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ async def _connect_stream(
         ssl_context = client_ssl_context(security)
     # The name checked against the certificate is the host we dialled, as in every Kafka
     # client (an address from Metadata is dialled by the name the broker advertised).
-    stream = trio.SSLStream(tcp, ssl_context, server_hostname=host)
+    stream = TLSStream(tcp, ssl_context, server_side=False, server_hostname=host)
     try:
         with trio.fail_after(timeout_s):
             await stream.do_handshake()

@@ -31,6 +31,7 @@ import trio
 
 from raftlog.constants import FRAME_SIZE_PREFIX_BYTES
 from raftlog.errors import RemoteError
+from raftlog.net.tls import TLSStream
 
 _SIZE = struct.Struct(">i")
 assert _SIZE.size == FRAME_SIZE_PREFIX_BYTES
@@ -180,6 +181,10 @@ class FrameReader:
         # would spend the pool: a socket is read directly (non-blocking), reserving first
         # and returning the reservation before it waits for bytes.
         self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
+        # TLS: the same, with the socket's bytes fed to the TLS object; what it holds
+        # (ciphertext, a record decrypted in part) is charged too (`_tls_charged_bytes`).
+        self._tls = stream if isinstance(stream, TLSStream) else None
+        self._tls_charged_bytes = 0
 
     def frame_answered(self, payload_bytes: int) -> None:
         """A frame `read_frame` returned has been answered: its bytes no longer count."""
@@ -206,10 +211,13 @@ class FrameReader:
             return await self._stream.receive_some(max_bytes)
         if self._account is not None and self._socket is not None:
             return await self._receive_from_socket(self._account, self._socket, max_bytes)
+        if self._account is not None and self._tls is not None:
+            return await self._receive_from_tls(self._account, self._tls, max_bytes)
         with trio.move_on_at(self._deadline()):
             if self._account is None:
                 return await self._stream.receive_some(max_bytes)
-            # Not a socket (a test's memory stream): the reservation is held while it waits.
+            # Neither a socket nor TLS on one (a test's memory stream): the reservation is
+            # held while it waits.
             granted = await self._account.reserve(max_bytes)
             chunk: bytes | bytearray = b""
             try:
@@ -258,6 +266,60 @@ class FrameReader:
             if not waited:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return chunk
+
+    async def _receive_from_tls(
+        self, account: ByteAccount, stream: TLSStream, max_bytes: int
+    ) -> bytes:
+        """`_receive_from_socket` for TLS: every whole record already received is decrypted
+        in one go (no reservation needed: plaintext is smaller than its ciphertext, whose
+        charge it takes over); the socket is read only with a reservation, never held while
+        waiting for the peer."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            chunk = stream.read_decrypted(max_bytes)
+            if chunk is not None:
+                self._settle_tls_charge(account, stream, len(chunk))
+                if stream.wants_flush:
+                    await stream.flush()
+                    waited = True
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return chunk
+            granted = account.try_reserve(self._receive_chunk_bytes)
+            if not granted:
+                await self._wait_readable(stream.socket)
+                with trio.move_on_at(self._frame_deadline):
+                    granted = await account.reserve(self._receive_chunk_bytes)
+                if not granted:
+                    raise self._timeout()
+                waited = True
+            try:
+                raw = os.read(stream.socket.fileno(), granted)
+            except BlockingIOError:
+                account.release(granted)
+                await self._wait_readable(stream.socket)
+                waited = True
+                continue
+            except OSError as exc:
+                account.release(granted)
+                raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+            account.release(granted - len(raw))
+            self._tls_charged_bytes += len(raw)
+            stream.feed(raw)
+
+    def _settle_tls_charge(self, account: ByteAccount, stream: TLSStream, plain_bytes: int) -> None:
+        """After decrypting `plain_bytes`: they stay charged (until their frame is answered),
+        as does what the TLS object still holds; the rest of the ciphertext's charge goes
+        back. Bytes that came with the handshake were read before any reservation: charge
+        them now if the pool allows."""
+        held_bytes = stream.held_bytes
+        surplus = self._tls_charged_bytes - held_bytes - plain_bytes
+        if surplus > 0:
+            account.release(surplus)
+        elif surplus < 0:
+            account.try_reserve(-surplus)
+        self._tls_charged_bytes = held_bytes
 
     async def read_frame(self) -> bytes | None:
         """Return the next frame's payload, or None on a clean end of stream.

@@ -56,7 +56,7 @@ UnreachableListener = Callable[[int], None]
 Identify = Callable[[trio.abc.Stream], "PeerIdentity | None"]
 """identify(stream): the identity a new connection speaks for (an authenticated listener's
 seam: it returns PeerIdentity(node id proved), already bound), or None to refuse it (identify
-logs why; the listener closes it). Under TLS `stream` is the trio.SSLStream after its
+logs why; the listener closes it). Under TLS `stream` is the net.tls.TLSStream after its
 handshake, so getpeercert() holds the verified certificate."""
 
 
@@ -444,13 +444,15 @@ class PeerClient:
         backoff_s = self.limits.reconnect_backoff_min_s
         while True:
             stream: trio.abc.Stream | None = None
+            raw: trio.SocketStream | None = None
             with trio.move_on_after(self.limits.connect_timeout_s):
                 try:
-                    stream = await trio.open_tcp_stream(*self.address)
+                    raw = await trio.open_tcp_stream(*self.address)
                 except OSError:
-                    stream = None
-            if stream is not None and self._ssl_context is not None:
-                stream = await self._secure(stream)
+                    raw = None
+            stream = raw
+            if raw is not None and self._ssl_context is not None:
+                stream = await self._secure(raw)
                 if stream is None:
                     # The peer is up but not the node we trust: no faster election for
                     # that, only the back-off.
@@ -474,7 +476,7 @@ class PeerClient:
                 self._fail_pending()
                 self._drain_queue()
 
-    async def _secure(self, raw: trio.abc.Stream) -> trio.abc.Stream | None:
+    async def _secure(self, raw: trio.SocketStream) -> trio.abc.Stream | None:
         """Mutual TLS with this node's certificate; the peer's must name `peer_id`. The
         identity checked is the node id, not a host name: node certificates need not list
         the addresses nodes are configured with."""

@@ -488,7 +488,7 @@ async def serve(
 
 async def _tls_accept(
     raw: trio.SocketStream, security: ListenerSecurity, peer: str
-) -> tuple[trio.SSLStream[Any], str] | None:
+) -> tuple[tls.TLSStream, str] | None:
     """The TLS handshake under its deadline; the stream and its certificate's principal, or
     None (after one info line and closing) when the peer does not complete it."""
     assert security.ssl_context is not None
