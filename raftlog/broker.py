@@ -22,6 +22,7 @@ from raftlog.broker_configs import broker_config_entries, topic_config_entries
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.acls import check_filter
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
@@ -57,10 +58,12 @@ from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.txn_markers import MAX_PRODUCER_STATE_WAIT_MS, TxnMarkerRequest
 from raftlog.security.acl import AclBinding, AclBindingFilter, ScramCredential, ScramMechanism
 from raftlog.security.authorizer import Authorizer
+from raftlog.txn.log_format import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger("raftlog.broker")
 
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+# Metadata marks these is_internal (Kafka: clients skip them in pattern subscriptions).
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
 
 QuorumDescriber = Callable[[], Awaitable[QuorumInfo]]

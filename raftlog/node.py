@@ -44,6 +44,7 @@ from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.handlers_security import register as register_security_apis
+from raftlog.net.kafka.handlers_txn import register_txn_apis
 from raftlog.net.kafka.server import ListenerSecurity
 from raftlog.net.kafka.server import serve as serve_kafka
 from raftlog.net.limits import ListenerGuard, ListenerLimits
@@ -57,7 +58,6 @@ from raftlog.net.rpc import (
 from raftlog.quotas.broker_hook import BrokerQuotas
 from raftlog.quotas.manager import QuotaLimits
 from raftlog.replication.manager import ReplicaManager
-from raftlog.replication.txn_markers import TxnMarkerRequest
 from raftlog.security import principal as principals
 from raftlog.security import tls
 from raftlog.security.acl import ScramMechanism
@@ -281,10 +281,10 @@ class Node:
             self.replicas,
             self.peers,
             self._rpc_node_methods,
-            TxnMarkerRequest,
         )
         registry = default_registry()
         register_group_apis(registry, self.groups)
+        register_txn_apis(registry, self.txn)
         register_security_apis(registry)
         # One server per listener; each answers Metadata with its own listener's endpoints.
         endpoints = self._listener_endpoint if config.listeners.strip() else None

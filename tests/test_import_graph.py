@@ -66,10 +66,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     # 4: services over those cores
     ("raftlog.metadata.service", "raftlog.replication"),
-    # 5: the broker's side of the controller, node glue for groups and quotas
+    # 5: the broker's side of the controller, node glue for groups, transactions and quotas
     (
         "raftlog.metadata.controller.broker_lifecycle",
         "raftlog.groups.node_service",
+        "raftlog.txn.node_service",
         "raftlog.quotas.usage_rpc",
         "raftlog.quotas.broker_hook",
     ),

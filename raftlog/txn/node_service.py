@@ -18,11 +18,8 @@ KIP-890 part 1: the produce path asks `verify` before a transactional batch open
 transaction on a partition; this node's coordinator answers directly, another node's through
 the internal RPC "txn.verify".
 
-This module sits below the replication and controller layers it drives (raftlog.txn is one
-layer of the import graph), so those arrive as plain objects: `metadata` (MetadataService:
-`.image`), `controller` (ControllerClient: `await call(request)`), `lifecycle`
-(BrokerLifecycle: `.broker_epoch`), `replicas` (ReplicaManager), and `marker_request`
-(replication.txn_markers.TxnMarkerRequest, the type write_txn_markers takes).
+This module is node glue (the import graph's layer 5, like groups/node_service.py): it
+drives the replication and controller layers; the rest of raftlog.txn stays below them.
 """
 
 from __future__ import annotations
@@ -42,10 +39,14 @@ from raftlog.errors import ErrorCode, KafkaError
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metadata.service import MetadataService
 from raftlog.net.rpc import PeerSet, RpcError
 from raftlog.records import Record as KafkaRecord
 from raftlog.records import build_batch, iter_batches, iter_records
+from raftlog.replication.manager import ReplicaManager
+from raftlog.replication.txn_markers import TxnMarkerRequest
 from raftlog.txn import rpc_bodies as wire
 from raftlog.txn.effects import WriteMarkers
 from raftlog.txn.log_format import TRANSACTION_STATE_TOPIC, Record, TopicPartition
@@ -79,8 +80,6 @@ VERIFY_RPC_TIMEOUT_S = 10.0
 # another broker is given up and retried.
 MARKER_RPC_SLACK_S = 5.0
 
-# (producer id, producer epoch, coordinator epoch, commit, partitions) -> TxnMarkerRequest.
-MarkerRequestFactory = Callable[[int, int, int, bool, tuple[TopicPartition, ...]], Any]
 # complete_transaction(offsets partition, producer id, committed): the group coordinator's
 # hook once a marker is on that `__consumer_offsets` partition.
 CompleteTransaction = Callable[[int, int, bool], Awaitable[Any]]
@@ -112,13 +111,12 @@ class NodeTxnService:
     def __init__(
         self,
         config: NodeConfig,
-        metadata: Any,
-        controller: Any,
-        lifecycle: Any,
-        replicas: Any,
+        metadata: MetadataService,
+        controller: ControllerClient,
+        lifecycle: BrokerLifecycle,
+        replicas: ReplicaManager,
         peers: PeerSet,
         *,
-        marker_request: MarkerRequestFactory,
         txn_config: TxnConfig | None = None,
         complete_transaction: CompleteTransaction | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
@@ -130,7 +128,6 @@ class NodeTxnService:
         self.lifecycle = lifecycle
         self.replicas = replicas
         self.peers = peers
-        self.marker_request = marker_request
         self.complete_transaction = complete_transaction
         txn_config = txn_config or TxnConfig(
             offsets_topic_num_partitions=config.offsets_topic_num_partitions
@@ -382,7 +379,7 @@ class NodeTxnService:
     ) -> dict[TopicPartition, ErrorCode]:
         """Write one marker on partitions this node leads, then tell the group coordinator
         about the `__consumer_offsets` partitions among them."""
-        request = self.marker_request(
+        request = TxnMarkerRequest(
             producer_id, producer_epoch, coordinator_epoch, commit, partitions
         )
         [results] = await self.replicas.write_txn_markers([request])
@@ -507,13 +504,12 @@ class NodeTxnService:
 async def start_node_txn_service(
     nursery: trio.Nursery,
     config: NodeConfig,
-    metadata: Any,
-    controller: Any,
-    lifecycle: Any,
-    replicas: Any,
+    metadata: MetadataService,
+    controller: ControllerClient,
+    lifecycle: BrokerLifecycle,
+    replicas: ReplicaManager,
     peers: PeerSet,
     rpc_node_methods: dict[str, Any],
-    marker_request: MarkerRequestFactory,
     complete_transaction: CompleteTransaction | None = None,
     *,
     txn_config: TxnConfig | None = None,
@@ -529,7 +525,6 @@ async def start_node_txn_service(
         lifecycle,
         replicas,
         peers,
-        marker_request=marker_request,
         txn_config=txn_config,
         complete_transaction=complete_transaction,
         clock_ms=clock_ms,
