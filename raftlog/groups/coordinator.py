@@ -10,6 +10,14 @@ answered only after their records are appended (acks=all) — the coordinator em
 and finishes the work in on_append_done(). Offsets enter the cache only then, so a fetch
 never returns an offset a failed-over coordinator would not also return.
 
+Transactional offset commits (TxnOffsetCommit, KIP-98/KIP-447) are appended in a
+transactional batch of the committing producer and kept pending per producer id: they become
+committed offsets when the transaction driver reports the COMMIT marker on the partition
+(complete_transaction) and are dropped on ABORT. Replay on load does the same with the markers
+it meets in the log; offsets whose marker is not in the log yet stay pending. Every committed
+offset remembers its position in the partition's append order, so a transaction's offsets never
+replace a plain commit written after them (the order of the log, not of the markers).
+
 Every method takes `now_ms` and returns Effects (replies to deliver by token, appends to
 perform); the trio shell (coordinator_shell.py) performs them.
 """
@@ -50,9 +58,11 @@ from raftlog.groups.messages import (
     SyncGroupRequest,
     SyncGroupResponse,
     TopicErrors,
+    TxnOffsetCommitRequest,
 )
-from raftlog.groups.offsets_format import CommittedOffset, OffsetKey, Record
+from raftlog.groups.offsets_format import CommittedOffset, LogEntry, OffsetKey, Record
 from raftlog.groups.settings import GroupConfig
+from raftlog.groups.txn_offsets import PendingTxnOffsets, validate_txn_commit
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +86,26 @@ def map_append_error(code: ErrorCode) -> ErrorCode:
 
 
 @dataclass(frozen=True)
+class TxnProducer:
+    """Whose transaction an append belongs to: the records go in a transactional batch of
+    this producer id and epoch (the transactional id lets the log verify, KIP-890, that the
+    offsets partition is in the producer's ongoing transaction)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True)
 class Append:
     """Append `records` to `__consumer_offsets` partition `partition` with acks=all, then call
-    GroupCoordinator.on_append_done(append_id, error_code, now_ms)."""
+    GroupCoordinator.on_append_done(append_id, error_code, now_ms). With `txn`, the records
+    are one transactional batch of that producer, never batched with anyone else's."""
 
     append_id: int
     partition: int
     records: list[Record]
+    txn: TxnProducer | None = None
 
 
 @dataclass
@@ -102,6 +125,16 @@ class _PendingStore:
 class _PendingCommit:
     token: Token
     group_id: str
+    offsets: dict[OffsetKey, CommittedOffset]
+    errors: dict[tuple[str, int], ErrorCode]  # every requested partition, in request order
+    epoch: int
+
+
+@dataclass
+class _PendingTxnCommit:
+    token: Token
+    group_id: str
+    producer_id: int
     offsets: dict[OffsetKey, CommittedOffset]
     errors: dict[tuple[str, int], ErrorCode]  # every requested partition, in request order
     epoch: int
@@ -138,8 +171,15 @@ class GroupCoordinator:
         self._loading: set[int] = set()
         # Bumped on every load and resign: a completion from an older ownership is stale.
         self._epochs: dict[int, int] = {}
-        self._pending: dict[int, _PendingStore | _PendingCommit | _PendingDelete] = {}
+        self._pending: dict[
+            int, _PendingStore | _PendingCommit | _PendingTxnCommit | _PendingDelete
+        ] = {}
         self._next_append_id = 0
+        # Append order of committed offsets (see the module docstring); only compared
+        # between offsets of one partition, so one counter serves them all.
+        self._positions: dict[OffsetKey, int] = {}
+        self._next_position = 0
+        self._txn = PendingTxnOffsets()
 
     # ------------------------------------------------------------------ ownership
     def partition_for(self, group_id: str) -> int:
@@ -160,29 +200,49 @@ class GroupCoordinator:
         self._loading.add(partition)
         return fx
 
-    def complete_load(self, partition: int, records: Iterable[Record], now_ms: int) -> None:
-        """Replay the partition's records (its committed log, in order) and start serving it.
+    def complete_load(self, partition: int, records: Iterable[LogEntry], now_ms: int) -> None:
+        """Replay the partition's entries (its committed log, in order) and start serving it.
 
         Raises CorruptRecordError on a record it cannot decode; the partition stays loading.
         """
         if partition not in self._loading:
             raise AssertionError(f"complete_load({partition}) without begin_load")
         replayed = fmt.replay(records)
+        base = self._next_position
+        self._next_position += replayed.entries
         for group_id, value in replayed.groups.items():
             self._groups[group_id] = group_from_value(group_id, value, self.config, now_ms)
         for key, committed in replayed.offsets.items():
-            self._offsets.setdefault(key.group_id, {})[(key.topic, key.partition)] = committed
-            if key.group_id not in self._groups:
-                # Offsets without group metadata: a standalone (assign()) consumer's group.
-                self._groups[key.group_id] = Group(key.group_id, self.config, now_ms)
+            self._set_committed(key, committed, base + replayed.positions[key], now_ms)
+        deferred = self._txn.load(
+            partition,
+            {
+                producer_id: {k: (v, base + pos) for k, (v, pos) in offsets.items()}
+                for producer_id, offsets in replayed.pending.items()
+            },
+        )
         self._loading.discard(partition)
         self._owned.add(partition)
         log.info(
-            "offsets partition %d loaded: %d groups, %d offsets",
+            "offsets partition %d loaded: %d groups, %d offsets, %d open transactions",
             partition,
             len(replayed.groups),
             len(replayed.offsets),
+            len(replayed.pending),
         )
+        # Markers the transaction driver reported during the load: a marker the replay
+        # already saw left nothing pending for its producer, so applying it again is a no-op.
+        for producer_id, commit in deferred:
+            self.complete_transaction(partition, producer_id, commit, now_ms)
+
+    def _set_committed(
+        self, key: OffsetKey, committed: CommittedOffset, position: int, now_ms: int
+    ) -> None:
+        self._offsets.setdefault(key.group_id, {})[(key.topic, key.partition)] = committed
+        self._positions[key] = position
+        if key.group_id not in self._groups:
+            # Offsets without group metadata: a standalone (assign()) consumer's group.
+            self._groups[key.group_id] = Group(key.group_id, self.config, now_ms)
 
     def resign(self, partition: int, now_ms: int) -> Effects:
         """Leadership of `partition` is gone: drop its groups, answer NOT_COORDINATOR."""
@@ -190,12 +250,17 @@ class GroupCoordinator:
         self._epochs[partition] = self._epochs.get(partition, 0) + 1
         self._owned.discard(partition)
         self._loading.discard(partition)
+        self._txn.drop_partition(partition)
         for group_id in [g for g in self._groups if self.partition_for(g) == partition]:
             group = self._groups.pop(group_id)
             if group.state is not GroupState.DEAD:
                 fx.replies.extend(group.shutdown(ErrorCode.not_coordinator, now_ms).replies)
-            self._offsets.pop(group_id, None)
+            self._drop_offsets(group_id)
         return fx
+
+    def _drop_offsets(self, group_id: str) -> None:
+        for topic, partition in self._offsets.pop(group_id, {}):
+            self._positions.pop(OffsetKey(group_id, topic, partition), None)
 
     def _route(self, group_id: str) -> ErrorCode:
         partition = self.partition_for(group_id)
@@ -211,10 +276,17 @@ class GroupCoordinator:
         return self._route(group_id)
 
     # ------------------------------------------------------------------ effects plumbing
-    def _append(self, fx: Effects, partition: int, records: list[Record], pending: object) -> None:
+    def _append(
+        self,
+        fx: Effects,
+        partition: int,
+        records: list[Record],
+        pending: object,
+        txn: TxnProducer | None = None,
+    ) -> None:
         self._next_append_id += 1
         self._pending[self._next_append_id] = pending  # type: ignore[assignment]
-        fx.appends.append(Append(self._next_append_id, partition, records))
+        fx.appends.append(Append(self._next_append_id, partition, records, txn))
 
     def _absorb(self, fx: Effects, group: Group, gfx: GroupEffects, now_ms: int) -> None:
         fx.replies.extend(gfx.replies)
@@ -359,11 +431,97 @@ class GroupCoordinator:
             return ErrorCode.unknown_member_id, group  # only members commit to a live group
         return ErrorCode.none, group
 
+    # ------------------------------------------------------------------ transactional offsets
+    def txn_offset_commit(self, token: Token, req: TxnOffsetCommitRequest, now_ms: int) -> Effects:
+        """Append the offsets in a transactional batch of req.producer_id; replies an
+        OffsetCommitResponse once replicated. They stay pending until complete_transaction."""
+        fx = Effects()
+        requested = [(t.name, p) for t in req.topics for p in t.partitions]
+        code = self._route_member_api(req.group_id)
+        group = self._groups.get(req.group_id)
+        if code is ErrorCode.none:
+            code = validate_txn_commit(req, group)
+        if code is ErrorCode.none and group is None:
+            if len(self._groups) >= self.config.max_groups:
+                code = ErrorCode.coordinator_not_available
+            else:
+                # As Kafka: offsets of a group nobody joined yet (an Empty group).
+                group = self._groups[req.group_id] = Group(req.group_id, self.config, now_ms)
+        if code is not ErrorCode.none or group is None:
+            fx.replies.append(
+                (token, _commit_response({(t, p.partition): code for t, p in requested}))
+            )
+            return fx
+        group.touch(req.member_id, now_ms)
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        offsets: dict[OffsetKey, CommittedOffset] = {}
+        for topic, p in requested:
+            metadata = p.metadata or ""
+            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                errors[(topic, p.partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            errors[(topic, p.partition)] = ErrorCode.none
+            key = OffsetKey(req.group_id, topic, p.partition)
+            offsets[key] = CommittedOffset(p.offset, p.leader_epoch, metadata, now_ms)
+        if not offsets:
+            fx.replies.append((token, _commit_response(errors)))
+            return fx
+        partition = self.partition_for(req.group_id)
+        records = [fmt.offset_commit_record(k, v) for k, v in offsets.items()]
+        self._txn.begin_append(offsets.keys())
+        pending = _PendingTxnCommit(
+            token, req.group_id, req.producer_id, offsets, errors, self._epochs[partition]
+        )
+        txn = TxnProducer(req.transactional_id, req.producer_id, req.producer_epoch)
+        self._append(fx, partition, records, pending, txn)
+        return fx
+
+    def _finish_txn_commit(self, fx: Effects, pending: _PendingTxnCommit, code: ErrorCode) -> None:
+        self._txn.end_append(pending.offsets.keys())
+        partition = self.partition_for(pending.group_id)
+        if pending.epoch != self._epochs.get(partition):
+            code = ErrorCode.not_coordinator  # durable, but the new coordinator replays it
+        if code is ErrorCode.none:
+            position = self._next_position
+            self._next_position += 1
+            self._txn.appended(partition, pending.producer_id, pending.offsets, position)
+        errors = {k: (code if v is ErrorCode.none else v) for k, v in pending.errors.items()}
+        fx.replies.append((pending.token, _commit_response(errors)))
+
+    def complete_transaction(
+        self, partition: int, producer_id: int, committed: bool, now_ms: int
+    ) -> None:
+        """`producer_id`'s COMMIT (committed) or ABORT marker is replicated on offsets
+        partition `partition`: its pending offsets there become the groups' committed offsets,
+        or are dropped. A partition this coordinator does not serve is ignored (its next
+        coordinator replays the marker); one still loading applies it after the replay."""
+        if partition in self._loading:
+            self._txn.defer(partition, producer_id, committed)
+            return
+        if partition not in self._owned:
+            return
+        offsets = self._txn.take(partition, producer_id)
+        if not offsets:
+            return
+        if not committed:
+            log.debug("aborted %d offsets of producer %d", len(offsets), producer_id)
+            return
+        for key, (value, position) in offsets.items():
+            if self._positions.get(key, -1) < position:
+                self._set_committed(key, value, position, now_ms)
+
+    def has_pending_txn_offsets(self, partition: int, producer_id: int) -> bool:
+        return self._txn.has_pending(partition, producer_id)
+
     def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
         code = self._route(req.group_id)
         if code is not ErrorCode.none:
             return OffsetFetchResponse(code)
         committed = self._offsets.get(req.group_id, {})
+        # KIP-447: a consumer asking for stable offsets waits out open transactions.
+        unstable: set[tuple[str, int]] = set()
+        if req.require_stable:
+            unstable = self._txn.unstable(self.partition_for(req.group_id), req.group_id)
         if req.topics is None:
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(committed):
@@ -375,7 +533,11 @@ class GroupCoordinator:
             fetched = []
             for partition in partitions:
                 c = committed.get((topic, partition))
-                if c is None:
+                if (topic, partition) in unstable:
+                    fetched.append(
+                        FetchedOffset(partition, -1, error_code=ErrorCode.unstable_offset_commit)
+                    )
+                elif c is None:
                     fetched.append(FetchedOffset(partition, -1))
                 else:
                     fetched.append(FetchedOffset(partition, c.offset, c.leader_epoch, c.metadata))
@@ -459,7 +621,10 @@ class GroupCoordinator:
         pending = self._pending.pop(append_id)
         code = map_append_error(error_code)
         if isinstance(pending, _PendingCommit):
-            self._finish_commit(fx, pending, code)
+            self._finish_commit(fx, pending, code, now_ms)
+            return fx
+        if isinstance(pending, _PendingTxnCommit):
+            self._finish_txn_commit(fx, pending, code)
             return fx
         if isinstance(pending, _PendingDelete):
             self._finish_delete(fx, pending, code, now_ms)
@@ -472,7 +637,9 @@ class GroupCoordinator:
             self._absorb(fx, group, group.on_stored(pending.store, code, now_ms), now_ms)
         return fx
 
-    def _finish_commit(self, fx: Effects, pending: _PendingCommit, code: ErrorCode) -> None:
+    def _finish_commit(
+        self, fx: Effects, pending: _PendingCommit, code: ErrorCode, now_ms: int
+    ) -> None:
         inflight = self._inflight_keys.get(pending.group_id)
         if inflight is not None:
             inflight.subtract(pending.offsets.keys())
@@ -482,9 +649,10 @@ class GroupCoordinator:
         if pending.epoch != self._epochs.get(partition):
             code = ErrorCode.not_coordinator  # durable, but the new coordinator serves it
         if code is ErrorCode.none:
-            cache = self._offsets.setdefault(pending.group_id, {})
+            position = self._next_position
+            self._next_position += 1
             for key, committed in pending.offsets.items():
-                cache[(key.topic, key.partition)] = committed
+                self._set_committed(key, committed, position, now_ms)
         errors = {k: (code if v is ErrorCode.none else v) for k, v in pending.errors.items()}
         fx.replies.append((pending.token, _commit_response(errors)))
 
@@ -499,7 +667,7 @@ class GroupCoordinator:
             if code is ErrorCode.none:
                 if group is not None and group.state is GroupState.DEAD:
                     del self._groups[group_id]
-                self._offsets.pop(group_id, None)
+                self._drop_offsets(group_id)
             elif group is not None and group.state is GroupState.DEAD:
                 # Nothing was deleted: the group is as it was before, Empty (a direct
                 # reset, since Dead is otherwise final).

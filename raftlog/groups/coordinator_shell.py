@@ -8,9 +8,12 @@ The coordinator is pure; this shell owns everything with time or I/O in it:
   into one append call (group commit: many commits per acks=all round trip);
 - one timer task sleeps until the coordinator's next deadline, or until woken by a change.
 
-The node gives it `append(partition, [(key, value)])` (acks=all; raises KafkaError on failure)
-and `await read_all(partition) -> list of (key, value)` (the partition's log, read by the node
-in bounded steps on the event loop, where the log is never changed underneath it).
+The node gives it `append(partition, [(key, value)], txn)` (acks=all; raises KafkaError on
+failure; with a TxnProducer the records are one transactional batch of that producer) and
+`await read_all(partition) -> list of LogEntry` (the partition's log: (key, value) records,
+TxnRecord and TxnEnd for transactional batches and markers, read by the node in bounded steps
+on the event loop, where the log is never changed underneath it). The transaction driver
+calls `complete_transaction` once a marker is replicated on an offsets partition.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
-from raftlog.groups.coordinator import Append, Effects, GroupCoordinator
+from raftlog.groups.coordinator import Append, Effects, GroupCoordinator, TxnProducer
 from raftlog.groups.group import Token
 from raftlog.groups.messages import (
     DeleteGroupResult,
@@ -42,16 +45,17 @@ from raftlog.groups.messages import (
     OffsetFetchResponse,
     SyncGroupRequest,
     SyncGroupResponse,
+    TxnOffsetCommitRequest,
 )
-from raftlog.groups.offsets_format import Record
+from raftlog.groups.offsets_format import LogEntry, Record
 
 log = logging.getLogger(__name__)
 
 # Reads of an offsets partition tried before its groups are given up (NOT_COORDINATOR).
 LOAD_ATTEMPTS = 3
 
-AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
-ReadAllFn = Callable[[int], Awaitable[list[Record]]]
+AppendFn = Callable[[int, list[Record], TxnProducer | None], Awaitable[Any]]
+ReadAllFn = Callable[[int], Awaitable[list[LogEntry]]]
 
 
 class _Slot:
@@ -158,6 +162,18 @@ class GroupCoordinatorShell:
     async def offset_fetch(self, req: OffsetFetchRequest) -> OffsetFetchResponse:
         return self.coordinator.offset_fetch(req)
 
+    async def txn_offset_commit(self, req: TxnOffsetCommitRequest) -> OffsetCommitResponse:
+        """Answered once the transactional batch is replicated; the offsets count only after
+        complete_transaction(committed=True)."""
+        return await self._call(
+            lambda token, now: self.coordinator.txn_offset_commit(token, req, now)
+        )
+
+    async def complete_transaction(self, partition: int, producer_id: int, committed: bool) -> None:
+        """`producer_id`'s COMMIT/ABORT marker is replicated on offsets partition `partition`
+        (called by the transaction driver)."""
+        self.coordinator.complete_transaction(partition, producer_id, committed, self._clock_ms())
+
     async def describe_groups(self, group_ids: Iterable[str]) -> list[DescribedGroup]:
         return self.coordinator.describe_groups(group_ids)
 
@@ -205,13 +221,20 @@ class GroupCoordinatorShell:
                 batch: list[Append] = []
                 records: list[Record] = []
                 limit = self.coordinator.config.append_max_records
-                while queue and (not batch or len(records) + len(queue[0].records) <= limit):
+                # One batch is one producer's: transactional appends of the same producer
+                # and epoch go together, never with plain records or another's.
+                txn = queue[0].txn
+                while (
+                    queue
+                    and queue[0].txn == txn
+                    and (not batch or len(records) + len(queue[0].records) <= limit)
+                ):
                     append = queue.popleft()
                     batch.append(append)
                     records.extend(append.records)
                 code = ErrorCode.none
                 try:
-                    await self._append_fn(partition, records)
+                    await self._append_fn(partition, records, txn)
                 except KafkaError as exc:
                     code = exc.code
                 except Exception:

@@ -132,6 +132,21 @@ class OffsetCommitRequest:
 
 
 @dataclass(frozen=True)
+class TxnOffsetCommitRequest:
+    """Offsets committed inside `producer_id`'s transaction (KIP-98); v3+ (KIP-447) carry the
+    consumer's generation, member id and instance id so a zombie member is fenced."""
+
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    topics: tuple[OffsetCommitTopic, ...]
+    generation_id: int = NO_GENERATION
+    member_id: str = UNKNOWN_MEMBER_ID
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True)
 class PartitionError:
     partition: int
     error_code: ErrorCode

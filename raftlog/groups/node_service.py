@@ -4,20 +4,29 @@ The coordinator for a group is the leader of its offsets partition. Commits and 
 metadata are appended to that partition with acks=all through the ReplicaManager, so they are
 replicated like any data and survive a coordinator failover: the next leader of the partition
 replays it (read_all) before serving. Leadership changes come from the metadata image.
+
+Transactional offset commits go in as a transactional batch of the client's producer id and
+epoch, with the next sequence of that producer on the partition: the coordinator is the only
+writer of that producer's data there (clients may not produce to the offsets topic) and one
+writer task per partition appends in order, so the partition's producer state tells the next
+sequence. The produce path verifies (KIP-890) that the partition is in the producer's ongoing
+transaction, as AddOffsetsToTxn put it there.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.groups.coordinator import GroupCoordinator
+from raftlog.groups.coordinator import GroupCoordinator, TxnProducer
 from raftlog.groups.coordinator_shell import GroupCoordinatorShell
 from raftlog.groups.hashing import partition_for_group
+from raftlog.groups.offsets_format import LogEntry, TxnEnd, TxnRecord
 from raftlog.groups.offsets_format import Record as OffsetsRecord
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.groups.settings import OFFSETS_TOPIC, GroupConfig
@@ -25,7 +34,8 @@ from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
-from raftlog.records import Record, build_batch, iter_batches, iter_records
+from raftlog.records import Record, build_batch, iter_batches, iter_records, parse_txn_marker
+from raftlog.replication.core.producer_table import MAX_SEQUENCE
 from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.groups")
@@ -35,6 +45,14 @@ log = logging.getLogger("raftlog.groups")
 LOAD_READ_BYTES = 256 * 1024
 # How long a commit may wait for acks=all before the member is told to retry.
 OFFSETS_APPEND_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class _TxnWriter:
+    """Who a transactional offsets append is from, for the produce path's verification."""
+
+    transactional_id: str
+    client_id: str = "group-coordinator"
 
 
 class NodeGroupService:
@@ -141,16 +159,40 @@ class NodeGroupService:
                 self._nursery.start_soon(self._shell.become_coordinator, partition)
 
     # ---------------------------------------------------------------- the log seam
-    async def _append(self, partition: int, records: list[OffsetsRecord]) -> None:
-        batch = build_batch([Record(key=key, value=value) for key, value in records])
+    async def _append(
+        self, partition: int, records: list[OffsetsRecord], txn: TxnProducer | None = None
+    ) -> None:
+        entries = [Record(key=key, value=value) for key, value in records]
+        if txn is None:
+            batch = build_batch(entries)
+            writer = None
+        else:
+            batch = build_batch(
+                entries,
+                producer_id=txn.producer_id,
+                producer_epoch=txn.producer_epoch,
+                base_sequence=self._next_sequence(partition, txn),
+                is_transactional=True,
+            )
+            writer = _TxnWriter(txn.transactional_id)
         result = await self.replicas.writes.produce(
-            OFFSETS_TOPIC, partition, batch, -1, OFFSETS_APPEND_TIMEOUT_MS
+            OFFSETS_TOPIC, partition, batch, -1, OFFSETS_APPEND_TIMEOUT_MS, writer
         )
         if result.error != ErrorCode.none:
             raise KafkaError(result.error, result.error_message or "offsets append failed")
 
-    async def _read_all(self, partition: int) -> list[OffsetsRecord]:
-        """Every (key, value) of the partition, in log order.
+    def _next_sequence(self, partition: int, txn: TxnProducer) -> int:
+        """The sequence the producer's next batch on the partition must carry: 0 for a new
+        producer or epoch, else one past its last (wrapping as Kafka's do)."""
+        hosted = self.replicas.replicas.partitions.get((OFFSETS_TOPIC, partition))
+        entry = None if hosted is None else hosted.producers.table.get(txn.producer_id)
+        if entry is None or entry.epoch != txn.producer_epoch:
+            return 0
+        return (entry.last_seq + 1) % (MAX_SEQUENCE + 1)
+
+    async def _read_all(self, partition: int) -> list[LogEntry]:
+        """Every entry of the partition, in log order: (key, value) records, TxnRecord for
+        records of transactional batches, TxnEnd for COMMIT/ABORT markers.
 
         Read on the event loop, one bounded chunk at a time with a checkpoint between chunks:
         the log's segment list and files change under appends, retention and compaction, all
@@ -162,7 +204,7 @@ class NodeGroupService:
         if hosted is None:
             return []
         partition_log = hosted.log
-        out: list[OffsetsRecord] = []
+        out: list[LogEntry] = []
         await hosted.wait_for_log_cut()
         offset = partition_log.log_start_offset
         end = partition_log.log_end_offset
@@ -172,7 +214,17 @@ class NodeGroupService:
             if not data:
                 break
             for pos, header in iter_batches(data):
-                if not header.is_control:
+                if header.is_control:
+                    marker = parse_txn_marker(data, pos)
+                    if marker is not None:
+                        out.append(TxnEnd(marker.producer_id, marker.commit))
+                elif header.is_transactional:
+                    out.extend(
+                        TxnRecord(header.producer_id, record.key, record.value)
+                        for record in iter_records(data, pos)
+                        if record.key is not None
+                    )
+                else:
                     out.extend(
                         (record.key, record.value)
                         for record in iter_records(data, pos)

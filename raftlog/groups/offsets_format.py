@@ -5,6 +5,11 @@ Two record kinds share the topic, told apart by the first element of the key:
 - group metadata:  key [2, group_id]                    value {"v": 1, group fields...}
 A value of None is a tombstone: compaction eventually drops the key, replay deletes it.
 
+Transactional offset commits (KIP-98) are offset records in a transactional batch of the
+committing producer; they count only once that producer's COMMIT marker follows them on the
+partition, and never after an ABORT. Replay therefore sees the log as entries: plain records,
+TxnRecord (a record of a transactional batch) and TxnEnd (a COMMIT/ABORT marker).
+
 Keys are msgpack arrays of plain strings and ints, which msgpack encodes deterministically, so
 equal keys are equal bytes — what log compaction compares. Key kinds 1 and 2 mirror Kafka's own
 key versions (0/1 offsets, 2 group metadata). Values are msgpack maps with a version so fields
@@ -15,7 +20,7 @@ values are declared through raftlog.codec, which checks every field at decode.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from raftlog.codec import Array, Codec, DecodeError, Int32, Map
@@ -28,6 +33,27 @@ GROUP_VALUE_VERSION = 1
 
 Record = tuple[bytes, bytes | None]
 CODEC = Codec()
+
+
+@dataclass(frozen=True)
+class TxnRecord:
+    """A record of a transactional batch written by `producer_id` (pending until its marker)."""
+
+    producer_id: int
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class TxnEnd:
+    """The COMMIT (commit=True) or ABORT marker of `producer_id`'s transaction."""
+
+    producer_id: int
+    commit: bool
+
+
+# One entry of an offsets partition's log, in log order.
+LogEntry = Record | TxnRecord | TxnEnd
 
 
 class OffsetsRecordError(CorruptRecordError, DecodeError):
@@ -137,29 +163,73 @@ def decode_group_value(data: bytes) -> GroupMetadataValue:
 
 @dataclass
 class ReplayedPartition:
-    """The live state of one offsets partition after replaying its records in log order."""
+    """The live state of one offsets partition after replaying its records in log order.
+
+    positions: where each committed offset was written (its entry's index), so a
+    transaction's offsets never replace a later plain commit of the same partition.
+    pending: transactional offsets whose producer's marker has not been replayed yet, by
+    producer id: key -> (offset, position).
+    """
 
     offsets: dict[OffsetKey, CommittedOffset]
     groups: dict[str, GroupMetadataValue]
+    positions: dict[OffsetKey, int] = field(default_factory=dict)
+    pending: dict[int, dict[OffsetKey, tuple[CommittedOffset, int]]] = field(default_factory=dict)
+    entries: int = 0  # how many entries were replayed (positions are below it)
 
 
-def replay(records: Iterable[Record]) -> ReplayedPartition:
-    """Fold records in log order: the last value of a key wins, a tombstone deletes it.
+def replay(entries: Iterable[LogEntry]) -> ReplayedPartition:
+    """Fold entries in log order: the last value of a key wins, a tombstone deletes it, a
+    transaction's offsets count from its COMMIT marker on (at the position they were
+    written) and never after an ABORT.
 
     This is exactly what compaction preserves, so replaying a compacted partition gives the
     same result as replaying the full history.
     """
-    offsets: dict[OffsetKey, CommittedOffset] = {}
-    groups: dict[str, GroupMetadataValue] = {}
-    for key_bytes, value_bytes in records:
+    out = ReplayedPartition(offsets={}, groups={})
+    for position, entry in enumerate(entries):
+        out.entries = position + 1
+        if isinstance(entry, TxnEnd):
+            finished = out.pending.pop(entry.producer_id, {})
+            if entry.commit:
+                apply_committed(out.offsets, out.positions, finished)
+            continue
+        if isinstance(entry, TxnRecord):
+            key = decode_key(entry.key)
+            if not isinstance(key, OffsetKey) or entry.value is None:
+                # The coordinator writes only offsets inside a transaction.
+                raise OffsetsRecordError(
+                    f"transactional record of producer {entry.producer_id} at entry "
+                    f"{position} is not an offset commit"
+                )
+            value = decode_offset_value(entry.value)
+            out.pending.setdefault(entry.producer_id, {})[key] = (value, position)
+            continue
+        key_bytes, value_bytes = entry
         key = decode_key(key_bytes)
         if isinstance(key, OffsetKey):
             if value_bytes is None:
-                offsets.pop(key, None)
+                out.offsets.pop(key, None)
+                out.positions.pop(key, None)
             else:
-                offsets[key] = decode_offset_value(value_bytes)
+                out.offsets[key] = decode_offset_value(value_bytes)
+                out.positions[key] = position
         elif value_bytes is None:
-            groups.pop(key.group_id, None)
+            out.groups.pop(key.group_id, None)
         else:
-            groups[key.group_id] = decode_group_value(value_bytes)
-    return ReplayedPartition(offsets=offsets, groups=groups)
+            out.groups[key.group_id] = decode_group_value(value_bytes)
+    return out
+
+
+def apply_committed(
+    offsets: dict[OffsetKey, CommittedOffset],
+    positions: dict[OffsetKey, int],
+    committed: dict[OffsetKey, tuple[CommittedOffset, int]],
+) -> None:
+    """A transaction's offsets take effect, each unless a later write of its key exists
+    (a plain commit written after the transactional one, before the marker, wins: Kafka's
+    order of appends, not of markers)."""
+    for key, (value, position) in committed.items():
+        if positions.get(key, -1) < position:
+            offsets[key] = value
+            positions[key] = position

@@ -22,9 +22,9 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.errors import ErrorCode
-from raftlog.groups.coordinator import GroupCoordinator
+from raftlog.groups.coordinator import GroupCoordinator, TxnProducer
 from raftlog.groups.coordinator_shell import GroupCoordinatorShell
-from raftlog.groups.offsets_format import Record
+from raftlog.groups.offsets_format import LogEntry, Record, TxnEnd, TxnRecord
 from raftlog.groups.settings import GroupConfig
 
 NO_NODE_ID = -1
@@ -77,8 +77,8 @@ class InProcessGroupService:
         self.node_id = node_id
         self.host = host
         self.port = port
-        # partition -> records in append order: the stand-in for the replicated log.
-        self.partitions: dict[int, list[Record]] = {}
+        # partition -> entries in append order: the stand-in for the replicated log.
+        self.partitions: dict[int, list[LogEntry]] = {}
         self.append_calls = 0
         self._shell = GroupCoordinatorShell(
             GroupCoordinator(self.config), self._append, self._read_all, clock_ms=clock_ms
@@ -103,9 +103,21 @@ class InProcessGroupService:
             self._ready = True
             task_status.started()
 
-    async def _append(self, partition: int, records: list[Record]) -> None:
-        self.append_calls += 1
-        self.partitions.setdefault(partition, []).extend(records)
+    async def write_txn_marker(self, partition: int, producer_id: int, commit: bool) -> None:
+        """Stand in for the transaction driver: "replicate" `producer_id`'s COMMIT/ABORT
+        marker on offsets partition `partition` and tell the coordinator."""
+        self.partitions.setdefault(partition, []).append(TxnEnd(producer_id, commit))
+        await self._shell.complete_transaction(partition, producer_id, commit)
 
-    async def _read_all(self, partition: int) -> list[Record]:
+    async def _append(
+        self, partition: int, records: list[Record], txn: TxnProducer | None = None
+    ) -> None:
+        self.append_calls += 1
+        entries = self.partitions.setdefault(partition, [])
+        if txn is None:
+            entries.extend(records)
+        else:
+            entries.extend(TxnRecord(txn.producer_id, k, v) for k, v in records)
+
+    async def _read_all(self, partition: int) -> list[LogEntry]:
         return list(self.partitions.get(partition, []))

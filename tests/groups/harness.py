@@ -8,6 +8,7 @@ from typing import Any
 from raftlog.errors import ErrorCode
 from raftlog.groups.coordinator import Append, Effects, GroupCoordinator
 from raftlog.groups.messages import JoinGroupRequest
+from raftlog.groups.offsets_format import LogEntry, TxnEnd, TxnRecord
 from raftlog.groups.settings import GroupConfig
 
 CONSUMER = "consumer"
@@ -41,7 +42,7 @@ class Harness:
     def __post_init__(self) -> None:
         counter = iter(range(1, 1_000_000))
         self.coord = GroupCoordinator(self.config, new_uuid=lambda: f"u{next(counter)}")
-        self.log: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        self.log: dict[int, list[LogEntry]] = {}
         self.replies: dict[int, Any] = {}
         self.queued: list[Append] = []
         self._token = 0
@@ -65,8 +66,18 @@ class Harness:
         while self.queued:
             append = self.queued.pop(0)
             if code is ErrorCode.none:
-                self.log.setdefault(append.partition, []).extend(append.records)
+                entries = self.log.setdefault(append.partition, [])
+                if append.txn is None:
+                    entries.extend(append.records)
+                else:
+                    pid = append.txn.producer_id
+                    entries.extend(TxnRecord(pid, k, v) for k, v in append.records)
             self.apply(self.coord.on_append_done(append.append_id, code, self.now_ms))
+
+    def marker(self, partition: int, producer_id: int, commit: bool) -> None:
+        """The transaction driver's part: a COMMIT/ABORT marker lands on `partition`."""
+        self.log.setdefault(partition, []).append(TxnEnd(producer_id, commit))
+        self.coord.complete_transaction(partition, producer_id, commit, self.now_ms)
 
     def call(self, method: str, *args: Any) -> int:
         token = self.token()

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from raftlog.errors import ErrorCode, KafkaError
-from raftlog.groups.coordinator import GroupCoordinator
+from raftlog.groups.coordinator import GroupCoordinator, TxnProducer
 from raftlog.groups.coordinator_shell import GroupCoordinatorShell
 from raftlog.groups.messages import (
     HeartbeatRequest,
@@ -16,9 +16,11 @@ from raftlog.groups.messages import (
     OffsetCommitRequest,
     OffsetCommitTopic,
     OffsetFetchRequest,
+    OffsetFetchTopic,
     SyncGroupRequest,
+    TxnOffsetCommitRequest,
 )
-from raftlog.groups.offsets_format import Record
+from raftlog.groups.offsets_format import LogEntry, Record, TxnEnd, TxnRecord
 from raftlog.groups.settings import GroupConfig
 from tests.groups.harness import join_req
 from tests.waiting import wait_until
@@ -31,19 +33,27 @@ class FakeLog:
     """Stands in for the node: appends 'replicate' after a delay, read_all returns them."""
 
     def __init__(self) -> None:
-        self.partitions: dict[int, list[Record]] = {}
+        self.partitions: dict[int, list[LogEntry]] = {}
+        self.txn_batches: list[TxnProducer] = []
         self.append_calls = 0
         self.fail_with: ErrorCode | None = None
         self.read_failures = 0  # reads that fail before one succeeds
 
-    async def append(self, partition: int, records: list[Record]) -> None:
+    async def append(
+        self, partition: int, records: list[Record], txn: TxnProducer | None = None
+    ) -> None:
         self.append_calls += 1
         await trio.sleep(REPLICATION_DELAY_S)
         if self.fail_with is not None:
             raise KafkaError(self.fail_with)
-        self.partitions.setdefault(partition, []).extend(records)
+        entries = self.partitions.setdefault(partition, [])
+        if txn is None:
+            entries.extend(records)
+        else:
+            self.txn_batches.append(txn)
+            entries.extend(TxnRecord(txn.producer_id, k, v) for k, v in records)
 
-    async def read_all(self, partition: int) -> list[Record]:
+    async def read_all(self, partition: int) -> list[LogEntry]:
         if self.read_failures:
             self.read_failures -= 1
             raise KafkaError(ErrorCode.offset_out_of_range, "the log moved under the read")
@@ -204,4 +214,51 @@ async def test_cancelled_join_leaves_nothing_parked(autojump_clock) -> None:
             await shell.join_group(join_req(G, first.member_id))  # parked behind it
         assert scope.cancelled_caught
         assert not shell._slots
+        nursery.cancel_scope.cancel()
+
+
+def _txn_request(producer_id: int, offset: int) -> TxnOffsetCommitRequest:
+    return TxnOffsetCommitRequest(
+        "txn", G, producer_id, 0, (OffsetCommitTopic("t", (OffsetCommitPartition(0, offset),)),)
+    )
+
+
+async def test_txn_offsets_wait_for_complete_transaction(autojump_clock) -> None:
+    log = FakeLog()
+    plain = OffsetCommitRequest(G, (OffsetCommitTopic("u", (OffsetCommitPartition(0, 1),)),))
+    async with trio.open_nursery() as nursery:
+        shell = await start_shell(nursery, log)
+        partition = shell.coordinator.partition_for(G)
+        replies = []
+
+        async def send(request: object) -> None:
+            if isinstance(request, TxnOffsetCommitRequest):
+                replies.append(await shell.txn_offset_commit(request))
+            else:
+                replies.append(await shell.offset_commit(request))  # type: ignore[arg-type]
+
+        # Queued together, yet each producer's records land in a batch of their own.
+        for request in (plain, _txn_request(7, 40), _txn_request(8, 50), plain):
+            nursery.start_soon(send, request)
+        await wait_until("four commits answered", lambda: len(replies) == 4, DEADLINE_S)
+        assert all(p.error_code is ErrorCode.none for r in replies for p in r.topics[0].partitions)
+        assert sorted(t.producer_id for t in log.txn_batches) == [7, 8]
+        stable = OffsetFetchRequest(G, (OffsetFetchTopic("t", (0,)),), require_stable=True)
+        [before] = (await shell.offset_fetch(stable)).topics[0].partitions
+        assert before.error_code is ErrorCode.unstable_offset_commit
+
+        # Producer 7 aborts, producer 8 commits (in whichever order they were written).
+        log.partitions[partition].append(TxnEnd(7, False))
+        await shell.complete_transaction(partition, 7, False)
+        [still] = (await shell.offset_fetch(stable)).topics[0].partitions
+        assert still.error_code is ErrorCode.unstable_offset_commit  # producer 8 is open
+        log.partitions[partition].append(TxnEnd(8, True))
+        await shell.complete_transaction(partition, 8, True)
+        [after] = (await shell.offset_fetch(stable)).topics[0].partitions
+        assert (after.offset, after.error_code) == (50, ErrorCode.none)
+
+        # A new coordinator replays the same from the log, markers included.
+        second = await start_shell(nursery, log)
+        [replayed] = (await second.offset_fetch(stable)).topics[0].partitions
+        assert (replayed.offset, replayed.error_code) == (50, ErrorCode.none)
         nursery.cancel_scope.cancel()
