@@ -10,8 +10,12 @@ Authorization (authz.API_RULES) is checked here, before the coordinator sees a r
 Kafka's KafkaApis does: READ on the group for membership and commits (and READ on each
 committed topic), DESCRIBE on the group for lookups, DELETE to delete it.
 
-`register_group_apis(registry, service)` adds them to an ApiRegistry; `GROUP_VERSION_TABLE`
-is the advertised ranges (why each: docs/protocol.md, "Consumer groups").
+FindCoordinator for a transactional id (key type 1, KIP-98) asks the node's TxnService when
+it has one (and TxnOffsetCommit, handlers_txn_offsets.py, is served then too); without one the
+answer is COORDINATOR_NOT_AVAILABLE.
+
+`register_group_apis(registry, service, txn_service)` adds them to an ApiRegistry;
+`GROUP_VERSION_TABLE` is the advertised ranges (why each: docs/protocol.md, "Consumer groups").
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
@@ -28,8 +32,15 @@ from raftlog.groups.service import CoordinatorLocation, GroupService
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
+from raftlog.net.kafka.handlers_txn_offsets import (
+    register_txn_offset_commit,
+    valid_transactional_id,
+)
 from raftlog.net.kafka.handlers_util import to_ms
 from raftlog.security.acl import ResourceType
+
+if TYPE_CHECKING:
+    from raftlog.txn.service import TxnService
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -63,9 +74,13 @@ GROUP_VERSION_TABLE: dict[int, tuple[int, int]] = {
 }
 
 
-def register_group_apis(registry: ApiRegistry, service: GroupService) -> None:
-    """Add every group API, answered by `service`, to `registry` (call once per node)."""
-    handlers = GroupHandlers(service)
+def register_group_apis(
+    registry: ApiRegistry, service: GroupService, txn_service: TxnService | None = None
+) -> None:
+    """Add every group API, answered by `service`, to `registry` (call once per node). With
+    `txn_service`, FindCoordinator locates transaction coordinators through it and
+    TxnOffsetCommit is served."""
+    handlers = GroupHandlers(service, txn_service)
     table: dict[int, Handler] = {
         ApiKey.FIND_COORDINATOR: handlers.find_coordinator,
         ApiKey.JOIN_GROUP: handlers.join_group,
@@ -80,6 +95,8 @@ def register_group_apis(registry: ApiRegistry, service: GroupService) -> None:
     }
     for api_key, (lo, hi) in GROUP_VERSION_TABLE.items():
         registry.register(api_key, lo, hi, table[api_key])
+    if txn_service is not None:
+        register_txn_offset_commit(registry, service)
 
 
 # FindCoordinator: what each key type needs (a transactional id is its own resource).
@@ -100,17 +117,23 @@ def _error_message(code: ErrorCode) -> str | None:
 
 
 class GroupHandlers:
-    """The group API handlers, bound to one GroupService."""
+    """The group API handlers, bound to one GroupService (and the node's TxnService, for
+    FindCoordinator of transactional ids)."""
 
-    def __init__(self, service: GroupService) -> None:
+    def __init__(self, service: GroupService, txn_service: TxnService | None = None) -> None:
         self.service = service
+        self.txn_service = txn_service
 
     # ------------------------------------------------------------------ FindCoordinator
     async def _locate(self, key_type: int, key: str) -> CoordinatorLocation:
         if key_type == KEY_TYPE_TRANSACTION:
-            # No transaction coordinator yet: retriable for the client, which then fails
-            # its transactional init with a clear timeout instead of a protocol error.
-            return CoordinatorLocation(ErrorCode.coordinator_not_available)
+            if self.txn_service is None:
+                # No transaction coordinator: retriable for the client, which then fails
+                # its transactional init with a clear timeout instead of a protocol error.
+                return CoordinatorLocation(ErrorCode.coordinator_not_available)
+            if not valid_transactional_id(key):
+                return CoordinatorLocation(ErrorCode.invalid_request)
+            return await self.txn_service.coordinator_for(key)
         if key_type != KEY_TYPE_GROUP:
             return CoordinatorLocation(ErrorCode.invalid_request)
         return await self.service.coordinator_for(key)
