@@ -25,17 +25,7 @@ from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka import authz, codec
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry, default_registry
 from raftlog.net.kafka.context import NoQuotas, RequestContext
-from raftlog.net.kafka.handlers_txn import (
-    ADD_OFFSETS_TO_TXN,
-    ADD_PARTITIONS_TO_TXN,
-    DESCRIBE_PRODUCERS,
-    DESCRIBE_TRANSACTIONS,
-    END_TXN,
-    LIST_TRANSACTIONS,
-    TXN_VERSION_TABLE,
-    WRITE_TXN_MARKERS,
-    register_txn_apis,
-)
+from raftlog.net.kafka.handlers_txn import TXN_VERSION_TABLE, register_txn_apis
 from raftlog.records import Record, build_batch
 from raftlog.security.acl import (
     AclBinding,
@@ -136,7 +126,7 @@ class Env:
         topics = _topics(partitions, "partitions")
         if version >= 4:
             response = await self.call(
-                ADD_PARTITIONS_TO_TXN,
+                ApiKey.ADD_PARTITIONS_TO_TXN,
                 version,
                 transactions=[
                     {
@@ -152,7 +142,7 @@ class Env:
             (result,) = response.results_by_transaction
             return _add_codes(result.topic_results)
         response = await self.call(
-            ADD_PARTITIONS_TO_TXN,
+            ApiKey.ADD_PARTITIONS_TO_TXN,
             version,
             v3_and_below_transactional_id=txn_id,
             v3_and_below_producer_id=pid,
@@ -165,7 +155,7 @@ class Env:
         self, txn_id: str, pid: int, epoch: int, group: str = "g", version: int = 3
     ) -> ErrorCode:
         response = await self.call(
-            ADD_OFFSETS_TO_TXN,
+            ApiKey.ADD_OFFSETS_TO_TXN,
             version,
             transactional_id=txn_id,
             producer_id=pid,
@@ -178,7 +168,7 @@ class Env:
         self, txn_id: str, pid: int, epoch: int, commit: bool = True, version: int = 3
     ) -> ErrorCode:
         response = await self.call(
-            END_TXN,
+            ApiKey.END_TXN,
             version,
             transactional_id=txn_id,
             producer_id=pid,
@@ -188,7 +178,7 @@ class Env:
         return ErrorCode(response.error_code)
 
     async def markers(self, *markers: dict[str, Any]) -> list[dict[tuple[str, int], ErrorCode]]:
-        response = await self.call(WRITE_TXN_MARKERS, 1, markers=list(markers))
+        response = await self.call(ApiKey.WRITE_TXN_MARKERS, 1, markers=list(markers))
         return [
             {(t.name, p.partition_index): p.error_code for t in m.topics for p in t.partitions}
             for m in response.markers
@@ -196,7 +186,7 @@ class Env:
 
     async def producers(self, *partitions: tuple[str, int]) -> dict[tuple[str, int], Any]:
         response = await self.call(
-            DESCRIBE_PRODUCERS, 0, topics=_topics(partitions, "partition_indexes")
+            ApiKey.DESCRIBE_PRODUCERS, 0, topics=_topics(partitions, "partition_indexes")
         )
         return {(t.name, p.partition_index): p for t in response.topics for p in t.partitions}
 
@@ -204,7 +194,7 @@ class Env:
         # Not decoded: a transaction not open has start time -1 on the wire, as in Kafka,
         # which kio's reader refuses (Kafka's clients read it).
         response = await self.call(
-            DESCRIBE_TRANSACTIONS, 0, decode=False, transactional_ids=list(txn_ids)
+            ApiKey.DESCRIBE_TRANSACTIONS, 0, decode=False, transactional_ids=list(txn_ids)
         )
         return list(response.transaction_states)
 
@@ -300,7 +290,7 @@ def test_registered_versions_and_rules() -> None:
         assert authz.API_RULES[codec.api_name(api_key)], api_key
     # v5 of EndTxn (KIP-890 part 2) is not claimed: the coordinator bumps no epoch per
     # transaction.
-    assert TXN_VERSION_TABLE[END_TXN] == (0, 4)
+    assert TXN_VERSION_TABLE[ApiKey.END_TXN] == (0, 4)
 
 
 # ---------------------------------------------------------------- a transaction per version
@@ -317,7 +307,7 @@ async def test_init_producer_id_per_version(env: Env, version: int) -> None:
     assert idempotent.producer_id != first.producer_id
 
 
-@pytest.mark.parametrize("version", versions(ADD_PARTITIONS_TO_TXN)[:4])
+@pytest.mark.parametrize("version", versions(ApiKey.ADD_PARTITIONS_TO_TXN)[:4])
 async def test_commit_per_add_partitions_version(env: Env, version: int) -> None:
     pid, epoch = (await env.init(f"tx-{version}")).producer_id, 0
     added = await env.add(f"tx-{version}", pid, epoch, [(TOPIC, 0), (TOPIC, 2)], version)
@@ -340,7 +330,7 @@ async def test_commit_per_add_partitions_version(env: Env, version: int) -> None
         assert (state.current_txn_start_offset, state.coordinator_epoch) == (-1, 0)
 
 
-@pytest.mark.parametrize("version", versions(END_TXN))
+@pytest.mark.parametrize("version", versions(ApiKey.END_TXN))
 async def test_abort_and_fencing_per_end_txn_version(env: Env, version: int) -> None:
     pid, old_epoch = await env.begin("tx-end", 1)
     assert await env.end("tx-end", pid, old_epoch, commit=False, version=version) == E.none
@@ -352,7 +342,7 @@ async def test_abort_and_fencing_per_end_txn_version(env: Env, version: int) -> 
     assert await env.end("tx-end", pid, old_epoch, version=version) == fenced
 
 
-@pytest.mark.parametrize("version", versions(ADD_OFFSETS_TO_TXN))
+@pytest.mark.parametrize("version", versions(ApiKey.ADD_OFFSETS_TO_TXN))
 async def test_add_offsets_per_version(env: Env, version: int) -> None:
     pid, epoch = await env.begin("tx-offsets")
     assert await env.add_offsets("tx-offsets", pid, epoch, "group-1", version) == E.none
@@ -370,7 +360,7 @@ async def test_add_offsets_per_version(env: Env, version: int) -> None:
     )
 
 
-@pytest.mark.parametrize("version", versions(ADD_PARTITIONS_TO_TXN)[:4])
+@pytest.mark.parametrize("version", versions(ApiKey.ADD_PARTITIONS_TO_TXN)[:4])
 async def test_add_partitions_fenced_per_version(env: Env, version: int) -> None:
     pid, epoch = await env.begin("tx-fence")
     await env.init("tx-fence")
@@ -476,7 +466,7 @@ async def test_a_million_partitions_are_refused_without_echoing_them(env: Env) -
     pid, epoch = await env.begin("tx-huge")
     huge = [{"name": TOPIC, "partitions": list(range(1_000_000))}]
     v3 = await env.call(
-        ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
         3,
         v3_and_below_transactional_id="tx-huge",
         v3_and_below_producer_id=pid,
@@ -486,14 +476,16 @@ async def test_a_million_partitions_are_refused_without_echoing_them(env: Env) -
     assert v3.results_by_topic_v3_and_below == ()
     txn = {"transactional_id": "tx-huge", "producer_id": pid, "producer_epoch": epoch}
     v4 = await env.call(
-        ADD_PARTITIONS_TO_TXN, 4, transactions=[{**txn, "verify_only": False, "topics": huge}]
+        ApiKey.ADD_PARTITIONS_TO_TXN,
+        4,
+        transactions=[{**txn, "verify_only": False, "topics": huge}],
     )
     assert (v4.error_code, v4.results_by_transaction) == (E.invalid_request, ())
     many = [{**txn, "verify_only": True, "topics": []}] * 10_001
-    v4 = await env.call(ADD_PARTITIONS_TO_TXN, 4, transactions=many)
+    v4 = await env.call(ApiKey.ADD_PARTITIONS_TO_TXN, 4, transactions=many)
     assert v4.error_code == E.invalid_request
     markers = await env.call(
-        WRITE_TXN_MARKERS,
+        ApiKey.WRITE_TXN_MARKERS,
         1,
         markers=[
             {
@@ -507,15 +499,15 @@ async def test_a_million_partitions_are_refused_without_echoing_them(env: Env) -
     )
     assert markers.markers == ()
     producers = await env.call(
-        DESCRIBE_PRODUCERS,
+        ApiKey.DESCRIBE_PRODUCERS,
         0,
         topics=[{"name": TOPIC, "partition_indexes": list(range(1_000_000))}],
     )
     assert producers.topics == ()
-    described = await env.call(DESCRIBE_TRANSACTIONS, 0, transactional_ids=["t"] * 10_001)
+    described = await env.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, transactional_ids=["t"] * 10_001)
     assert described.transaction_states == ()
     listed = await env.call(
-        LIST_TRANSACTIONS, 1, state_filters=["Ongoing"] * 101, producer_id_filters=[]
+        ApiKey.LIST_TRANSACTIONS, 1, state_filters=["Ongoing"] * 101, producer_id_filters=[]
     )
     assert listed.error_code == E.invalid_request
     assert not env.backend.markers_written
@@ -538,7 +530,7 @@ async def test_v4_batches_and_verification(env: Env) -> None:
         }
 
     async def batch(*transactions: dict[str, Any]) -> dict[str, dict[tuple[str, int], Any]]:
-        response = await env.call(ADD_PARTITIONS_TO_TXN, 4, transactions=list(transactions))
+        response = await env.call(ApiKey.ADD_PARTITIONS_TO_TXN, 4, transactions=list(transactions))
         assert response.error_code == E.none
         return {
             r.transactional_id: _add_codes(r.topic_results) for r in response.results_by_transaction
@@ -648,14 +640,14 @@ async def test_describe_and_list_transactions(env: Env) -> None:
 
     async def listed(version: int, **filters: Any) -> tuple[ErrorCode, dict[str, str], list[str]]:
         values = {"state_filters": [], "producer_id_filters": [], **filters}
-        response = await env.call(LIST_TRANSACTIONS, version, **values)
+        response = await env.call(ApiKey.LIST_TRANSACTIONS, version, **values)
         return (
             response.error_code,
             {t.transactional_id: t.transaction_state for t in response.transaction_states},
             list(response.unknown_state_filters),
         )
 
-    for version in versions(LIST_TRANSACTIONS):
+    for version in versions(ApiKey.LIST_TRANSACTIONS):
         assert await listed(version) == (
             E.none,
             {"tx-open": "Ongoing", "tx-idle": "Empty"},
@@ -735,7 +727,7 @@ async def test_broker_apis_need_cluster_action(env: Env) -> None:
     pid, epoch = await env.begin("tx-broker")
     env.set_acls(acl(X, "tx-broker", Op.WRITE), acl(T, TOPIC, Op.WRITE))
     v4 = await env.call(
-        ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
         4,
         transactions=[
             {
@@ -767,7 +759,7 @@ async def test_describe_apis_filter_by_describe(env: Env) -> None:
     env.set_acls(acl(X, "tx-seen", Op.DESCRIBE), acl(T, TOPIC, Op.DESCRIBE))
     (seen,) = await env.describe("tx-seen")
     assert [t.topic for t in seen.topics] == [TOPIC]
-    listed = await env.call(LIST_TRANSACTIONS, 1, state_filters=[], producer_id_filters=[])
+    listed = await env.call(ApiKey.LIST_TRANSACTIONS, 1, state_filters=[], producer_id_filters=[])
     assert [t.transactional_id for t in listed.transaction_states] == ["tx-seen"]
     # DescribeProducers needs READ on the topic, checked before existence.
     found = await env.producers((TOPIC, 0), ("ghost", 0))
@@ -844,7 +836,10 @@ async def test_broker_backend_markers_and_producers_over_real_replicas(tmp_path:
 
 
 async def test_limits_are_inclusive(env: Env) -> None:
-    from raftlog.net.kafka.handlers_txn import MAX_DESCRIBED_PARTITIONS, MAX_PARTITIONS_PER_REQUEST
+    from raftlog.net.kafka.handlers_txn_partitions import (
+        MAX_DESCRIBED_PARTITIONS,
+        MAX_PARTITIONS_PER_REQUEST,
+    )
 
     pid, epoch = await env.begin("tx-limit")
     at_limit = [(TOPIC, p) for p in range(MAX_PARTITIONS_PER_REQUEST)]

@@ -29,16 +29,7 @@ from raftlog.net.kafka import authz, codec
 from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_groups import register_group_apis
-from raftlog.net.kafka.handlers_txn import (
-    ADD_OFFSETS_TO_TXN,
-    ADD_PARTITIONS_TO_TXN,
-    DESCRIBE_PRODUCERS,
-    END_TXN,
-    LIST_TRANSACTIONS,
-    TXN_VERSION_TABLE,
-    WRITE_TXN_MARKERS,
-    register_txn_apis,
-)
+from raftlog.net.kafka.handlers_txn import TXN_VERSION_TABLE, register_txn_apis
 from raftlog.net.kafka.server import serve
 from raftlog.txn.service import TxnService
 from tests.kafka.conftest import TEST_MAX_FRAME_BYTES
@@ -162,7 +153,7 @@ async def test_api_versions_advertises_the_transaction_apis(client: WireClient) 
 
 async def test_end_txn_v5_is_not_served(client: WireClient) -> None:
     """KIP-890 part 2's EndTxn is refused as any unadvertised version is."""
-    await client.send_raw(_frame(raw_header(END_TXN, 5, 9)))
+    await client.send_raw(_frame(raw_header(ApiKey.END_TXN, 5, 9)))
     assert await client.is_closed_by_peer()
 
 
@@ -192,7 +183,7 @@ async def test_a_transaction_per_version(
     pid, epoch = init.producer_id, init.producer_epoch
     added = await call(
         client,
-        ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
         add_v,
         v3_and_below_transactional_id=txn_id,
         v3_and_below_producer_id=pid,
@@ -207,7 +198,7 @@ async def test_a_transaction_per_version(
     assert codes == {(TOPIC, 0): E.none, (TOPIC, 1): E.none}
     offsets = await call(
         client,
-        ADD_OFFSETS_TO_TXN,
+        ApiKey.ADD_OFFSETS_TO_TXN,
         min(end_v, 4),
         transactional_id=txn_id,
         producer_id=pid,
@@ -217,7 +208,7 @@ async def test_a_transaction_per_version(
     assert offsets.error_code == E.none
     ended = await call(
         client,
-        END_TXN,
+        ApiKey.END_TXN,
         end_v,
         transactional_id=txn_id,
         producer_id=pid,
@@ -229,7 +220,9 @@ async def test_a_transaction_per_version(
     # The offsets partition got its marker from the service, the topic's from the backend.
     (marker,) = tb.backend.markers_written
     assert set(marker.partitions) == {(TOPIC, 0), (TOPIC, 1)} and marker.commit
-    listed = await call(client, LIST_TRANSACTIONS, 1, state_filters=[], producer_id_filters=[])
+    listed = await call(
+        client, ApiKey.LIST_TRANSACTIONS, 1, state_filters=[], producer_id_filters=[]
+    )
     assert [(t.transactional_id, t.transaction_state) for t in listed.transaction_states] == [
         (txn_id, "CompleteCommit")
     ]
@@ -240,13 +233,13 @@ async def test_markers_and_producers_on_the_wire(tb: TxnBroker, client: WireClie
 
     await tb.backend.produce(TOPIC, 1, txn_batch(99, 0), -1, 5000, _producer())
     described = await call(
-        client, DESCRIBE_PRODUCERS, 0, topics=[{"name": TOPIC, "partition_indexes": [1]}]
+        client, ApiKey.DESCRIBE_PRODUCERS, 0, topics=[{"name": TOPIC, "partition_indexes": [1]}]
     )
     (state,) = described.topics[0].partitions[0].active_producers
     assert (state.producer_id, state.current_txn_start_offset) == (99, 0)
     written = await call(
         client,
-        WRITE_TXN_MARKERS,
+        ApiKey.WRITE_TXN_MARKERS,
         1,
         markers=[
             {
@@ -260,7 +253,7 @@ async def test_markers_and_producers_on_the_wire(tb: TxnBroker, client: WireClie
     )
     assert written.markers[0].topics[0].partitions[0].error_code == E.none
     described = await call(
-        client, DESCRIBE_PRODUCERS, 0, topics=[{"name": TOPIC, "partition_indexes": [1]}]
+        client, ApiKey.DESCRIBE_PRODUCERS, 0, topics=[{"name": TOPIC, "partition_indexes": [1]}]
     )
     (state,) = described.topics[0].partitions[0].active_producers
     assert state.current_txn_start_offset == -1
@@ -278,7 +271,7 @@ async def test_an_oversized_request_is_refused_and_the_connection_lives(
     # 200 000 partitions: within the frame limit, over the per-request limit.
     response = await call(
         client,
-        ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
         3,
         v3_and_below_transactional_id="big",
         v3_and_below_producer_id=1,

@@ -51,6 +51,14 @@ class ApiKey(enum.IntEnum):
     ALTER_CLIENT_QUOTAS = _KEY_BY_NAME["alter_client_quotas"]
     DESCRIBE_QUORUM = _KEY_BY_NAME["describe_quorum"]
     DESCRIBE_CLUSTER = _KEY_BY_NAME["describe_cluster"]
+    ADD_PARTITIONS_TO_TXN = _KEY_BY_NAME["add_partitions_to_txn"]
+    ADD_OFFSETS_TO_TXN = _KEY_BY_NAME["add_offsets_to_txn"]
+    END_TXN = _KEY_BY_NAME["end_txn"]
+    WRITE_TXN_MARKERS = _KEY_BY_NAME["write_txn_markers"]
+    DESCRIBE_TRANSACTIONS = _KEY_BY_NAME["describe_transactions"]
+    LIST_TRANSACTIONS = _KEY_BY_NAME["list_transactions"]
+    DESCRIBE_PRODUCERS = _KEY_BY_NAME["describe_producers"]
+    TXN_OFFSET_COMMIT = _KEY_BY_NAME["txn_offset_commit"]
 
 
 # api key -> (min version, max version, handler). Why each range: docs/protocol.md.

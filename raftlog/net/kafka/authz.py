@@ -152,9 +152,9 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "describe_acls": (DESCRIBE_CLUSTER,),
         "describe_user_scram_credentials": (DESCRIBE_CLUSTER,),
         "alter_user_scram_credentials": (ALTER_CLUSTER,),
-        # Not served yet: the checks Kafka makes, for the handlers that will serve them
-        # (KIP-98 transactions, record deletion) to call.
-        "add_partitions_to_txn": (WRITE_TRANSACTIONAL_ID, WRITE_TOPIC),
+        # Transactions (handlers_txn*.py); AddPartitionsToTxn v4+ is sent by brokers and
+        # checked against CLUSTER_ACTION instead.
+        "add_partitions_to_txn": (WRITE_TRANSACTIONAL_ID, WRITE_TOPIC, CLUSTER_ACTION),
         "add_offsets_to_txn": (WRITE_TRANSACTIONAL_ID, READ_GROUP),
         "end_txn": (WRITE_TRANSACTIONAL_ID,),
         "txn_offset_commit": (WRITE_TRANSACTIONAL_ID, READ_GROUP, READ_TOPIC),
@@ -162,6 +162,7 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "describe_transactions": (DESCRIBE_TRANSACTIONAL_ID, DESCRIBE_TOPIC),
         "list_transactions": (DESCRIBE_TRANSACTIONAL_ID,),
         "describe_producers": (READ_TOPIC,),
+        # Not served yet: the checks Kafka makes, for the handlers that will serve them.
         "offset_delete": (DELETE_GROUP, READ_TOPIC),
         "delete_records": (DELETE_TOPIC,),
     }

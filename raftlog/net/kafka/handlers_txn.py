@@ -1,6 +1,7 @@
 """Transaction APIs (KIP-98, KIP-360, KIP-664): InitProducerId with a transactional id,
-AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, DescribeTransactions,
-ListTransactions and DescribeProducers.
+AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, DescribeTransactions and ListTransactions; and
+the registration of WriteTxnMarkers and DescribeProducers, which partition leaders answer
+(handlers_txn_partitions.py, with the range checks both modules share).
 
 The handlers translate kio's requests into raftlog.txn.messages and ask the node's
 TxnService; nothing here decides a transaction. What they own is what needs the cluster's
@@ -28,32 +29,35 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import trio
-from kio.schema.index import api_key_map
 
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.backend import (
-    PartitionProducers,
-    ProducerDescription,
     TopicPartitionKey,
-    TxnMarkerWrite,
 )
 from raftlog.net.kafka.context import Handler, RequestContext
-from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_core import CLIENT_READ_ONLY_TOPICS, handle_init_producer_id
+from raftlog.net.kafka.handlers_txn_partitions import (
+    MAX_PARTITIONS_PER_REQUEST,
+    by_topic,
+    existing_partitions,
+    handle_describe_producers,
+    handle_write_txn_markers,
+    partition_count,
+    partition_exists,
+    request_pairs,
+    too_big,
+    valid_producer,
+    valid_transactional_id,
+)
 from raftlog.net.kafka.handlers_util import guarded, to_ms
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn.log_format import (
-    MAX_PRODUCER_EPOCH,
-    MAX_TRANSACTIONAL_ID_BYTES,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
-    TRANSACTION_STATE_TOPIC,
 )
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
@@ -73,14 +77,6 @@ from raftlog.txn.service import TxnService
 log = logging.getLogger("raftlog.kafka")
 _oversized = RateLimitedLog(log)
 
-_KEY_BY_NAME = {name: key for key, name in api_key_map.items()}
-ADD_PARTITIONS_TO_TXN = _KEY_BY_NAME["add_partitions_to_txn"]
-ADD_OFFSETS_TO_TXN = _KEY_BY_NAME["add_offsets_to_txn"]
-END_TXN = _KEY_BY_NAME["end_txn"]
-WRITE_TXN_MARKERS = _KEY_BY_NAME["write_txn_markers"]
-DESCRIBE_TRANSACTIONS = _KEY_BY_NAME["describe_transactions"]
-LIST_TRANSACTIONS = _KEY_BY_NAME["list_transactions"]
-DESCRIBE_PRODUCERS = _KEY_BY_NAME["describe_producers"]
 
 # api key -> (min version, max version). Why each maximum:
 # - InitProducerId v5 (TRANSACTION_ABORTABLE) and v6 (KIP-939 two-phase commit): not yet;
@@ -94,31 +90,21 @@ DESCRIBE_PRODUCERS = _KEY_BY_NAME["describe_producers"]
 # - ListTransactions v2 filters by a transactional id regular expression (KIP-1152): not yet.
 TXN_VERSION_TABLE: dict[int, tuple[int, int]] = {
     ApiKey.INIT_PRODUCER_ID: (0, 4),
-    ADD_PARTITIONS_TO_TXN: (0, 4),
-    ADD_OFFSETS_TO_TXN: (0, 4),
-    END_TXN: (0, 4),
-    WRITE_TXN_MARKERS: (1, 1),
-    DESCRIBE_TRANSACTIONS: (0, 0),
-    LIST_TRANSACTIONS: (0, 1),
-    DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 4),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 4),
+    ApiKey.WRITE_TXN_MARKERS: (1, 1),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 1),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
 }
 
-# Bounds on one request's fan-out (Kafka has none; real clients name a transaction's
-# partitions, a coordinator's markers for one broker, an operator's few ids). A transaction
-# holds at most TxnConfig.max_partitions_per_transaction (10 000) partitions anyway.
-MAX_PARTITIONS_PER_REQUEST = 10_000
-# DescribeProducers answers up to ProducerStateConfig.max_producer_ids (10 000) producers
-# per partition: this bounds the response (and the concurrent look-ups) instead.
-MAX_DESCRIBED_PARTITIONS = 1_000
 MAX_IDS_PER_REQUEST = 10_000
 MAX_TRANSACTIONS_PER_REQUEST = 10_000
-MAX_MARKERS_PER_REQUEST = 10_000
 MAX_STATE_FILTERS = 100
 # The AddPartitionsToTxn v4 batch a broker sends for verification (KIP-890) may name
 # internal topics (the offsets partition of a transactional offset commit); clients' v0-3 may
-# not, as in Kafka. Markers may go to the offsets topic, never to these two.
-NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
-MAX_INT64 = 2**63 - 1
+# not, as in Kafka.
 # What a non-flexible request version can carry (an int16 length); the offsets topic's keys
 # hold no longer group id either.
 MAX_GROUP_ID_CHARS = 2**15 - 1
@@ -132,73 +118,16 @@ def register_txn_apis(registry: ApiRegistry, service: TxnService) -> None:
     handlers = TxnHandlers(service)
     table: dict[int, Handler] = {
         ApiKey.INIT_PRODUCER_ID: handlers.init_producer_id,
-        ADD_PARTITIONS_TO_TXN: handlers.add_partitions_to_txn,
-        ADD_OFFSETS_TO_TXN: handlers.add_offsets_to_txn,
-        END_TXN: handlers.end_txn,
-        WRITE_TXN_MARKERS: handlers.write_txn_markers,
-        DESCRIBE_TRANSACTIONS: handlers.describe_transactions,
-        LIST_TRANSACTIONS: handlers.list_transactions,
-        DESCRIBE_PRODUCERS: handlers.describe_producers,
+        ApiKey.ADD_PARTITIONS_TO_TXN: handlers.add_partitions_to_txn,
+        ApiKey.ADD_OFFSETS_TO_TXN: handlers.add_offsets_to_txn,
+        ApiKey.END_TXN: handlers.end_txn,
+        ApiKey.WRITE_TXN_MARKERS: handle_write_txn_markers,
+        ApiKey.DESCRIBE_TRANSACTIONS: handlers.describe_transactions,
+        ApiKey.LIST_TRANSACTIONS: handlers.list_transactions,
+        ApiKey.DESCRIBE_PRODUCERS: handle_describe_producers,
     }
     for api_key, (lo, hi) in TXN_VERSION_TABLE.items():
         registry.register(api_key, lo, hi, table[api_key])
-
-
-# ------------------------------------------------------------------ range checks
-def valid_transactional_id(transactional_id: str) -> bool:
-    """Non-empty and within what `__transaction_state` can store."""
-    if not transactional_id or len(transactional_id) > MAX_TRANSACTIONAL_ID_BYTES:
-        return False
-    return len(transactional_id.encode("utf-8", "surrogatepass")) <= MAX_TRANSACTIONAL_ID_BYTES
-
-
-def valid_producer(producer_id: int, producer_epoch: int) -> bool:
-    return 0 <= producer_id <= MAX_INT64 and 0 <= producer_epoch <= MAX_PRODUCER_EPOCH
-
-
-def _pairs(topics: Iterable[Any], field: str) -> list[TopicPartitionKey]:
-    """(topic, partition) of a request's topics, duplicates dropped, in request order."""
-    return list(dict.fromkeys((t.name, int(p)) for t in topics for p in getattr(t, field)))
-
-
-def _partition_count(topics: Iterable[Any], field: str) -> int:
-    return sum(len(getattr(t, field)) for t in topics)
-
-
-def _existing(ctx: RequestContext, names: Iterable[str]) -> dict[str, int]:
-    """topic -> partition count, for the named topics that exist."""
-    wanted = list(dict.fromkeys(names))
-    if not wanted:
-        return {}
-    return {t.name: len(t.partitions) for t in ctx.backend.topics(wanted)}
-
-
-def _exists(partitions: dict[str, int], key: TopicPartitionKey) -> bool:
-    return 0 <= key[1] < partitions.get(key[0], 0)
-
-
-def _by_topic(
-    results: Iterable[tuple[TopicPartitionKey, ErrorCode]],
-) -> dict[str, list[tuple[int, ErrorCode]]]:
-    out: dict[str, list[tuple[int, ErrorCode]]] = {}
-    for (topic, partition), code in results:
-        out.setdefault(topic, []).append((partition, code))
-    return out
-
-
-def _too_big(ctx: RequestContext, what: str, count: int, limit: int) -> bool:
-    if count <= limit:
-        return False
-    _oversized.warning(
-        "refused %s from client %r (%s): %d %s, the limit is %d",
-        api_key_map.get(ctx.api_key, ctx.api_key),
-        ctx.client_id,
-        ctx.connection.peer,
-        count,
-        what,
-        limit,
-    )
-    return True
 
 
 class TxnHandlers:
@@ -262,12 +191,12 @@ class TxnHandlers:
             top_level = ErrorCode.none
             if not authz.allows(ctx, authz.CLUSTER_ACTION):
                 top_level = authz.CLUSTER_ACTION.error
-            elif _too_big(
+            elif too_big(
                 ctx, "transactions", len(transactions), MAX_TRANSACTIONS_PER_REQUEST
-            ) or _too_big(
+            ) or too_big(
                 ctx,
                 "partitions",
-                sum(_partition_count(t.topics, "partitions") for t in transactions),
+                sum(partition_count(t.topics, "partitions") for t in transactions),
                 MAX_PARTITIONS_PER_REQUEST,
             ):
                 top_level = ErrorCode.invalid_request
@@ -279,16 +208,16 @@ class TxnHandlers:
                     int(t.producer_id),
                     int(t.producer_epoch),
                     bool(t.verify_only),
-                    _pairs(t.topics, "partitions"),
+                    request_pairs(t.topics, "partitions"),
                 )
                 for t in transactions
             ]
         else:
             topics = request.v3_and_below_topics
-            if _too_big(
+            if too_big(
                 ctx,
                 "partitions",
-                _partition_count(topics, "partitions"),
+                partition_count(topics, "partitions"),
                 MAX_PARTITIONS_PER_REQUEST,
             ):
                 return {"results_by_topic_v3_and_below": []}
@@ -298,10 +227,10 @@ class TxnHandlers:
                     int(request.v3_and_below_producer_id),
                     int(request.v3_and_below_producer_epoch),
                     False,
-                    _pairs(topics, "partitions"),
+                    request_pairs(topics, "partitions"),
                 )
             ]
-        existing = _existing(ctx, (topic for *_, pairs in entries for topic, _ in pairs))
+        existing = existing_partitions(ctx, (topic for *_, pairs in entries for topic, _ in pairs))
         answers: list[dict[TopicPartitionKey, ErrorCode] | None] = []
         asked: list[AddPartitionsTxn] = []
         asked_at: list[int] = []
@@ -353,7 +282,7 @@ class TxnHandlers:
                         for partition, code in partitions
                     ],
                 }
-                for topic, partitions in _by_topic(errors.items()).items()
+                for topic, partitions in by_topic(errors.items()).items()
             ]
 
         if version >= 4:
@@ -397,7 +326,7 @@ class TxnHandlers:
         for key in pairs:
             if key[0] not in writable:
                 errors[key] = authz.WRITE_TOPIC.error
-            elif not _exists(existing, key):
+            elif not partition_exists(existing, key):
                 errors[key] = ErrorCode.unknown_topic_or_partition
         if not errors:
             return None
@@ -464,74 +393,12 @@ class TxnHandlers:
         )
         return result.error_code
 
-    # ------------------------------------------------------------------ WriteTxnMarkers
-    async def write_txn_markers(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
-        """Kafka's checks: CLUSTER_ACTION (only coordinators send markers; else every
-        partition is CLUSTER_AUTHORIZATION_FAILED), then per partition: it exists, and is not
-        a topic that never holds transactional data. The backend writes the rest on the
-        partitions this broker leads."""
-        markers = list(request.markers)
-        if _too_big(ctx, "markers", len(markers), MAX_MARKERS_PER_REQUEST) or _too_big(
-            ctx,
-            "partitions",
-            sum(_partition_count(m.topics, "partition_indexes") for m in markers),
-            MAX_PARTITIONS_PER_REQUEST,
-        ):
-            return {"markers": []}
-        per_marker = [_pairs(m.topics, "partition_indexes") for m in markers]
-        answers: list[dict[TopicPartitionKey, ErrorCode]] = [{} for _ in markers]
-        if not authz.allows(ctx, authz.CLUSTER_ACTION):
-            for answer, pairs in zip(answers, per_marker, strict=True):
-                answer.update(dict.fromkeys(pairs, authz.CLUSTER_ACTION.error))
-            return _markers_response(markers, per_marker, answers)
-        existing = _existing(ctx, (topic for pairs in per_marker for topic, _ in pairs))
-        writes: list[TxnMarkerWrite] = []
-        write_at: list[int] = []
-        for index, (marker, pairs) in enumerate(zip(markers, per_marker, strict=True)):
-            answer = answers[index]
-            fields_valid = valid_producer(marker.producer_id, marker.producer_epoch) and (
-                marker.coordinator_epoch >= 0
-            )
-            writable: list[TopicPartitionKey] = []
-            for key in pairs:
-                if not fields_valid:
-                    answer[key] = ErrorCode.invalid_request
-                elif key[0] in NO_MARKER_TOPICS:
-                    answer[key] = ErrorCode.invalid_topic_exception
-                elif not _exists(existing, key):
-                    answer[key] = ErrorCode.unknown_topic_or_partition
-                else:
-                    writable.append(key)
-            if writable:
-                write_at.append(index)
-                writes.append(
-                    TxnMarkerWrite(
-                        producer_id=int(marker.producer_id),
-                        producer_epoch=int(marker.producer_epoch),
-                        coordinator_epoch=int(marker.coordinator_epoch),
-                        commit=bool(marker.transaction_result),
-                        partitions=tuple(writable),
-                    )
-                )
-        if writes:
-            written = await guarded(
-                "write_txn_markers",
-                lambda: ctx.backend.write_txn_markers(writes),
-                lambda code, _msg: [dict.fromkeys(w.partitions, code) for w in writes],
-            )
-            for index, write, result in zip(write_at, writes, written, strict=True):
-                for key in write.partitions:
-                    # A partition the backend left out was not written: retriable for the
-                    # coordinator, never taken as done.
-                    answers[index][key] = result.get(key, ErrorCode.unknown_server_error)
-        return _markers_response(markers, per_marker, answers)
-
     # ------------------------------------------------------------------ admin
     async def describe_transactions(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         """DESCRIBE on each transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
         of a described transaction's topics, only those the principal may DESCRIBE."""
         ids = list(request.transactional_ids)
-        if _too_big(ctx, "transactional ids", len(ids), MAX_IDS_PER_REQUEST):
+        if too_big(ctx, "transactional ids", len(ids), MAX_IDS_PER_REQUEST):
             return {"transaction_states": []}
         answers: list[DescribedTransaction | None] = []
         asked: list[str] = []
@@ -587,8 +454,8 @@ class TxnHandlers:
         producer_ids = list(request.producer_id_filters)
         duration_ms = int(getattr(request, "duration_filter", -1))
         if (
-            _too_big(ctx, "state filters", len(states), MAX_STATE_FILTERS)
-            or _too_big(ctx, "producer id filters", len(producer_ids), MAX_IDS_PER_REQUEST)
+            too_big(ctx, "state filters", len(states), MAX_STATE_FILTERS)
+            or too_big(ctx, "producer id filters", len(producer_ids), MAX_IDS_PER_REQUEST)
             or duration_ms < -1
         ):
             return {
@@ -623,88 +490,8 @@ class TxnHandlers:
             ],
         }
 
-    async def describe_producers(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
-        """READ on each topic (else TOPIC_AUTHORIZATION_FAILED, before any existence check);
-        then each partition's producers from the backend, which answers only for partitions
-        this broker leads."""
-        topics = list(request.topics)
-        if _too_big(
-            ctx,
-            "partitions",
-            _partition_count(topics, "partition_indexes"),
-            MAX_DESCRIBED_PARTITIONS,
-        ):
-            return {"topics": []}
-        readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in topics))
-        existing = _existing(ctx, (t.name for t in topics if t.name in readable))
-        jobs = [(t.name, int(p)) for t in topics for p in t.partition_indexes]
-        results: list[PartitionProducers] = [PartitionProducers()] * len(jobs)
-
-        async def one(index: int, topic: str, partition: int) -> None:
-            results[index] = await guarded(
-                f"describe_producers {topic}-{partition}",
-                lambda: ctx.backend.describe_producers(topic, partition),
-                lambda code, _msg: PartitionProducers(code),
-            )
-
-        async with trio.open_nursery() as nursery:
-            for index, key in enumerate(jobs):
-                if key[0] not in readable:
-                    results[index] = PartitionProducers(authz.READ_TOPIC.error)
-                elif not _exists(existing, key):
-                    results[index] = PartitionProducers(ErrorCode.unknown_topic_or_partition)
-                else:
-                    nursery.start_soon(one, index, *key)
-        by_topic: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition), result in zip(jobs, results, strict=True):
-            by_topic.setdefault(topic, []).append(
-                {
-                    "partition_index": partition,
-                    "error_code": result.error,
-                    "error_message": None,
-                    "active_producers": [_producer_dict(p) for p in result.producers],
-                }
-            )
-        return {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-
 
 def _wall_time(ms: int) -> datetime.datetime:
     """kio's datetime for an int64 ms field that is never null: -1 (no transaction open)
     must reach the wire as -1, not as a missing value."""
     return EPOCH + datetime.timedelta(milliseconds=ms)
-
-
-def _producer_dict(p: ProducerDescription) -> dict[str, Any]:
-    return {
-        "producer_id": p.producer_id,
-        "producer_epoch": p.producer_epoch,
-        "last_sequence": p.last_sequence,
-        "last_timestamp": p.last_timestamp_ms,
-        "coordinator_epoch": p.coordinator_epoch,
-        "current_txn_start_offset": p.current_txn_start_offset,
-    }
-
-
-def _markers_response(
-    markers: Sequence[Any],
-    per_marker: Sequence[Sequence[TopicPartitionKey]],
-    answers: Sequence[dict[TopicPartitionKey, ErrorCode]],
-) -> dict[str, Any]:
-    return {
-        "markers": [
-            {
-                "producer_id": marker.producer_id,
-                "topics": [
-                    {
-                        "name": topic,
-                        "partitions": [
-                            {"partition_index": partition, "error_code": code}
-                            for partition, code in partitions
-                        ],
-                    }
-                    for topic, partitions in _by_topic((k, answer[k]) for k in pairs).items()
-                ],
-            }
-            for marker, pairs, answer in zip(markers, per_marker, answers, strict=True)
-        ]
-    }
