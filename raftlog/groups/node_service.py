@@ -34,8 +34,15 @@ from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
-from raftlog.records import Record, build_batch, iter_batches, iter_records, parse_txn_marker
-from raftlog.replication.core.producer_table import MAX_SEQUENCE
+from raftlog.records import (
+    BatchHeader,
+    Record,
+    build_batch,
+    iter_batches,
+    iter_records,
+    parse_txn_marker,
+)
+from raftlog.replication.core.producer_table import MAX_SEQUENCE, ProducerEntry
 from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.groups")
@@ -186,9 +193,7 @@ class NodeGroupService:
         producer or epoch, else one past its last (wrapping as Kafka's do)."""
         hosted = self.replicas.replicas.partitions.get((OFFSETS_TOPIC, partition))
         entry = None if hosted is None else hosted.producers.table.get(txn.producer_id)
-        if entry is None or entry.epoch != txn.producer_epoch:
-            return 0
-        return (entry.last_seq + 1) % (MAX_SEQUENCE + 1)
+        return next_sequence(entry, txn.producer_epoch)
 
     async def _read_all(self, partition: int) -> list[LogEntry]:
         """Every entry of the partition, in log order: (key, value) records, TxnRecord for
@@ -214,22 +219,32 @@ class NodeGroupService:
             if not data:
                 break
             for pos, header in iter_batches(data):
-                if header.is_control:
-                    marker = parse_txn_marker(data, pos)
-                    if marker is not None:
-                        out.append(TxnEnd(marker.producer_id, marker.commit))
-                elif header.is_transactional:
-                    out.extend(
-                        TxnRecord(header.producer_id, record.key, record.value)
-                        for record in iter_records(data, pos)
-                        if record.key is not None
-                    )
-                else:
-                    out.extend(
-                        (record.key, record.value)
-                        for record in iter_records(data, pos)
-                        if record.key is not None
-                    )
+                out.extend(batch_entries(data, pos, header))
                 offset = header.next_offset
             await trio.lowlevel.checkpoint()
         return out
+
+
+def next_sequence(entry: ProducerEntry | None, producer_epoch: int) -> int:
+    """The sequence a producer's next batch must carry given its state on the partition:
+    0 for a producer or epoch the partition has not seen, else one past its last (wrapping
+    as Kafka's sequences do)."""
+    if entry is None or entry.epoch != producer_epoch:
+        return 0
+    return (entry.last_seq + 1) % (MAX_SEQUENCE + 1)
+
+
+def batch_entries(data: bytes, pos: int, header: BatchHeader) -> list[LogEntry]:
+    """The offsets-log entries of the batch at `pos`: its (key, value) records, as TxnRecord
+    when the batch is transactional, or the TxnEnd of a COMMIT/ABORT marker (other control
+    batches carry nothing for the coordinator). Raises CorruptRecordError on a malformed
+    marker."""
+    if header.is_control:
+        marker = parse_txn_marker(data, pos)
+        return [] if marker is None else [TxnEnd(marker.producer_id, marker.commit)]
+    keyed: list[OffsetsRecord] = [
+        (r.key, r.value) for r in iter_records(data, pos) if r.key is not None
+    ]
+    if header.is_transactional:
+        return [TxnRecord(header.producer_id, key, value) for key, value in keyed]
+    return list(keyed)
