@@ -281,9 +281,10 @@ class Node:
             self.replicas,
             self.peers,
             self._rpc_node_methods,
+            self.groups.shell.complete_transaction,
         )
         registry = default_registry()
-        register_group_apis(registry, self.groups)
+        register_group_apis(registry, self.groups, self.txn)
         register_txn_apis(registry, self.txn)
         register_security_apis(registry)
         # One server per listener; each answers Metadata with its own listener's endpoints.
