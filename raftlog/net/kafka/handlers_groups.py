@@ -348,7 +348,8 @@ class GroupHandlers:
             topics=None
             if topics is None
             else tuple(m.OffsetFetchTopic(t.name, tuple(t.partition_indexes)) for t in topics),
-            # Without transactions no offset is ever pending, so every fetch is stable.
+            # KIP-447: partitions with undecided transactional offsets answer
+            # UNSTABLE_OFFSET_COMMIT instead of an offset the transaction may still move.
             require_stable=require_stable,
         )
         if ctx.authorizer is None:
