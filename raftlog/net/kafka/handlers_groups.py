@@ -32,10 +32,8 @@ from raftlog.groups.service import CoordinatorLocation, GroupService
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
-from raftlog.net.kafka.handlers_txn_offsets import (
-    register_txn_offset_commit,
-    valid_transactional_id,
-)
+from raftlog.net.kafka.handlers_txn_offsets import register_txn_offset_commit
+from raftlog.net.kafka.handlers_txn_partitions import valid_transactional_id
 from raftlog.net.kafka.handlers_util import to_ms
 from raftlog.security.acl import ResourceType
 

@@ -24,21 +24,19 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from kio.schema.index import api_key_map
-
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
 from raftlog.groups.service import GroupService
 from raftlog.net.kafka import authz
-from raftlog.net.kafka.apis import ApiRegistry
+from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_txn_partitions import valid_producer, valid_transactional_id
 from raftlog.net.limits import RateLimitedLog
-from raftlog.txn.log_format import MAX_PRODUCER_EPOCH, MAX_TRANSACTIONAL_ID_BYTES
 
 log = logging.getLogger("raftlog.kafka")
 _refusals = RateLimitedLog(log)
 
-TXN_OFFSET_COMMIT = next(key for key, name in api_key_map.items() if name == "txn_offset_commit")
+TXN_OFFSET_COMMIT = ApiKey.TXN_OFFSET_COMMIT
 # v5 is KIP-890 part 2 (the broker verifies the transaction itself), which the transaction
 # coordinator does not do.
 TXN_OFFSET_COMMIT_VERSIONS = (0, 4)
@@ -47,7 +45,6 @@ TXN_OFFSET_COMMIT_VERSIONS = (0, 4)
 MAX_PARTITIONS_PER_REQUEST = 10_000
 # What a non-flexible version carries (an int16 length); the offsets topic keys hold no more.
 MAX_GROUP_ID_CHARS = 2**15 - 1
-MAX_PRODUCER_ID = 2**63 - 1
 NO_LEADER_EPOCH = -1
 # KIP-447 (v3) added the member fields, KIP-890 (v4) TRANSACTION_ABORTABLE.
 PRODUCER_FENCED_SINCE_VERSION = 3
@@ -61,13 +58,6 @@ def register_txn_offset_commit(registry: ApiRegistry, service: GroupService) -> 
     handlers = TxnOffsetHandlers(service)
     lo, hi = TXN_OFFSET_COMMIT_VERSIONS
     registry.register(TXN_OFFSET_COMMIT, lo, hi, handlers.txn_offset_commit)
-
-
-def valid_transactional_id(transactional_id: str) -> bool:
-    """Non-empty and within what `__transaction_state` can store (Kafka refuses the rest)."""
-    if not transactional_id or len(transactional_id) > MAX_TRANSACTIONAL_ID_BYTES:
-        return False
-    return len(transactional_id.encode("utf-8", "surrogatepass")) <= MAX_TRANSACTIONAL_ID_BYTES
 
 
 def for_version(code: ErrorCode, api_version: int) -> ErrorCode:
@@ -145,9 +135,7 @@ class TxnOffsetHandlers:
         if not valid_transactional_id(transactional_id):
             self._refuse(ctx, "an invalid transactional id")
             return ErrorCode.invalid_request
-        if not 0 <= request.producer_id <= MAX_PRODUCER_ID or not (
-            0 <= request.producer_epoch <= MAX_PRODUCER_EPOCH
-        ):
+        if not valid_producer(request.producer_id, request.producer_epoch):
             self._refuse(ctx, f"producer {request.producer_id} epoch {request.producer_epoch}")
             return ErrorCode.invalid_request
         if not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id):
