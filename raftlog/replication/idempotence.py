@@ -16,6 +16,7 @@ and replay; this module decides when they run. The rules (docs/formats.md, "Prod
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -40,6 +41,53 @@ log = logging.getLogger("raftlog.replication")
 PRODUCER_SNAPSHOT_INTERVAL_MS = 60_000
 
 
+@dataclass(eq=False)
+class VerificationGuard:
+    """Compared by identity: a marker replaces a producer's guard with none."""
+
+    holders: int = 0
+
+
+class VerificationGuards:
+    """KIP-890's verification guards of one leader replica (Kafka's VerificationGuard).
+
+    A transactional batch that would open a transaction is appended only after the
+    coordinator confirmed the partition is in the producer's ongoing transaction, an answer
+    that takes an await. A COMMIT/ABORT marker for the producer that lands during that await
+    ends the transaction the answer was about: without a guard the batch would then open a
+    new transaction that no coordinator will ever end (a hanging transaction, holding back
+    the LSO). So each verification holds the producer's guard, a marker drops it, and the
+    append goes ahead only if the guard it started with still stands. Concurrent batches of
+    one producer share a guard; it lives only while some verification holds it, so the
+    table is bounded by the produce requests in flight.
+    """
+
+    def __init__(self) -> None:
+        self._guards: dict[int, VerificationGuard] = {}
+
+    def start(self, producer_id: int) -> VerificationGuard:
+        guard = self._guards.get(producer_id)
+        if guard is None:
+            guard = self._guards[producer_id] = VerificationGuard()
+        guard.holders += 1
+        return guard
+
+    def holds(self, producer_id: int, guard: VerificationGuard) -> bool:
+        return self._guards.get(producer_id) is guard
+
+    def finish(self, producer_id: int, guard: VerificationGuard) -> None:
+        guard.holders -= 1
+        if guard.holders == 0 and self._guards.get(producer_id) is guard:
+            del self._guards[producer_id]
+
+    def end_transaction(self, producer_id: int) -> None:
+        """A marker for the producer landed: verifications in flight no longer count."""
+        self._guards.pop(producer_id, None)
+
+    def __len__(self) -> int:
+        return len(self._guards)
+
+
 class ProducerStateHolder:
     """The producer-state table of one replica plus its loading and snapshot bookkeeping."""
 
@@ -58,6 +106,7 @@ class ProducerStateHolder:
         self._reloading = False
         self.snapshot_offset = -1  # offset of the newest snapshot this holder wrote
         self.segment_base_offset = plog.active_segment.base_offset if not plog.closed else 0
+        self.verifications = VerificationGuards()
 
     @property
     def snapshot_dir(self) -> Path:

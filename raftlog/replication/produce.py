@@ -44,6 +44,7 @@ from raftlog.replication.core.purgatory import (
     PurgatoryFullError,
     produce_answer,
 )
+from raftlog.replication.hosted import HostedPartition
 from raftlog.replication.producer_state import ProducerStateTable, Verdict
 from raftlog.replication.replicas import PendingProduce, Replicas
 
@@ -93,6 +94,43 @@ class ProducePath:
         # A client can send refused batches as fast as the network carries them: one line
         # per interval, counting the rest, keeps that from filling the log disk.
         self._refusals = RateLimitedLog(log)
+
+    async def _verify_opening(
+        self,
+        transactional_id: str | None,
+        opening: list[tuple[int, int]],
+        hosted: HostedPartition,
+        topic: str,
+        partition: int,
+    ) -> ProduceResult | None:
+        """Ask the coordinator about each producer whose batch would open a transaction
+        (KIP-890); None when every one may. A marker for a producer that lands while it is
+        asked voids the answer (idempotence.VerificationGuards): the caller appends with no
+        await after this returns, so no marker can slip in between."""
+        guards = hosted.producers.verifications
+        held = [(producer_id, guards.start(producer_id)) for producer_id, _ in opening]
+        try:
+            for producer_id, producer_epoch in opening:
+                verdict = await self.verify_transaction(
+                    TxnProduce(transactional_id, producer_id, producer_epoch, topic, partition)
+                )
+                if verdict != ErrorCode.none:
+                    return ProduceResult(
+                        verdict,
+                        error_message=f"producer {producer_id} has no ongoing transaction "
+                        f"with {topic}-{partition} in it",
+                    )
+            for producer_id, guard in held:
+                if not guards.holds(producer_id, guard):
+                    return ProduceResult(
+                        ErrorCode.invalid_txn_state,
+                        error_message=f"producer {producer_id}'s transaction on "
+                        f"{topic}-{partition} ended while the batch was verified",
+                    )
+            return None
+        finally:
+            for producer_id, guard in held:
+                guards.finish(producer_id, guard)
 
     async def produce(
         self,
@@ -151,17 +189,11 @@ class ProducePath:
             return ProduceResult(exc.code, error_message=exc.message)
         opening = _opening_transactions(hosted.producers.table, headers)
         if opening:
-            transactional_id = getattr(producer, "transactional_id", None)
-            for producer_id, producer_epoch in opening:
-                verdict = await self.verify_transaction(
-                    TxnProduce(transactional_id, producer_id, producer_epoch, topic, partition)
-                )
-                if verdict != ErrorCode.none:
-                    return ProduceResult(
-                        verdict,
-                        error_message=f"producer {producer_id} has no ongoing transaction "
-                        f"with {topic}-{partition} in it",
-                    )
+            refused = await self._verify_opening(
+                getattr(producer, "transactional_id", None), opening, hosted, topic, partition
+            )
+            if refused is not None:
+                return refused
             # The awaits may have seen the leadership or the producer state change.
             current = replicas.partitions.get(key)
             if current is not hosted or hosted.replica.leader is not leader:

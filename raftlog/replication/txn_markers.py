@@ -136,6 +136,8 @@ class TxnMarkerPath:
         if check.verdict is Verdict.ERROR:
             log.info("%s-%d: marker refused: %s", topic, partition, check.message)
             return check.error
+        # The transaction ends here: a verification still in flight was about it (KIP-890).
+        hosted.producers.verifications.end_transaction(marker.producer_id)
         if check.verdict is Verdict.DUPLICATE:
             required_offset = check.duplicate_offset + 1
         else:

@@ -22,6 +22,7 @@ from raftlog.records import (
     iter_all_records,
     iter_batches,
 )
+from raftlog.replication.idempotence import VerificationGuards
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.produce import TxnProduce
 from raftlog.replication.txn_markers import TxnMarkerRequest
@@ -280,6 +281,58 @@ async def test_kip_890_verification_refuses_a_transaction_the_coordinator_does_n
         ]
         assert leader.replicas.partitions[(TOPIC, 0)].log.log_end_offset == 5
         await cluster.stop_all()
+
+
+async def test_a_marker_that_lands_during_verification_voids_its_answer(tmp_path: Path) -> None:
+    """The coordinator answers NONE for the producer's next transaction, but the abort marker
+    of the one the batch belonged to landed while it was asked: the batch must not open a
+    transaction (it would hang: no coordinator would ever end it)."""
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        leader = cluster.managers[cluster.leader_id]
+        hosted = leader.replicas.partitions[(TOPIC, 0)]
+        asked = trio.Event()
+        answer = trio.Event()
+
+        async def held_verify(request: TxnProduce) -> ErrorCode:
+            asked.set()
+            await answer.wait()
+            return ErrorCode.none
+
+        leader.writes.verify_transaction = held_verify
+        late: list[Any] = []
+
+        async def late_batch() -> None:
+            late.append(await send(cluster, txn(7, 0)))
+
+        nursery.start_soon(late_batch)
+        await asked.wait()
+        assert len(hosted.producers.verifications) == 1
+        assert await mark(cluster, end(7, commit=False)) == ErrorCode.none
+        answer.set()
+        await wait_until("the late batch's answer", lambda: bool(late))
+        assert late[0].error == ErrorCode.invalid_txn_state
+        # Nothing opened: the LSO is the log end, and no guard is left behind.
+        await wait_until("replicas in sync", cluster.in_sync)
+        assert lso(cluster, cluster.leader_id) == hosted.log.log_end_offset == 1
+        assert len(hosted.producers.verifications) == 0
+        await cluster.stop_all()
+
+
+def test_verifications_of_one_producer_share_a_guard_that_a_marker_voids() -> None:
+    guards = VerificationGuards()
+    first, second = guards.start(7), guards.start(7)
+    assert first is second and guards.holds(7, first)
+    guards.finish(7, first)
+    assert guards.holds(7, second) and len(guards) == 1
+    guards.end_transaction(7)
+    third = guards.start(7)
+    assert not guards.holds(7, second) and guards.holds(7, third)
+    guards.finish(7, second)  # a voided guard's holder finishing leaves the new one
+    assert guards.holds(7, third)
+    guards.finish(7, third)
+    assert len(guards) == 0
 
 
 async def test_followers_agree_on_the_lso_after_a_leader_change(tmp_path: Path) -> None:
