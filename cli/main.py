@@ -55,6 +55,7 @@ def _register() -> None:
     from raftlog_cli.produce import produce_command
     from raftlog_cli.quotas import quotas_group
     from raftlog_cli.topics import topics_group
+    from raftlog_cli.transactions import transactions_group
     from raftlog_cli.users import users_group
 
     for command in (
@@ -67,6 +68,7 @@ def _register() -> None:
         quotas_group,
         acls_group,
         users_group,
+        transactions_group,
     ):
         cli.add_command(command)
 

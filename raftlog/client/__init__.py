@@ -31,6 +31,14 @@ from raftlog.client.admin_security import (
     UserResult,
     UserScramCredentials,
 )
+from raftlog.client.admin_txn import (
+    AbortTransactionSpec,
+    PartitionProducers,
+    ProducerState,
+    TransactionAdmin,
+    TransactionDescription,
+    TransactionListing,
+)
 from raftlog.client.auth import AuthenticationFailed, TlsHandshakeFailed
 from raftlog.client.cluster import (
     Cluster,
@@ -47,7 +55,7 @@ from raftlog.client.connection import (
     UnsupportedVersion,
     open_connection,
 )
-from raftlog.client.consumer import Consumer, FetchResult
+from raftlog.client.consumer import AbortedTxn, Consumer, FetchResult
 from raftlog.client.group_consumer import (
     ConsumedRecord,
     GroupConsumer,
@@ -65,6 +73,7 @@ from raftlog.client.properties import (
     load_client_properties,
     parse_client_properties,
 )
+from raftlog.client.protocol import IsolationLevel
 from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
 from raftlog.metadata.controller.messages import NewTopic
 
@@ -72,6 +81,8 @@ __all__ = [
     "ACKS_ALL",
     "ACKS_LEADER",
     "ACKS_NONE",
+    "AbortTransactionSpec",
+    "AbortedTxn",
     "AclDeletion",
     "AclResult",
     "Admin",
@@ -94,12 +105,15 @@ __all__ = [
     "GroupConsumerConfig",
     "GroupMember",
     "GroupMemberError",
+    "IsolationLevel",
     "ListedOffset",
     "MemberConfig",
     "NewTopic",
     "PartitionInfo",
+    "PartitionProducers",
     "ProduceResult",
     "Producer",
+    "ProducerState",
     "QuotaMatch",
     "RequestTimeout",
     "ResourceType",
@@ -109,6 +123,9 @@ __all__ = [
     "TlsHandshakeFailed",
     "TopicInfo",
     "TopicResult",
+    "TransactionAdmin",
+    "TransactionDescription",
+    "TransactionListing",
     "UnsupportedVersion",
     "UserResult",
     "UserScramCredentials",

@@ -4,20 +4,49 @@ Fetches go to the partition leader with its current leader epoch; leadership err
 metadata and retry. A broker only returns records below the high watermark, so nothing read
 here can later disappear. A fetch response may end in a partial batch (the broker cuts at
 max_bytes); that tail is ignored and fetched again from its start next time.
+
+Isolation (KIP-98): read_uncommitted (the default) returns every data record below the high
+watermark; read_committed reads only below the last stable offset (LSO) and leaves out the
+records of aborted transactions, found as Kafka's consumer finds them, from the response's
+aborted_transactions list (see VisibleBatches). Control batches (transaction markers) are
+never returned as records under either level, but a read moves past them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import heapq
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
+from raftlog.client.admin import ListedOffset
 from raftlog.client.cluster import Cluster, raise_for
-from raftlog.client.protocol import throttle_time_ms
+from raftlog.client.protocol import IsolationLevel, throttle_time_ms
+from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode
-from raftlog.records import LOG_OVERHEAD_BYTES, Record, batch_size_at, iter_batches, iter_records
+from raftlog.records import (
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    ControlType,
+    Record,
+    batch_size_at,
+    control_type_of,
+    iter_batches,
+    iter_records,
+)
 
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 500
+# A batch without a producer (not idempotent, not transactional) carries this id.
+NO_PRODUCER_ID = -1
+
+
+@dataclass(frozen=True, order=True)
+class AbortedTxn:
+    """One entry of a read_committed fetch's aborted_transactions: the producer's aborted
+    transaction began at first_offset (and ends at that producer's next ABORT marker)."""
+
+    first_offset: int
+    producer_id: int
 
 
 @dataclass(frozen=True)
@@ -27,6 +56,9 @@ class RawFetch:
     high_watermark: int
     log_start_offset: int
     throttle_time_ms: int = 0
+    # The broker's LSO (read_committed never gets data at or past it); -1 when not sent.
+    last_stable_offset: int = -1
+    aborted_transactions: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -34,6 +66,10 @@ class FetchResult:
     records: list[Record]
     high_watermark: int
     throttle_time_ms: int
+    last_stable_offset: int = -1
+    # The offset after the last whole batch of the response (control batches and aborted
+    # transactions' batches included, so a read moves past them); -1 when it held none.
+    next_offset: int = -1
 
 
 def whole_batches(data: bytes) -> bytes:
@@ -47,37 +83,186 @@ def whole_batches(data: bytes) -> bytes:
     return data[:pos]
 
 
-def decode_records(data: bytes | None) -> list[Record]:
-    """Records of every complete data batch (control batches are skipped)."""
+class VisibleBatches:
+    """Which batches of one fetch response a consumer returns (sans-IO; Kafka's
+    CompletedFetch rule).
+
+    read_uncommitted: every data batch. read_committed: a transactional batch is left out
+    when its producer has an aborted transaction open at it: the response's aborted list,
+    sorted by first offset, adds a producer once a batch reaches that transaction's first
+    offset, and the producer's ABORT marker removes it again. Control batches are never
+    visible. Batches must be fed in offset order, each once.
+    """
+
+    def __init__(
+        self,
+        isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+        aborted: Iterable[AbortedTxn] = (),
+    ) -> None:
+        self.isolation_level = isolation_level
+        self._pending = sorted(aborted)  # a sorted list is a heap
+        self._aborted_producers: set[int] = set()
+
+    def visible(self, data: bytes | memoryview, pos: int, header: BatchHeader) -> bool:
+        """Whether the (validated) batch at pos of data holds records to return."""
+        if (
+            self.isolation_level is IsolationLevel.READ_COMMITTED
+            and header.producer_id != NO_PRODUCER_ID
+        ):
+            while self._pending and self._pending[0].first_offset <= header.last_offset:
+                self._aborted_producers.add(heapq.heappop(self._pending).producer_id)
+            if header.is_control:
+                if _is_abort_marker(data, pos, header):
+                    self._aborted_producers.discard(header.producer_id)
+            elif header.is_transactional and header.producer_id in self._aborted_producers:
+                return False
+        return not header.is_control
+
+
+def _is_abort_marker(data: bytes | memoryview, pos: int, header: BatchHeader) -> bool:
+    """Whether a control batch is an ABORT marker (its first record's key says so; Kafka
+    reads only the first). Raises CorruptRecordError on a malformed control key."""
+    if header.record_count < 1:
+        return False
+    first = next(iter_records(data, pos), None)
+    return first is not None and control_type_of(first.key) == ControlType.ABORT
+
+
+def iter_visible_batches(
+    data: bytes,
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    aborted: Iterable[AbortedTxn] = (),
+) -> Iterator[tuple[int, BatchHeader, bool]]:
+    """(position, header, visible) of every whole batch of data, in order (see
+    VisibleBatches for `visible`); a cut batch at the end is left out."""
+    data = whole_batches(data)
+    rule = VisibleBatches(isolation_level, aborted)
+    for pos, header in iter_batches(data):
+        yield pos, header, rule.visible(data, pos, header)
+
+
+def decode_records(
+    data: bytes | None,
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    aborted: Iterable[AbortedTxn] = (),
+) -> list[Record]:
+    """Records of every complete visible batch (control batches are skipped, and under
+    read_committed aborted transactions' batches too)."""
     if not data:
         return []
     data = whole_batches(bytes(data))
     out: list[Record] = []
-    for pos, header in iter_batches(data):
-        if not header.is_control:
+    for pos, _header, visible in iter_visible_batches(data, isolation_level, aborted):
+        if visible:
             out.extend(iter_records(data, pos))
     return out
 
 
+def next_offset_of(data: bytes | None) -> int:
+    """The offset after the last whole batch of data, -1 when it holds none."""
+    next_offset = -1
+    whole = whole_batches(bytes(data or b""))
+    for _pos, header in iter_batches(whole):
+        next_offset = header.next_offset
+    return next_offset
+
+
+def _aborted_of(answer: object) -> tuple[AbortedTxn, ...]:
+    entries = getattr(answer, "aborted_transactions", None) or ()
+    out = []
+    for entry in entries:
+        producer_id, first_offset = int(entry.producer_id), int(entry.first_offset)
+        # From outside the process: an entry that cannot be a transaction is ignored, not
+        # trusted (it could only hide records).
+        if producer_id >= 0 and first_offset >= 0:
+            out.append(AbortedTxn(first_offset, producer_id))
+    return tuple(out)
+
+
+async def list_offset(
+    cluster: Cluster,
+    topic: str,
+    partition: int,
+    spec: str | int = "latest",
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+) -> ListedOffset:
+    """ListOffsets at an isolation level: "latest" is the high watermark under
+    read_uncommitted and the last stable offset under read_committed (as Kafka's
+    consumer endOffsets); "earliest" or a timestamp in ms otherwise as Admin.list_offsets."""
+    if spec == "latest":
+        timestamp = LATEST_TIMESTAMP
+    elif spec == "earliest":
+        timestamp = EARLIEST_TIMESTAMP
+    elif isinstance(spec, int) and spec >= 0:
+        timestamp = spec
+    else:
+        raise ValueError(f"spec must be 'earliest', 'latest' or a timestamp in ms, got {spec!r}")
+
+    async def attempt() -> ListedOffset:
+        connection, info = await cluster.leader(topic, partition)
+        values = {
+            "replica_id": -1,
+            "isolation_level": int(isolation_level),
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": partition,
+                            "current_leader_epoch": info.leader_epoch,
+                            "timestamp": timestamp,
+                        }
+                    ],
+                }
+            ],
+        }
+        response = await connection.call("list_offsets", values)
+        result = response.topics[0].partitions[0]
+        raise_for(result.error_code, f"list_offsets {topic}-{partition}")
+        return ListedOffset(
+            offset=int(result.offset),
+            timestamp_ms=int(result.timestamp),
+            leader_epoch=int(getattr(result, "leader_epoch", -1)),
+        )
+
+    return await cluster.retrying(attempt, refresh_topics=[topic])
+
+
 class Consumer:
+    """Fetches of one isolation level (read_uncommitted unless asked); every method also
+    takes isolation_level to override it for one call."""
+
     def __init__(
         self,
         cluster: Cluster,
         *,
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_wait_ms: int = DEFAULT_FETCH_MAX_WAIT_MS,
+        isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> None:
         self.cluster = cluster
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
+        self.isolation_level = IsolationLevel(isolation_level)
+
+    def _level(self, isolation_level: IsolationLevel | None) -> IsolationLevel:
+        return self.isolation_level if isolation_level is None else IsolationLevel(isolation_level)
 
     async def fetch_raw(
-        self, topic: str, partition: int, offset: int, *, max_bytes: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int | None = None,
+        isolation_level: IsolationLevel | None = None,
     ) -> RawFetch:
         """One fetch at offset from the leader, the record bytes undecoded (leadership errors
         retried). OFFSET_OUT_OF_RANGE is answered, not raised: whether it means data loss
-        (below the log start) is the caller's decision."""
+        (below the log start) is the caller's decision. Under read_committed the answer
+        carries the aborted transactions to leave out (decode with VisibleBatches)."""
         max_bytes = self.max_bytes if max_bytes is None else max_bytes
+        level = self._level(isolation_level)
 
         async def attempt() -> RawFetch:
             connection, info = await self.cluster.leader(topic, partition)
@@ -86,7 +271,7 @@ class Consumer:
                 "max_wait": self.max_wait_ms,
                 "min_bytes": 1,
                 "max_bytes": max_bytes,
-                "isolation_level": 0,
+                "isolation_level": int(level),
                 "session_id": 0,
                 "session_epoch": -1,
                 "topics": [
@@ -119,42 +304,97 @@ class Consumer:
                 int(answer.high_watermark),
                 int(getattr(answer, "log_start_offset", -1)),
                 throttle_time_ms(response),
+                int(getattr(answer, "last_stable_offset", -1)),
+                _aborted_of(answer) if level is IsolationLevel.READ_COMMITTED else (),
             )
 
         return await self.cluster.retrying(attempt, refresh_topics=[topic])
 
-    async def fetch(self, topic: str, partition: int, offset: int) -> FetchResult:
-        """One fetch at offset from the leader (retrying leadership errors), decoded."""
-        raw = await self.fetch_raw(topic, partition, offset)
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        isolation_level: IsolationLevel | None = None,
+    ) -> FetchResult:
+        """One fetch at offset from the leader (retrying leadership errors), decoded: the
+        visible records at or after offset."""
+        level = self._level(isolation_level)
+        raw = await self.fetch_raw(topic, partition, offset, isolation_level=level)
         raise_for(raw.error, f"fetch {topic}-{partition} at {offset}")
-        records = [r for r in decode_records(raw.data) if r.offset >= offset]
-        return FetchResult(records, raw.high_watermark, raw.throttle_time_ms)
+        decoded = decode_records(raw.data, level, raw.aborted_transactions)
+        records = [r for r in decoded if r.offset >= offset]
+        return FetchResult(
+            records,
+            raw.high_watermark,
+            raw.throttle_time_ms,
+            raw.last_stable_offset,
+            next_offset_of(raw.data),
+        )
+
+    def _readable_end(self, result: FetchResult, level: IsolationLevel) -> int:
+        """Where a read of this level stops: the LSO under read_committed, else the HW."""
+        if level is IsolationLevel.READ_COMMITTED and result.last_stable_offset >= 0:
+            return min(result.last_stable_offset, result.high_watermark)
+        return result.high_watermark
 
     async def fetch_range(
-        self, topic: str, partition: int, start: int, end: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int | None = None,
+        *,
+        isolation_level: IsolationLevel | None = None,
     ) -> list[Record]:
-        """Records with start <= offset < end; end is clamped to the high watermark.
+        """Visible records with start <= offset < end; end is clamped to the high watermark
+        (read_committed: to the last stable offset).
 
-        end=None reads up to the high watermark seen by the first fetch.
+        end=None reads up to the high watermark (LSO) seen by the first fetch.
         """
+        level = self._level(isolation_level)
         out: list[Record] = []
         offset = start
         while end is None or offset < end:
-            result = await self.fetch(topic, partition, offset)
-            limit = result.high_watermark if end is None else min(end, result.high_watermark)
+            result = await self.fetch(topic, partition, offset, isolation_level=level)
+            readable = self._readable_end(result, level)
+            limit = readable if end is None else min(end, readable)
             end = limit if end is None else end
             out.extend(r for r in result.records if r.offset < limit)
-            if result.records:
-                offset = max(offset, result.records[-1].offset + 1)
-            if offset >= limit or not result.records:
+            if result.next_offset <= offset:
+                break  # nothing more below the limit yet
+            offset = result.next_offset
+            if offset >= limit:
                 break
         return out
 
-    async def poll(self, topic: str, partition: int, start: int = 0) -> AsyncIterator[list[Record]]:
-        """Yield each non-empty fetch's records forever, from start (long-polls the leader)."""
+    async def poll(
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        *,
+        isolation_level: IsolationLevel | None = None,
+    ) -> AsyncIterator[list[Record]]:
+        """Yield each non-empty fetch's visible records forever, from start (long-polls the
+        leader); control batches and aborted transactions move the position silently."""
+        level = self._level(isolation_level)
         offset = start
         while True:
-            result = await self.fetch(topic, partition, offset)
+            result = await self.fetch(topic, partition, offset, isolation_level=level)
+            if result.next_offset > offset:
+                offset = result.next_offset
             if result.records:
-                offset = result.records[-1].offset + 1
                 yield result.records
+
+    async def list_offset(
+        self,
+        topic: str,
+        partition: int,
+        spec: str | int = "latest",
+        *,
+        isolation_level: IsolationLevel | None = None,
+    ) -> ListedOffset:
+        """ListOffsets at this consumer's isolation level (see list_offset)."""
+        return await list_offset(self.cluster, topic, partition, spec, self._level(isolation_level))

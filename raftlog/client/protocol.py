@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import io
 from collections.abc import Mapping
 from functools import cache
@@ -64,6 +65,28 @@ CLIENT_API_VERSIONS: dict[str, tuple[int, int]] = {
     "describe_user_scram_credentials": (0, 0),
     "alter_user_scram_credentials": (0, 0),
 }
+
+
+class IsolationLevel(enum.IntEnum):
+    """Fetch and ListOffsets isolation (KIP-98): read_committed reads only up to the last
+    stable offset and leaves out aborted transactions' records."""
+
+    READ_UNCOMMITTED = 0
+    READ_COMMITTED = 1
+
+    @classmethod
+    def parse(cls, text: str) -> IsolationLevel:
+        """Kafka's config spelling (isolation.level=read_committed); ValueError otherwise."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"isolation level must be read_uncommitted or read_committed, got {text!r}"
+            ) from None
+
+    @property
+    def config_name(self) -> str:
+        return self.name.lower()
 
 
 class ProtocolError(RemoteError):
