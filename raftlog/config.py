@@ -355,6 +355,19 @@ class NodeConfig:
     group_initial_rebalance_delay_ms: int = _key(
         0, "Delay before the first rebalance of a new group.", lo=0, hi=600_000
     )
+    # -- transactions (Kafka's names; fewer partitions than Kafka's 50, as for offsets)
+    transaction_state_log_num_partitions: int = _key(
+        6, "Partitions of __transaction_state.", lo=1, hi=1000
+    )
+    transaction_state_log_replication_factor: int = _key(
+        3, "Replication factor of __transaction_state (capped by brokers).", lo=1, hi=32
+    )
+    transaction_state_log_min_isr: int = _key(
+        2, "min.insync.replicas of __transaction_state (capped by its factor).", lo=1, hi=32
+    )
+    transaction_max_timeout_ms: int = _key(
+        900_000, "Longest transaction.timeout.ms a producer may ask for.", lo=1, hi=2**31 - 1
+    )
     # -- quotas
     quota_window_num: int = _key(11, "Samples kept per quota rate.", lo=2, hi=1000)
     quota_window_size_s: int = _key(1, "Length of one quota sample.", lo=1, hi=3600)

@@ -66,10 +66,6 @@ from raftlog.txn.shell import TxnCoordinatorShell
 
 log = logging.getLogger("raftlog.txn")
 
-# Kafka's transaction.state.log.replication.factor and transaction.state.log.min.isr
-# defaults; the factor is capped by the live brokers when the topic is created.
-TRANSACTION_STATE_REPLICATION_FACTOR = 3
-TRANSACTION_STATE_MIN_ISR = 2
 # Bytes read per step (on the event loop) when a new coordinator replays its partition.
 LOAD_READ_BYTES = 256 * 1024
 # How long a transition may wait for acks=all before its caller is told to retry.
@@ -130,7 +126,9 @@ class NodeTxnService:
         self.peers = peers
         self.complete_transaction = complete_transaction
         txn_config = txn_config or TxnConfig(
-            offsets_topic_num_partitions=config.offsets_topic_num_partitions
+            transaction_state_log_num_partitions=config.transaction_state_log_num_partitions,
+            offsets_topic_num_partitions=config.offsets_topic_num_partitions,
+            transaction_max_timeout_ms=config.transaction_max_timeout_ms,
         )
         self.shell = TxnCoordinatorShell(
             txn_config,
@@ -184,8 +182,11 @@ class NodeTxnService:
     async def _create_topic_task(self) -> None:
         try:
             live = len(self.metadata.image.unfenced_brokers())
-            replication_factor = max(1, min(TRANSACTION_STATE_REPLICATION_FACTOR, live))
-            min_isr = min(TRANSACTION_STATE_MIN_ISR, replication_factor)
+            # The factor is capped by the live brokers when the topic is created.
+            replication_factor = max(
+                1, min(self.config.transaction_state_log_replication_factor, live)
+            )
+            min_isr = min(self.config.transaction_state_log_min_isr, replication_factor)
             request = cm.CreateTopics(
                 (
                     cm.NewTopic(

@@ -252,7 +252,12 @@ class FakePeers:
 def node_config(node_id: int) -> Any:
     """The NodeConfig fields the service reads."""
     return SimpleNamespace(
-        node_id=node_id, offsets_topic_num_partitions=2, voters={}, request_timeout_ms=30_000
+        node_id=node_id,
+        offsets_topic_num_partitions=2,
+        voters={},
+        request_timeout_ms=30_000,
+        transaction_state_log_replication_factor=3,
+        transaction_state_log_min_isr=2,
     )
 
 
