@@ -101,7 +101,8 @@ class TransactionDescription:
     producer_id: int = -1
     producer_epoch: int = -1
     transaction_timeout_ms: int = -1
-    # Wall-clock ms the open transaction began; None when none is open.
+    # Wall-clock ms the current (or, once complete, the last) transaction began; None when
+    # the coordinator sent -1 (an id that has not begun one).
     transaction_start_time_ms: int | None = None
     topic_partitions: tuple[tuple[str, int], ...] = ()
 

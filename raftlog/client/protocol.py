@@ -29,7 +29,7 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32, i32Timedelta, i64Timedelta
+from kio.static.primitive import i16, i32, i32Timedelta, i64, i64Timedelta
 
 from raftlog.errors import RemoteError
 from raftlog.kio_private import FieldShape, field_shape
@@ -124,12 +124,65 @@ def peek_correlation_id(frame: bytes) -> int:
     return int.from_bytes(frame[:4], "big", signed=True)
 
 
+# Responses whose wall-clock times (datetime_i64) may be -1, Kafka's "none", which kio's
+# reader refuses as a negative timestamp: DescribeTransactions' transaction_start_time of an
+# id with no open transaction. They are read as plain int64 milliseconds instead.
+INT_TIMESTAMP_RESPONSES = frozenset({"describe_transactions"})
+
+
+@cache
+def response_schema(api_key: int, api_version: int) -> type:
+    """kio's response class, or for INT_TIMESTAMP_RESPONSES its twin with int64 times."""
+    cls: type = load_response_schema(api_key, api_version)
+    if api_name(api_key) in INT_TIMESTAMP_RESPONSES:
+        cls = _with_int_timestamps(cls)
+    return cls
+
+
+@cache
+def _with_int_timestamps(cls: type) -> type:
+    """A copy of the kio entity `cls` (nested entities too) whose datetime_i64 fields are
+    int64: the same bytes on the wire, read without kio's sign check."""
+    fields: list[tuple[str, Any, Any]] = []
+    changed = False
+    for f in dataclasses.fields(cls):
+        shape = field_shape(f)
+        kind: Any = f.type
+        metadata: Mapping[str, Any] = f.metadata
+        if f.metadata.get("kafka_type") == "datetime_i64" and shape.entity is None:
+            kind, metadata, changed = i64, {**f.metadata, "kafka_type": "int64"}, True
+        elif shape.entity is not None:
+            nested = _with_int_timestamps(shape.entity)
+            if nested is not shape.entity:
+                changed = True
+                kind = tuple[nested, ...] if shape.is_array else nested  # type: ignore[valid-type]
+                if shape.nullable:
+                    kind = kind | None
+        options: dict[str, Any] = {"metadata": metadata}
+        if f.default is not dataclasses.MISSING:
+            options["default"] = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            options["default_factory"] = f.default_factory
+        fields.append((f.name, kind, dataclasses.field(**options)))
+    if not changed:
+        return cls
+    dunders = ("__type__", "__version__", "__flexible__", "__api_key__", "__header_schema__")
+    return dataclasses.make_dataclass(
+        cls.__name__,
+        fields,
+        frozen=True,
+        slots=True,
+        kw_only=True,
+        namespace={name: getattr(cls, name) for name in dunders if hasattr(cls, name)},
+    )
+
+
 def decode_response(frame: bytes, api_key: int, api_version: int) -> Any:
     """Parse a response frame (header included) as the response to (api_key, api_version)."""
     header_cls = (
         ResponseHeaderV1 if response_header_version(api_key, api_version) == 1 else ResponseHeaderV0
     )
-    response_cls = load_response_schema(api_key, api_version)
+    response_cls: Any = response_schema(api_key, api_version)
     try:
         _, header_bytes = entity_reader(header_cls)(frame, 0)
         response, body_bytes = entity_reader(response_cls)(frame, header_bytes)

@@ -19,6 +19,7 @@ from raftlog.client.properties import (
     ClientSecurity,
     parse_client_properties,
 )
+from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import LocalError
 
 # ListOffsets sentinels, as in Spark's offset JSON: -2 earliest, -1 latest.
@@ -69,6 +70,9 @@ class ReadOptions:
     max_offsets_per_trigger: int | None = None
     # TLS and SASL from the kafka.security.protocol, kafka.sasl.* and kafka.ssl.* options.
     security: ClientSecurity = PLAINTEXT
+    # kafka.isolation.level, as Spark's Kafka source passes it to its consumer: under
+    # read_committed a read ends at the last stable offset and skips aborted transactions.
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED
 
     def matches(self, topic: str) -> bool:
         """Whether a topic is part of this subscription (internal topics never are)."""
@@ -245,6 +249,18 @@ def _with_prefix(message: str) -> str:
     return message
 
 
+def parse_isolation_level(options: Mapping[str, str]) -> IsolationLevel:
+    raw = _get(options, "kafka.isolation.level")
+    if raw is None:
+        return IsolationLevel.READ_UNCOMMITTED
+    try:
+        return IsolationLevel.parse(raw)
+    except ValueError:
+        raise OptionError(
+            f"option kafka.isolation.level must be read_uncommitted or read_committed, got {raw!r}"
+        ) from None
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> ReadOptions:
     """Validate the user's options; raises OptionError naming the bad option."""
     servers = _get(options, "bootstrap.servers", "kafka.bootstrap.servers")
@@ -330,4 +346,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool = False) -> Rea
         max_retries=_count(options, "fetchRetries", lo=0, default=DEFAULT_MAX_RETRIES),
         max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", lo=1, default=None),
         security=parse_security(options),
+        isolation_level=parse_isolation_level(options),
     )

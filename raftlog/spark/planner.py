@@ -2,7 +2,10 @@
 
 Planning happens once. The end of every range is at most the high watermark observed here
 (ListOffsets "latest" answers the HW, not the log end), so the records a read returns are
-committed: no leader change can take them back. Executors then read exactly these ranges.
+committed: no leader change can take them back. Under kafka.isolation.level=read_committed
+ListOffsets is asked at that level, so "latest" is the last stable offset (as Kafka's
+consumer endOffsets) and no range reaches into a transaction still open. Executors then read
+exactly these ranges.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any, TypeVar
 
 import trio
 
-from raftlog.client import Admin, Cluster, ClusterLimits, ConnectionLimits, open_cluster
+from raftlog.client import Cluster, ClusterLimits, ConnectionLimits, open_cluster
+from raftlog.client.consumer import list_offset
+from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import ErrorCode, RemoteError, exception_leaves
 from raftlog.spark.options import EARLIEST, LATEST, OptionError, ReadOptions
 from raftlog.spark.ranges import OffsetRange, split_ranges
@@ -37,7 +42,9 @@ class PartitionOffsets:
     topic: str
     partition: int
     log_start_offset: int
-    high_watermark: int
+    # Where a read of the query's isolation level ends: the high watermark, or under
+    # read_committed the last stable offset.
+    end_offset: int
 
 
 def run_blocking(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -92,14 +99,18 @@ def selected_partitions(cluster: Cluster, options: ReadOptions) -> list[tuple[st
 
 
 async def _list_offsets(
-    admin: Admin, pairs: list[tuple[str, int]], spec: str | int
+    cluster: Cluster,
+    pairs: list[tuple[str, int]],
+    spec: str | int,
+    isolation_level: IsolationLevel,
 ) -> dict[tuple[str, int], int]:
     out: dict[tuple[str, int], int] = {}
     limiter = trio.CapacityLimiter(PLAN_MAX_CONCURRENT_REQUESTS)
 
     async def one(topic: str, partition: int) -> None:
         async with limiter:
-            out[(topic, partition)] = (await admin.list_offsets(topic, partition, spec)).offset
+            found = await list_offset(cluster, topic, partition, spec, isolation_level)
+            out[(topic, partition)] = found.offset
 
     async with trio.open_nursery() as nursery:
         for topic, partition in pairs:
@@ -108,12 +119,12 @@ async def _list_offsets(
 
 
 async def partition_offsets(
-    cluster: Cluster, pairs: list[tuple[str, int]]
+    cluster: Cluster, pairs: list[tuple[str, int]], isolation_level: IsolationLevel
 ) -> dict[tuple[str, int], PartitionOffsets]:
-    """Log start offset and HW of each partition (ListOffsets earliest and latest)."""
-    admin = Admin(cluster)
-    earliest = await _list_offsets(admin, pairs, "earliest")
-    latest = await _list_offsets(admin, pairs, "latest")
+    """Log start offset and end (HW, or LSO under read_committed) of each partition
+    (ListOffsets earliest and latest at the isolation level)."""
+    earliest = await _list_offsets(cluster, pairs, "earliest", isolation_level)
+    latest = await _list_offsets(cluster, pairs, "latest", isolation_level)
     return {key: PartitionOffsets(key[0], key[1], earliest[key], latest[key]) for key in pairs}
 
 
@@ -134,12 +145,12 @@ async def plan_offsets(
 ) -> tuple[list[OffsetRange], dict[tuple[str, int], PartitionOffsets]]:
     """Unsplit committed ranges per partition, and the offsets they were planned from."""
     pairs = selected_partitions(cluster, options)
-    known = await partition_offsets(cluster, pairs)
-    admin = Admin(cluster)
+    level = options.isolation_level
+    known = await partition_offsets(cluster, pairs, level)
     starts: dict[tuple[str, int], int] = {}
     ends: dict[tuple[str, int], int] = {}
     if options.starting_timestamp_ms is not None:
-        by_time = await _list_offsets(admin, pairs, options.starting_timestamp_ms)
+        by_time = await _list_offsets(cluster, pairs, options.starting_timestamp_ms, level)
         for key, offset in by_time.items():
             if offset < 0 and options.starting_timestamp_strategy == "error":
                 raise OptionError(
@@ -147,11 +158,11 @@ async def plan_offsets(
                     f"{options.starting_timestamp_ms}; set "
                     f"startingOffsetsByTimestampStrategy=latest to start at the end instead"
                 )
-            starts[key] = known[key].high_watermark if offset < 0 else offset
+            starts[key] = known[key].end_offset if offset < 0 else offset
     if options.ending_timestamp_ms is not None:
-        by_time = await _list_offsets(admin, pairs, options.ending_timestamp_ms)
+        by_time = await _list_offsets(cluster, pairs, options.ending_timestamp_ms, level)
         # No record at or after the end timestamp: everything committed is before it.
-        ends = {k: known[k].high_watermark if o < 0 else o for k, o in by_time.items()}
+        ends = {k: known[k].end_offset if o < 0 else o for k, o in by_time.items()}
     ranges: list[OffsetRange] = []
     for key in pairs:
         offsets = known[key]
@@ -161,8 +172,8 @@ async def plan_offsets(
         end = ends.get(key)
         if end is None:
             end = _resolve(options.ending_offsets, key, offsets, "endingOffsets")
-        # Committed data only: never past the HW seen now, whatever was asked for.
-        end = min(end, offsets.high_watermark)
+        # Committed data only: never past the HW (LSO) seen now, whatever was asked for.
+        end = min(end, offsets.end_offset)
         if start < offsets.log_start_offset:
             if options.fail_on_data_loss:
                 raise DataLossError(
@@ -174,10 +185,15 @@ async def plan_offsets(
             )
             start = offsets.log_start_offset
         if start > end:
-            if start > offsets.high_watermark:
+            if start > offsets.end_offset:
+                bound = (
+                    "last stable offset"
+                    if level is IsolationLevel.READ_COMMITTED
+                    else "high watermark"
+                )
                 raise OptionError(
-                    f"{key[0]}-{key[1]}: starting offset {start} is past the high watermark "
-                    f"{offsets.high_watermark}"
+                    f"{key[0]}-{key[1]}: starting offset {start} is past the {bound} "
+                    f"{offsets.end_offset}"
                 )
             raise OptionError(
                 f"{key[0]}-{key[1]}: starting offset {start} is after ending offset {end}"
@@ -199,7 +215,7 @@ def _resolve(
     if offset == EARLIEST:
         return offsets.log_start_offset
     if offset == LATEST:
-        return offsets.high_watermark
+        return offsets.end_offset
     return offset
 
 
@@ -224,16 +240,18 @@ def plan(options: ReadOptions) -> list[OffsetRange]:
     return run_blocking(plan_async, options)
 
 
-async def high_watermarks_async(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
-    """Log start and HW of every subscribed partition now (streaming's latest offsets)."""
+async def end_offsets_async(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
+    """Log start and end (HW, or LSO under read_committed) of every subscribed partition
+    now (streaming's latest offsets)."""
     async with open_cluster(
         options.bootstrap_servers,
         client_id="raftlog-spark",
         limits=cluster_limits(options),
         security=options.security,
     ) as cluster:
-        return await partition_offsets(cluster, selected_partitions(cluster, options))
+        pairs = selected_partitions(cluster, options)
+        return await partition_offsets(cluster, pairs, options.isolation_level)
 
 
-def high_watermarks(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
-    return run_blocking(high_watermarks_async, options)
+def end_offsets(options: ReadOptions) -> dict[tuple[str, int], PartitionOffsets]:
+    return run_blocking(end_offsets_async, options)

@@ -7,7 +7,10 @@ chunk starts from fresh metadata, so a leader change between chunks simply re-ro
 during a chunk is retried by the client (Cluster.retrying refreshes metadata).
 
 Records never come from past the HW: the broker does not serve them, and the planned end is
-at most the HW observed at planning.
+at most the HW observed at planning. With kafka.isolation.level=read_committed the fetches
+are read_committed: the planned end is at most the last stable offset, and aborted
+transactions' records are left out as Kafka's consumer leaves them out. Control batches
+(transaction markers) are never rows under either level.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import pyarrow as pa
 
 from raftlog.client import open_cluster
 from raftlog.client.cluster import raise_for
-from raftlog.client.consumer import Consumer, whole_batches
+from raftlog.client.consumer import AbortedTxn, Consumer, iter_visible_batches, whole_batches
+from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import ErrorCode
-from raftlog.records import iter_batches, iter_records
+from raftlog.records import iter_records
 from raftlog.spark.options import ReadOptions
 from raftlog.spark.planner import (
     DataLossError,
@@ -57,17 +61,28 @@ class Columns:
         return len(self.offsets)
 
 
-def add_records(columns: Columns, data: bytes, start: int, end: int) -> int:
-    """Decode the whole batches of data into columns, keeping start <= offset < end.
+def add_records(
+    columns: Columns,
+    data: bytes,
+    start: int,
+    end: int,
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    aborted: tuple[AbortedTxn, ...] = (),
+) -> int:
+    """Decode the visible whole batches of data into columns, keeping start <= offset < end
+    (control batches never; under read_committed no batch of an aborted transaction, by the
+    fetch's aborted list).
 
-    Returns the offset after the last batch seen (control batches included, so a read moves
-    past them), or start when data holds no complete batch.
+    Returns the offset after the last batch seen (control and aborted batches included, so a
+    read moves past them), or start when data holds no complete batch.
     """
     data = whole_batches(data)
     next_offset = start
-    for pos, header in iter_batches(data):
+    for pos, header, visible in iter_visible_batches(data, isolation_level, aborted):
         next_offset = max(next_offset, header.next_offset)
-        if header.is_control or header.last_offset < start:
+        if not visible or header.last_offset < start:
+            if header.next_offset >= end:
+                break
             continue
         timestamp_type = int(header.timestamp_type)
         for record in iter_records(data, pos):
@@ -122,7 +137,11 @@ async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chu
         limits=cluster_limits(options),
         security=options.security,
     ) as cluster:
-        consumer = Consumer(cluster, max_wait_ms=options.fetch_max_wait_ms)
+        consumer = Consumer(
+            cluster,
+            max_wait_ms=options.fetch_max_wait_ms,
+            isolation_level=options.isolation_level,
+        )
         for _ in range(options.fetches_per_chunk):
             if offset >= rng.end:
                 break
@@ -137,7 +156,14 @@ async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chu
                 log.warning("skipping lost records: %s", message)
                 offset = min(raw.log_start_offset, rng.end)
                 continue
-            next_offset = add_records(columns, raw.data, offset, rng.end)
+            next_offset = add_records(
+                columns,
+                raw.data,
+                offset,
+                rng.end,
+                options.isolation_level,
+                raw.aborted_transactions,
+            )
             if next_offset == offset:
                 if raw.data:  # only a cut batch came back: ask for more bytes
                     max_bytes = min(2 * max_bytes, FETCH_MAX_BYTES_CEILING)

@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 
 from raftlog.spark.options import ReadOptions, parse_options
-from raftlog.spark.planner import high_watermarks, plan
+from raftlog.spark.planner import end_offsets, plan
 from raftlog.spark.ranges import OffsetRange, split_ranges
 from raftlog.spark.reader import read_range
 
@@ -128,25 +128,26 @@ def cap_offsets(
 
 
 class RaftlogStreamReader(DataSourceStreamReader):
-    """Micro-batches whose offsets are each partition's high watermark at planning."""
+    """Micro-batches whose offsets are each partition's high watermark at planning (its last
+    stable offset under read_committed)."""
 
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
 
     def initialOffset(self) -> dict[str, Any]:
-        known = high_watermarks(self.options)
+        known = end_offsets(self.options)
         spec = self.options.starting_offsets
         starts: dict[tuple[str, int], int] = {}
         for key, offsets in known.items():
             if spec == "earliest":
                 starts[key] = offsets.log_start_offset
             elif spec == "latest":
-                starts[key] = offsets.high_watermark
+                starts[key] = offsets.end_offset
             else:
                 assert isinstance(spec, dict)
                 wanted = spec.get(key[0], {}).get(key[1], -1)
-                starts[key] = {-2: offsets.log_start_offset, -1: offsets.high_watermark}.get(
+                starts[key] = {-2: offsets.log_start_offset, -1: offsets.end_offset}.get(
                     wanted, wanted
                 )
         return _offsets_dict(starts)
@@ -157,7 +158,7 @@ class RaftlogStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = _offsets_from(start)
-        ends = {key: o.high_watermark for key, o in high_watermarks(self.options).items()}
+        ends = {key: o.end_offset for key, o in end_offsets(self.options).items()}
         # Never move a partition backwards (its HW as seen by a new leader may lag briefly).
         ends = {k: max(e, begin.get(k, 0)) for k, e in ends.items()}
         if isinstance(limit, ReadMaxRows):
