@@ -20,7 +20,8 @@ move) hits a broker on every partition at once, as it would a node.
   the coordinator (TxnCoordinator.verify, KIP-890 part 1: a network round trip, as the real
   produce path awaits it), then checked with check_headers (epoch, sequence, duplicates).
   With `slow_verify_probability` (default 0) that share of the answers is held up for
-  LONG_DELAY_MS, which opens the race of KNOWN_VERIFY_RACE.
+  LONG_DELAY_MS, which opens the race of KNOWN_VERIFY_RACE; the leader holds the real
+  VerificationGuards around each verification, as produce.py does.
 - Clients (one live instance per transactional id) run InitProducerId, AddPartitionsToTxn,
   produces, EndTxn, with retries; some stall past their transaction timeout (the coordinator
   aborts with tick()); a produce whose outcome is unknown aborts and bumps the epoch (KIP-360).
@@ -67,6 +68,7 @@ from raftlog.errors import ErrorCode
 from raftlog.records import BatchHeader, ControlType, TxnMarker, make_attributes
 from raftlog.replication.core.producer_table import ProducerStateTable, Verdict
 from raftlog.replication.core.purgatory import DelayedProduce, ProduceCompletion, ProduceWait
+from raftlog.replication.idempotence import VerificationGuard, VerificationGuards
 from raftlog.txn import log_format as fmt
 from raftlog.txn.coordinator import TxnCoordinator
 from raftlog.txn.effects import Append, Effects, WriteMarkers
@@ -115,13 +117,10 @@ CHECK_EVERY_EVENTS = 50
 PARTITION_CHECK_EVERY_EVENTS = 5
 TRACE_LINES = 40
 
-# A known bug, kept reproducible (#15): the produce path (raftlog/replication/produce.py)
-# awaits the coordinator's verification, then appends; nothing ties the append to that
-# verification. When the answer is held up while the client gives up on the produce and
-# aborts, and the abort marker lands on the partition first, the late batch opens a
-# transaction no coordinator knows of: the LSO stays below it for good (Kafka ties the two
-# with a VerificationGuard in the producer state, cleared by a marker or a new epoch).
-# (seed, slow_verify_probability) that shows it:
+# The race the verification guards close: a verification answer held up while the client
+# gives up on the produce and aborts; the abort marker lands on the partition first. Without
+# the guard the late batch opened a transaction no coordinator knows of and the LSO stayed
+# below it for good. (seed, slow_verify_probability) that shows it:
 KNOWN_VERIFY_RACE = (380, 0.3)
 
 # Violation kinds.
@@ -305,6 +304,9 @@ class DataPartitionSim(_SharedClockSim):
     def __init__(self, world: TxnWorld, key: TopicPartition) -> None:
         super().__init__(world, key)
         self.states: dict[int, ReplicaTxnState] = {}
+        # The real KIP-890 guards, per broker, as produce.py holds them around a verification.
+        self.guards: dict[int, VerificationGuards] = {}
+        self.held: dict[tuple[int, int, int], VerificationGuard] = {}
 
     def state_of(self, broker: SimBroker) -> ReplicaTxnState:
         identity = (broker.incarnation, broker.log.generation)
@@ -327,10 +329,23 @@ class DataPartitionSim(_SharedClockSim):
         parsed = parse(payload)
         entry = self.state_of(broker).table.get(parsed.pid)
         if entry is None or entry.current_txn_first_offset < 0:
-            # It would open a transaction here: ask the coordinator first (KIP-890 part 1).
+            # It would open a transaction here: ask the coordinator first (KIP-890 part 1),
+            # holding the producer's guard while the answer travels.
+            guards = self.guards.setdefault(broker.broker_id, VerificationGuards())
+            self.held[(broker.broker_id, id(client), rid)] = guards.start(parsed.pid)
             self.world.verify(self, broker, leader.leader_epoch, client, rid, payload)
             return None
         return self.append_produce(broker, leader.leader_epoch, client, rid, payload)
+
+    def verification_stands(self, broker_id: int, client: TxnClient, rid: int, pid: int) -> bool:
+        """Release the guard this verification held; False if a marker dropped it."""
+        guard = self.held.pop((broker_id, id(client), rid), None)
+        if guard is None:
+            return False
+        guards = self.guards[broker_id]
+        stands = guards.holds(pid, guard)
+        guards.finish(pid, guard)
+        return stands
 
     def append_produce(
         self, broker: SimBroker, leader_epoch: int, client: TxnClient, rid: int, payload: str
@@ -381,6 +396,9 @@ class DataPartitionSim(_SharedClockSim):
             self.world.stats[f"marker_refused_{check.error.name}"] += 1
             self.world.trace(f"{self.key} refuses marker {send.label}: {check.error.name}")
             return self.world.marker_answer(send, self.key, check.error)
+        self.guards.setdefault(broker.broker_id, VerificationGuards()).end_transaction(
+            marker.producer_id
+        )
         payload = marker_payload(marker, send.coordinator_epoch)
         floor = -1
         if check.verdict is Verdict.DUPLICATE:
@@ -634,6 +652,11 @@ class TxnWorld:
 
     def _verified(self, node_id: int, part: DataPartitionSim, code: ErrorCode, *rest) -> None:
         leader_epoch, client, rid, payload = rest
+        stands = part.verification_stands(node_id, client, rid, parse(payload).pid)
+        if code == ErrorCode.none and not stands:
+            self.stats["verify_voided_by_marker"] += 1
+            self.trace(f"{part.key} refuses {payload}: a marker voided its verification")
+            return self.reply(client, rid, ErrorCode.invalid_txn_state)
         if code != ErrorCode.none:
             self.stats[f"verify_refused_{code.name}"] += 1
             self.trace(f"{part.key} refuses {payload}: verify {code.name}")
