@@ -5,6 +5,7 @@
     python -m jepsen run [--nodes 3] [--time-limit 60] [--nemesis kill,partition]
                          [--nemesis-interval 10] [--unsafe] [--secure] [--seed N]
     python -m jepsen matrix [--runs 3] [--time-limit 120] [--secure]   table into docs/jepsen.md
+    run and matrix take --workload queue (the default) or txn (transactions)
     python -m jepsen cleanup                    remove namespaces a crashed run left
 
 Exit status: 0 valid, 1 invalid (anomalies found), 2 usage or input error, 3 not available.
@@ -114,6 +115,13 @@ def _run_options(
         "between nodes, the ACL authorizer (super user: the run's admin)",
     )
     p.add_argument("--seed", type=int, default=None, help="replay a run's choices")
+    p.add_argument(
+        "--workload",
+        default="queue",
+        choices=("queue", "txn"),
+        help="queue: keyed sends and polls; txn: transactions across partitions with "
+        "transactional offset commits and read_committed pollers (--senders of them)",
+    )
     p.add_argument("--senders", type=int, default=4)
     p.add_argument("--pollers", type=int, default=2)
     p.add_argument("--no-progress", action="store_true", help="no live display")
@@ -133,6 +141,7 @@ def _base_options(args: argparse.Namespace, nemesis: tuple[str, ...]) -> Any:
         senders=args.senders,
         pollers=args.pollers,
         progress=not args.no_progress and sys.stderr.isatty(),
+        workload=args.workload,
     )
 
 

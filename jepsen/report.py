@@ -22,13 +22,23 @@ from jepsen.history import FAIL, INFO, OK, FaultWindow, History, read_history
 from jepsen.store import HISTORY_FILE, LATENCY_PNG, RATE_PNG, RESULTS_FILE, SUMMARY_FILE
 
 TYPE_COLOURS = {OK: "#2b7bba", INFO: "#f39c12", FAIL: "#d62728"}
-F_MARKERS = {"send": "o", "poll": "^", "final-poll": "v", "assign": "s", "crash": "X"}
+F_MARKERS = {
+    "send": "o",
+    "poll": "^",
+    "final-poll": "v",
+    "assign": "s",
+    "crash": "X",
+    "txn": "D",
+    "init": "P",
+}
 F_COLOURS = {
     "send": "#2b7bba",
     "poll": "#2ca02c",
     "final-poll": "#17becf",
     "assign": "#9467bd",
     "crash": "#7f7f7f",
+    "txn": "#d62728",
+    "init": "#8c564b",
 }
 TYPE_LINESTYLES = {OK: "-", INFO: "--", FAIL: ":"}
 FAULT_COLOURS = ["#e377c2", "#bcbd22", "#ff7f0e", "#8c564b", "#9edae5", "#c5b0d5"]
@@ -230,7 +240,7 @@ def summary_text(results: dict[str, Any], title: str = "run") -> str:
         lines.append(f"  ... {faults['count'] - MAX_SUMMARY_FAULTS} more in results.json")
     lines += ["", "anomalies:"]
     counts = results.get("anomaly_counts", {})
-    for kind in ANOMALY_TYPES:
+    for kind in counts or ANOMALY_TYPES:  # each workload's checker lists its own kinds
         lines.append(f"  {kind:<22}{counts.get(kind, 0):>7}")
     for kind in found:
         shown = results.get("anomalies", {}).get(kind) or []

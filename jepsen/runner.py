@@ -30,6 +30,8 @@ from jepsen.history import COMPLETION_TYPES, HistoryWriter, Op, Recorder
 from jepsen.nemesis import Nemesis
 from jepsen.netns import create_network, missing_prerequisites
 from jepsen.store import HISTORY_FILE, NODES_DIR, RESULTS_FILE, STORE_ROOT, new_run_dir
+from jepsen.txn_history import TxnRecorder
+from jepsen.txn_workload import TxnWorkload, TxnWorkloadOptions
 from jepsen.workload import Workload, WorkloadOptions
 
 log = logging.getLogger("jepsen.runner")
@@ -62,6 +64,8 @@ class RunOptions:
     pollers: int = 2
     progress: bool = True
     store_root: Path = STORE_ROOT
+    # "queue" (jepsen.workload) or "txn" (jepsen.txn_workload: transactions).
+    workload: str = "queue"
 
 
 @dataclass
@@ -117,6 +121,8 @@ def run(opts: RunOptions) -> RunOutcome:
             "topic": cluster_opts.topic,
             "partitions": cluster_opts.partitions,
         }
+        if opts.workload != "queue":
+            history_meta["workload"] = opts.workload
         try:
             warnings = trio.run(_run_async, opts, cluster_opts, net, run_dir, seed, history_meta)
         except BaseExceptionGroup as group:
@@ -230,23 +236,39 @@ async def _run_async(
             await _create_topic(cluster)
 
             t0 = trio.current_time()
-            recorder = Recorder(
+            recorder = (TxnRecorder if opts.workload == "txn" else Recorder)(
                 lambda: int((trio.current_time() - t0) * 1e9), time.time, sink=sink.append
             )
-            workload = Workload(
-                cluster.bootstrap_servers,
-                WorkloadOptions(
-                    topic=cluster_opts.topic,
-                    keys=cluster_opts.partitions,
-                    senders=opts.senders,
-                    pollers=opts.pollers,
-                    unsafe=opts.unsafe,
-                ),
-                recorder,
-                random.Random(rng.getrandbits(64)),
-                run_dir.name,
-                client_config=cluster.librdkafka_config(),
-            )
+            workload: Workload | TxnWorkload
+            if opts.workload == "txn":
+                workload = TxnWorkload(
+                    cluster.bootstrap_servers,
+                    TxnWorkloadOptions(
+                        topic=cluster_opts.topic,
+                        keys=cluster_opts.partitions,
+                        txn_processes=opts.senders,
+                        pollers=opts.pollers,
+                    ),
+                    recorder,
+                    random.Random(rng.getrandbits(64)),
+                    run_dir.name,
+                    client_config=cluster.librdkafka_config(),
+                )
+            else:
+                workload = Workload(
+                    cluster.bootstrap_servers,
+                    WorkloadOptions(
+                        topic=cluster_opts.topic,
+                        keys=cluster_opts.partitions,
+                        senders=opts.senders,
+                        pollers=opts.pollers,
+                        unsafe=opts.unsafe,
+                    ),
+                    recorder,
+                    random.Random(rng.getrandbits(64)),
+                    run_dir.name,
+                    client_config=cluster.librdkafka_config(),
+                )
             nemesis = Nemesis(
                 cluster,
                 opts.nemesis,
@@ -371,7 +393,10 @@ SECURE_MATRIX_BEGIN = "<!-- jepsen-matrix-secure:begin -->"
 SECURE_MATRIX_END = "<!-- jepsen-matrix-secure:end -->"
 
 
-def matrix_markers(secure: bool) -> tuple[str, str]:
+def matrix_markers(secure: bool, workload: str = "queue") -> tuple[str, str]:
+    if workload != "queue":  # a table per workload, so neither replaces the other's
+        kind = f"{workload}-secure" if secure else workload
+        return f"<!-- jepsen-matrix-{kind}:begin -->", f"<!-- jepsen-matrix-{kind}:end -->"
     return (SECURE_MATRIX_BEGIN, SECURE_MATRIX_END) if secure else (MATRIX_BEGIN, MATRIX_END)
 
 
@@ -396,15 +421,19 @@ def matrix_row(nemesis: str, index: int, outcome: RunOutcome) -> MatrixRow:
         valid=bool(res.get("valid")),
         anomalies=", ".join(f"{k} {res['anomaly_counts'][k]}" for k in res.get("anomaly_types", []))
         or "-",
-        sends_ok=int(res.get("ops", {}).get("send", {}).get("ok", 0)),
+        sends_ok=int(
+            res.get("ops", {}).get("send", res.get("ops", {}).get("txn", {})).get("ok", 0)
+        ),
         faults=int(res.get("faults", {}).get("count", 0)),
     )
 
 
 def matrix_table(rows: list[MatrixRow], base: RunOptions) -> str:
     mode = "unsafe" if base.unsafe else "safe"
-    begin, end = matrix_markers(base.secure)
+    begin, end = matrix_markers(base.secure, base.workload)
     command = "python -m jepsen matrix --secure" if base.secure else "python -m jepsen matrix"
+    if base.workload != "queue":
+        command += f" --workload {base.workload}"
     security = (
         ", secure (SASL_SSL SCRAM-SHA-512 clients, mutual TLS between nodes, ACL authorizer)"
         if base.secure
@@ -416,7 +445,9 @@ def matrix_table(rows: list[MatrixRow], base: RunOptions) -> str:
         f"nemesis interval {base.nemesis_interval_s:g} s, {mode} configuration{security}, "
         f"{time.strftime('%Y-%m-%d')}.",
         "",
-        "| nemesis | run | verdict | anomalies | acknowledged sends | faults | run directory |",
+        "| nemesis | run | verdict | anomalies | "
+        + ("committed transactions" if base.workload == "txn" else "acknowledged sends")
+        + " | faults | run directory |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
@@ -429,9 +460,11 @@ def matrix_table(rows: list[MatrixRow], base: RunOptions) -> str:
     return "\n".join(lines)
 
 
-def write_matrix_table(doc: Path, table: str, *, secure: bool = False) -> None:
+def write_matrix_table(
+    doc: Path, table: str, *, secure: bool = False, workload: str = "queue"
+) -> None:
     """Replace the table between the markers in doc (appending them if absent)."""
-    begin, end = matrix_markers(secure)
+    begin, end = matrix_markers(secure, workload)
     text = doc.read_text(encoding="utf-8") if doc.exists() else ""
     if begin in text and end in text:
         head, rest = text.split(begin, 1)
@@ -466,5 +499,7 @@ def run_matrix(
             except Exception as exc:  # one broken run must not hide the others
                 log.exception("matrix run %s-%d failed", nemesis, i)
                 rows.append(MatrixRow(nemesis, i, "-", None, "-", 0, 0, error=repr(exc)[:120]))
-            write_matrix_table(doc, matrix_table(rows, base), secure=base.secure)
+            write_matrix_table(
+                doc, matrix_table(rows, base), secure=base.secure, workload=base.workload
+            )
     return rows

@@ -24,6 +24,10 @@ def check(history: History, max_examples: int = DEFAULT_MAX_EXAMPLES) -> dict[st
     """Check a Kafka-queue history. ``valid`` is true only when no anomaly of any type was
     found; ``warnings`` say when a true verdict is weak (nothing acknowledged, no final
     polls)."""
+    if history.meta.get("workload") == "txn":
+        from jepsen.txn_checker import check_txn  # it builds on this module
+
+        return check_txn(history, max_examples)
     started = time.perf_counter()
     idx = build_index(history)
     anomalies = run_all(history, idx, max_examples)
