@@ -221,6 +221,15 @@ class NodeConfig:
     broker_heartbeat_interval_ms: int = _key(
         2000, "Interval between broker heartbeats.", lo=10, hi=600_000
     )
+    broker_unreachable_fence_ms: int = _key(
+        500,
+        "The active controller fences a broker whose internal listener has refused (or not "
+        "answered) every connection attempt for this long, with no heartbeat from it since: "
+        "a killed broker's process is gone long before its session expires. A value at or "
+        "above broker_session_timeout_ms leaves fencing to the session alone.",
+        lo=0,
+        hi=3_600_000,
+    )
     # -- log
     segment_bytes: int = _key(
         1 * GIB, "Roll a segment when it reaches this size.", lo=14, hi=2 * GIB - 1

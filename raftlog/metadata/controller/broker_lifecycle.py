@@ -15,6 +15,7 @@ from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller import messages as cm
+from raftlog.metadata.controller.liveness import BrokerReachability
 from raftlog.metadata.service import MetadataService, NotControllerError
 from raftlog.net.rpc import PeerSet, RpcError
 
@@ -173,8 +174,18 @@ class BrokerLifecycle:
         self.unsafe_partitions: Callable[[], tuple[tuple[uuid.UUID, int], ...]] = tuple
         self.shutdown_confirmed = False
         self._heartbeat_scope: trio.CancelScope | None = None
+        # Runs with the heartbeats: what this node's connections say about other brokers,
+        # for the controller when this node is it.
+        self.reachability = BrokerReachability(config.node_id, client.peers, metadata)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.reachability.run)
+            await nursery.start(self._heartbeats)
+
+    async def _heartbeats(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         task_status.started()
         interval_s = self.config.broker_heartbeat_interval_ms / 1000
         while True:

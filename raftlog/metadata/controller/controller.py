@@ -16,6 +16,10 @@ The driver's duties:
   and may be unfenced, only when their metadata offset reaches it);
 - call `tick(now_ms)` every broker_heartbeat_interval_ms or so (session expiry, periodic
   preferred-leader and offline-partition elections);
+- call `broker_unreachable(broker_id, since_ms)` while this node's connection attempts to a
+  broker's internal listener fail (refused or timed out, none succeeded since `since_ms`),
+  and `broker_reachable(broker_id)` once one succeeds: a broker whose process is gone is
+  fenced after broker_unreachable_fence_ms instead of a whole session timeout;
 - on a standby controller, `replay(records, offset, now_ms)` committed records so the
   in-memory state (image, heartbeat times) is warm for a failover.
 """
@@ -106,6 +110,12 @@ class Controller:
         # incarnation look alive: after a full restart the new incarnation would otherwise be
         # refused (DUPLICATE_BROKER_REGISTRATION) for a whole session timeout.
         self._heard_from: set[int] = set()
+        # When each broker last registered or heartbeated with THIS controller (never the
+        # grace sessions above): a broker that spoke after its connects began failing is
+        # alive, whatever the connects say (an asymmetric cut, a listener being restarted).
+        self._last_heartbeat_ms: dict[int, int] = {}
+        # broker id -> since when this node's connects to the broker have all failed.
+        self._unreachable_since_ms: dict[int, int] = {}
         # What each broker's last heartbeat reported unsafe to lead (elections.py). Kept in
         # memory: every heartbeat repeats it, so a new controller knows it within one.
         self._unsafe: dict[int, frozenset[tuple[uuid.UUID, int]]] = {}
@@ -155,7 +165,21 @@ class Controller:
         timeout_ms = self.config.broker_session_timeout_ms
         for broker_id, reg in sorted(batch.image.brokers.items()):
             last_ms = self._last_contact_ms.setdefault(broker_id, now_ms)
-            if not reg.fenced and now_ms - last_ms >= timeout_ms:
+            if reg.fenced:
+                continue
+            if now_ms - last_ms >= timeout_ms:
+                log.warning("broker %d fenced: no heartbeat for %d ms", broker_id, now_ms - last_ms)
+                self._fence(batch, broker_id)
+            elif (
+                self._unreachable_for_ms(broker_id, now_ms)
+                >= self.config.broker_unreachable_fence_ms
+            ):
+                log.warning(
+                    "broker %d fenced: its internal listener unreachable for %d ms, no "
+                    "heartbeat since",
+                    broker_id,
+                    self._unreachable_for_ms(broker_id, now_ms),
+                )
                 self._fence(batch, broker_id)
         if now_ms >= self._next_periodic_check_ms:
             self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
@@ -167,6 +191,27 @@ class Controller:
             batch.add(*preferred_leader_changes(batch.image, self._unsafe))
         self.image = batch.image
         return ControllerResult(tuple(batch.records), None)
+
+    def broker_unreachable(self, broker_id: int, since_ms: int) -> None:
+        """Every connect from this node to the broker's internal listener since `since_ms`
+        failed. The next tick fences it once that has lasted broker_unreachable_fence_ms,
+        unless it registers or heartbeats meanwhile. Repeating it with the same `since_ms`
+        (every failed retry) is harmless; a later `since_ms` moves the start later."""
+        self._unreachable_since_ms[broker_id] = since_ms
+
+    def broker_reachable(self, broker_id: int) -> None:
+        """A connect to the broker succeeded: its process listens again."""
+        self._unreachable_since_ms.pop(broker_id, None)
+
+    def _unreachable_for_ms(self, broker_id: int, now_ms: int) -> int:
+        """How long the broker has been unreachable with no word from it (-1: it is not)."""
+        since_ms = self._unreachable_since_ms.get(broker_id)
+        if since_ms is None:
+            return -1
+        heard_ms = self._last_heartbeat_ms.get(broker_id)
+        if heard_ms is not None and heard_ms >= since_ms:
+            return -1
+        return now_ms - since_ms
 
     def rebalance_preferred_leaders(self) -> ControllerResult:
         """Preferred-leader election now (the periodic pass also does this)."""
@@ -195,6 +240,7 @@ class Controller:
         """This standby just became Raft leader: everyone gets a fresh session (grace)."""
         self._last_contact_ms = {b: now_ms for b in self.image.brokers}
         self._heard_from = set()
+        self._last_heartbeat_ms = {}
         self._unsafe = {}
         self._next_periodic_check_ms = now_ms + self.preferred_leader_check_interval_ms
 
@@ -260,6 +306,7 @@ class Controller:
                 )
             )
         self._last_contact_ms[req.broker_id] = now_ms
+        self._last_heartbeat_ms[req.broker_id] = now_ms
         self._heard_from.add(req.broker_id)
         return RegisterBrokerReply(broker_epoch=epoch)
 
@@ -270,6 +317,7 @@ class Controller:
         if reg.epoch != req.broker_epoch:
             return BrokerHeartbeatReply(ErrorCode.stale_broker_epoch, STALE_BROKER_EPOCH_TEXT)
         self._last_contact_ms[req.broker_id] = now_ms
+        self._last_heartbeat_ms[req.broker_id] = now_ms
         self._heard_from.add(req.broker_id)
         caught_up = req.current_metadata_offset >= self.committed_offset
         unclean = self.config.unclean_leader_election
