@@ -1,0 +1,319 @@
+"""The transaction code under a hostile client, a hostile or buggy peer and bad bytes.
+
+Each test names what an attacker (a principal without CLUSTER_ACTION, or a peer broker) sends
+and what must hold. Tests marked xfail(strict=True) demonstrate a weakness that is still open:
+they fail today, and turn into plain regression tests once the code is fixed (the marker is
+then removed). The others pin what already holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from raftlog.batch_validation import validate_client_batches
+from raftlog.codec import I32_MAX
+from raftlog.errors import ErrorCode, KafkaError
+from raftlog.net.kafka.apis import ApiKey
+from raftlog.net.kafka.backend import ProducerInfo
+from raftlog.records import Record, build_batch, build_txn_marker
+from raftlog.replication.produce import TxnProduce
+from raftlog.replication.txn_markers import TxnMarkerRequest
+from raftlog.txn import log_format as fmt
+from raftlog.txn.coordinator import TxnCoordinator
+from raftlog.txn.log_format import TransactionLogValue
+from raftlog.txn.log_format import TransactionState as S
+from raftlog.txn.rpc_bodies import TXN_MARKERS_METHOD, markers_request
+from raftlog.txn.settings import TxnConfig
+from tests.kafka.test_txn_handlers import TOPIC, Env, txn_batch
+from tests.kafka.test_txn_handlers import env as env
+from tests.waiting import wait_until
+
+E = ErrorCode
+NOW_MS = 1_700_000_000_000
+
+
+def _batch(pid: int, epoch: int, seq: int, *, transactional: bool) -> bytes:
+    return build_batch(
+        [Record(key=b"k", value=b"v")],
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        is_transactional=transactional,
+        now_ms=NOW_MS,
+    )
+
+
+# ---------------------------------------------------------------- produce path (KIP-890)
+class _Coordinator:
+    """What the transaction coordinator would answer: (transactional id, producer id,
+    epoch) -> partitions of its ongoing transaction. Records every question."""
+
+    def __init__(self) -> None:
+        self.ongoing: dict[tuple[str, int, int], set[tuple[str, int]]] = {}
+        self.asked: list[TxnProduce] = []
+
+    async def verify(self, request: TxnProduce) -> ErrorCode:
+        self.asked.append(request)
+        owner = (request.transactional_id or "", request.producer_id, request.producer_epoch)
+        partitions = self.ongoing.get(owner)
+        if partitions is None:
+            return E.invalid_producer_id_mapping
+        if (request.topic, request.partition) not in partitions:
+            return E.invalid_txn_state
+        return E.none
+
+
+async def _victim_with_open_transaction(tmp_path: Path, nursery: trio.Nursery) -> Any:
+    """Three real replicas; producer 61 (transactional id "victim", epoch 4) has a verified
+    transaction open on orders-0. Returns (cluster, leader manager, coordinator)."""
+    from tests.replication.test_manager import TOPIC as REPLICATED
+    from tests.replication.test_manager import start_cluster
+
+    cluster = await start_cluster(tmp_path, nursery)
+    await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+    leader = cluster.managers[cluster.leader_id]
+    coordinator = _Coordinator()
+    coordinator.ongoing[("victim", 61, 4)] = {(REPLICATED, 0)}
+    leader.writes.verify_transaction = coordinator.verify
+    written = await leader.writes.produce(
+        REPLICATED, 0, txn_batch(61, 4, 0), -1, 10_000, ProducerInfo(transactional_id="victim")
+    )
+    assert written.error == E.none, written
+    return cluster, leader, coordinator
+
+
+def _open_txn_first_offset(manager: Any, pid: int) -> int:
+    from tests.replication.test_manager import TOPIC as REPLICATED
+
+    hosted = manager.replicas.partitions[(REPLICATED, 0)]
+    entry = hosted.producers.table.get(pid)
+    return -1 if entry is None else int(entry.current_txn_first_offset)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="produce.py _opening_transactions skips verification when the producer id has "
+    "any transaction open, whatever the batch's epoch; the epoch bump then fences the "
+    "coordinator's own marker (INVALID_PRODUCER_EPOCH) and the transaction hangs",
+)
+async def test_a_transactional_batch_with_a_bumped_epoch_cannot_skip_verification(
+    tmp_path: Path,
+) -> None:
+    """An attacker with WRITE on the topic and on its own transactional id only, who read
+    the victim's producer id (DescribeProducers, READ on the topic), writes a transactional
+    batch of the victim's producer id at epoch+1, sequence 0. Kafka verifies it (its
+    hasOngoingTransaction compares the epoch too) and the coordinator refuses it."""
+    from tests.replication.test_manager import TOPIC as REPLICATED
+
+    async with trio.open_nursery() as nursery:
+        cluster, leader, coordinator = await _victim_with_open_transaction(tmp_path, nursery)
+        coordinator.ongoing[("attacker", 99, 0)] = {(REPLICATED, 0)}
+        asked_before = len(coordinator.asked)
+        forged = await leader.writes.produce(
+            REPLICATED,
+            0,
+            txn_batch(61, 5, 0),
+            -1,
+            10_000,
+            ProducerInfo(transactional_id="attacker"),
+        )
+        verified = [(q.producer_id, q.producer_epoch) for q in coordinator.asked[asked_before:]]
+        # The victim's coordinator ends its transaction: the marker must land and the
+        # partition must be stable again.
+        (marker,) = await leader.write_txn_markers(
+            [TxnMarkerRequest(61, 4, 0, True, ((REPLICATED, 0),))]
+        )
+        still_open = _open_txn_first_offset(leader, 61)
+        await cluster.stop_all()
+    assert (61, 5) in verified, "the epoch-5 batch was appended unverified"
+    assert (forged.error, marker, still_open) == (
+        E.invalid_producer_id_mapping,
+        {(REPLICATED, 0): E.none},
+        -1,
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="producer_table.check_headers accepts a non-transactional batch of a producer "
+    "with a transaction open (Kafka: INVALID_TXN_STATE); at epoch+1 it fences the "
+    "coordinator's marker and hangs the transaction, with WRITE on the topic only",
+)
+async def test_a_plain_batch_cannot_bump_the_epoch_of_an_open_transaction(tmp_path: Path) -> None:
+    """No transactional id and no verification needed: an idempotent (non-transactional)
+    batch of the victim's producer id at epoch+1, sequence 0, needs only WRITE on the topic.
+    Accepted, it moves the producer's epoch past the transaction's, the coordinator's
+    COMMIT marker is refused as stale, the coordinator stalls, and the partition's last
+    stable offset stays at the transaction's first offset for ever."""
+    from tests.replication.test_manager import TOPIC as REPLICATED
+
+    async with trio.open_nursery() as nursery:
+        cluster, leader, _ = await _victim_with_open_transaction(tmp_path, nursery)
+        forged = await leader.writes.produce(
+            REPLICATED, 0, _batch(61, 5, 0, transactional=False), -1, 10_000, ProducerInfo()
+        )
+        (marker,) = await leader.write_txn_markers(
+            [TxnMarkerRequest(61, 4, 0, True, ((REPLICATED, 0),))]
+        )
+        still_open = _open_txn_first_offset(leader, 61)
+        await cluster.stop_all()
+    assert (forged.error, marker, still_open) == (
+        E.invalid_txn_state,
+        {(REPLICATED, 0): E.none},
+        -1,
+    )
+
+
+# ---------------------------------------------------------------- client requests
+@pytest.mark.xfail(
+    strict=True,
+    reason="handlers_txn_partitions.handle_describe_producers neither drops repeated "
+    "partitions nor bounds the producers of a response: 1 000 copies of one partition "
+    "answer its whole producer table 1 000 times",
+)
+async def test_describe_producers_answers_a_repeated_partition_once(env: Env) -> None:
+    """A principal with READ on one topic names the same partition MAX_DESCRIBED_PARTITIONS
+    times: at up to max_producer_ids (10 000) producers each, one request builds 10 million
+    producer entries. The partition must be answered once, as every other transaction API
+    answers a repeated partition."""
+    from raftlog.net.kafka.handlers_txn_partitions import MAX_DESCRIBED_PARTITIONS
+
+    producers = 20
+    for pid in range(100, 100 + producers):
+        result = await env.backend.produce(
+            TOPIC, 0, _batch(pid, 0, 0, transactional=False), -1, 5000, ProducerInfo()
+        )
+        assert result.error == E.none
+    response = await env.call(
+        ApiKey.DESCRIBE_PRODUCERS,
+        0,
+        topics=[{"name": TOPIC, "partition_indexes": [0] * MAX_DESCRIBED_PARTITIONS}],
+    )
+    answered = [p for t in response.topics for p in t.partitions]
+    entries = sum(len(p.active_producers) for p in answered)
+    assert (len(answered), entries) == (1, producers)
+
+
+@pytest.mark.parametrize("internal", ["__transaction_state", "__consumer_offsets"])
+async def test_clients_cannot_produce_to_the_coordinators_topics(env: Env, internal: str) -> None:
+    """What holds: a client's produce to an internal topic is refused before any byte is
+    appended, so no client-made record reaches a coordinator's load."""
+    record = fmt.record(
+        "poison",
+        TransactionLogValue(1, 0, 60_000, S.PREPARE_COMMIT, ((internal, 0),), NOW_MS, NOW_MS),
+    )
+    batch = build_batch([Record(key=record[0], value=record[1])], now_ms=NOW_MS)
+    response = await env.call(
+        ApiKey.PRODUCE,
+        9,
+        transactional_id=None,
+        acks=-1,
+        timeout=5000,
+        topic_data=[{"name": internal, "partition_data": [{"index": 0, "records": batch}]}],
+    )
+    (topic,) = response.responses
+    (partition,) = topic.partition_responses
+    assert partition.error_code == E.invalid_topic_exception
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        pytest.param(_batch(-1, 0, 0, transactional=True), id="transactional-without-producer"),
+        pytest.param(
+            build_txn_marker(
+                producer_id=7, producer_epoch=0, coordinator_epoch=0, commit=True, timestamp_ms=0
+            ),
+            id="control-batch",
+        ),
+    ],
+)
+def test_clients_cannot_write_markers_or_producerless_transactions(batch: bytes) -> None:
+    """What holds: batch validation (every client produce) refuses a control batch (a
+    forged COMMIT/ABORT) and a transactional batch without a producer id (which no
+    coordinator could verify or end)."""
+    with pytest.raises(KafkaError) as refused:
+        validate_client_batches(batch, max_message_bytes=1 << 20, require_keys=False)
+    assert refused.value.code in (E.invalid_record, E.corrupt_message)
+
+
+# ---------------------------------------------------------------- internal RPC
+@pytest.mark.xfail(
+    strict=True,
+    reason="node_service.handle_markers checks only that the sender is a broker: not that "
+    "it leads a __transaction_state partition at the marker's coordinator epoch, nor that "
+    "the partitions may hold markers (NO_MARKER_TOPICS is checked for clients only)",
+)
+@pytest.mark.parametrize(
+    ("coordinator_epoch", "partition"),
+    [
+        pytest.param(I32_MAX, ("orders", 0), id="epoch-from-a-non-coordinator"),
+        pytest.param(3, ("__transaction_state", 0), id="marker-on-the-coordinator-log"),
+    ],
+)
+async def test_txn_markers_rpc_only_from_the_coordinator_and_for_data_partitions(
+    autojump_clock: Any, coordinator_epoch: int, partition: tuple[str, int]
+) -> None:
+    """Broker 2 leads no `__transaction_state` partition (node 1 leads both, at epoch 3),
+    yet its "txn.markers" call is written. With coordinator epoch 2**31-1 it ends another
+    producer's transaction, and the partition then refuses every later marker of that
+    producer from the real coordinator (TRANSACTION_COORDINATOR_FENCED: its epoch is lower),
+    which stalls: the next transaction of the producer hangs. A marker on
+    `__transaction_state` puts a control batch in the coordinator's own log."""
+    from raftlog.txn.log_format import TRANSACTION_STATE_TOPIC
+    from tests.txn.test_node_service import Cluster, roundtrip, start_cluster
+
+    cluster = Cluster()
+    cluster.set_topic("orders", {0: (1, 0)})
+    cluster.set_topic(TRANSACTION_STATE_TOPIC, {0: (1, 3), 1: (1, 3)})
+    async with trio.open_nursery() as nursery:
+        await start_cluster(nursery, cluster)
+        handle = cluster.rpc[1][TXN_MARKERS_METHOD]
+        body = roundtrip(markers_request(5000, 0, coordinator_epoch, False, (partition,)))
+        try:
+            answer = await handle(2, body)
+        except KafkaError:
+            answer = None  # refused: the fix may raise or answer an error code
+        nursery.cancel_scope.cancel()
+    assert cluster.written == [], answer
+
+
+# ---------------------------------------------------------------- __transaction_state load
+@pytest.mark.xfail(
+    strict=True,
+    reason="log_format.TransactionLogValue.check and TxnCoordinator.load accept a start "
+    "time in the future and a timeout above transaction_max_timeout_ms: the loaded "
+    "Ongoing transaction is never aborted and its partitions' LSO never moves",
+)
+@pytest.mark.parametrize(
+    ("start_ms", "timeout_ms"),
+    [
+        pytest.param(2**62, 60_000, id="start-in-the-far-future"),
+        pytest.param(NOW_MS, 2**31 - 1, id="timeout-above-the-maximum"),
+    ],
+)
+def test_a_loaded_transaction_is_still_aborted_within_the_maximum_timeout(
+    start_ms: int, timeout_ms: int
+) -> None:
+    """A record that decodes and passes every range check (CRC-correct: written by a buggy
+    or older writer, or replicated from a damaged leader) holds an Ongoing transaction on
+    orders-0. Whatever it says, the coordinator must abort it once
+    transaction_max_timeout_ms passed, or the partition's read_committed consumers and
+    compaction are stuck behind it for ever (days, or 146 000 years)."""
+    config = TxnConfig(transaction_state_log_num_partitions=1)
+    coordinator = TxnCoordinator(0, 1, config, allocate_producer_id=lambda: None)
+    value = TransactionLogValue(7, 0, timeout_ms, S.ONGOING, (("orders", 0),), start_ms, start_ms)
+    assert value.check() is None  # what the load accepts today
+    coordinator.load([fmt.record("loaded", value)], NOW_MS)
+    later_ms = (
+        NOW_MS
+        + config.transaction_max_timeout_ms
+        + config.transaction_abort_timed_out_transaction_cleanup_interval_ms
+    )
+    fx = coordinator.tick(later_ms)
+    aborting = [a for a in fx.appends for key, _ in a.records if fmt.decode_key(key) == "loaded"]
+    assert aborting, "the loaded transaction is never timed out"
