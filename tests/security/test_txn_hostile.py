@@ -317,3 +317,80 @@ def test_a_loaded_transaction_is_still_aborted_within_the_maximum_timeout(
     fx = coordinator.tick(later_ms)
     aborting = [a for a in fx.appends for key, _ in a.records if fmt.decode_key(key) == "loaded"]
     assert aborting, "the loaded transaction is never timed out"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="log_format.TransactionLogValue.check allows partitions in a CompleteCommit/"
+    "CompleteAbort value (Kafka writes none) and TxnCoordinator.load keeps them: they "
+    "join the producer's next transaction and get its markers",
+)
+def test_a_loaded_complete_transaction_brings_no_partitions_into_the_next_one() -> None:
+    """A CompleteCommit record naming `__cluster_metadata-0` (a writer bug or damage that
+    kept its CRC) passes the load; the producer's next transaction, on orders-0 only, then
+    writes its COMMIT marker on `__cluster_metadata-0` too."""
+    from raftlog.txn.messages import AddPartitionsTxn, EndTxnRequest
+
+    config = TxnConfig(transaction_state_log_num_partitions=1)
+    coordinator = TxnCoordinator(0, 1, config, allocate_producer_id=lambda: None)
+    value = TransactionLogValue(
+        7, 0, 60_000, S.COMPLETE_COMMIT, (("__cluster_metadata", 0),), NOW_MS, NOW_MS
+    )
+    try:
+        coordinator.load([fmt.record("x", value)], NOW_MS)
+    except fmt.TxnLogRecordError:
+        return  # refused at load: what the fix may do
+    add = AddPartitionsTxn("x", 7, 0, (("orders", 0),))
+    fx = coordinator.add_partitions_to_txn(1, [add], NOW_MS)
+    for append in fx.appends:
+        coordinator.on_append_done(append.append_id, E.none, NOW_MS)
+    fx = coordinator.end_txn(2, EndTxnRequest("x", 7, 0, True), NOW_MS)
+    marked = []
+    for append in fx.appends:
+        done = coordinator.on_append_done(append.append_id, E.none, NOW_MS)
+        marked.extend(p for m in done.markers for p in m.partitions)
+    assert marked == [("orders", 0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="produce.py returns producer_table's check messages (the producer's current "
+    "epoch, its last written sequence) as the Produce error_message, to any client",
+)
+async def test_produce_errors_do_not_reveal_another_producers_epoch_or_sequence(
+    tmp_path: Path,
+) -> None:
+    """Anyone who may write to the topic (anonymous on PLAINTEXT without an authorizer) can
+    probe any producer id: the answers tell its current epoch and last sequence, exactly
+    what forging a batch of that producer needs (the two tests above, or appending into its
+    open transaction). The error code alone tells a real producer what to do."""
+    import re
+
+    from tests.replication.test_manager import TOPIC as REPLICATED
+
+    async with trio.open_nursery() as nursery:
+        cluster, leader, _ = await _victim_with_open_transaction(tmp_path, nursery)
+        stale = await leader.writes.produce(
+            REPLICATED, 0, _batch(61, 3, 0, transactional=False), -1, 10_000, ProducerInfo()
+        )
+        gap = await leader.writes.produce(
+            REPLICATED, 0, txn_batch(61, 4, 9), -1, 10_000, ProducerInfo(transactional_id="x")
+        )
+        await cluster.stop_all()
+    assert (stale.error, gap.error) == (E.invalid_producer_epoch, E.out_of_order_sequence_number)
+    # The victim is at epoch 4, its last sequence is 1 (txn_batch holds two records).
+    assert not re.search(r"\b4\b", stale.error_message or ""), stale.error_message
+    assert not re.search(r"\b1\b", gap.error_message or ""), gap.error_message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="handlers_txn.describe_transactions answers every repeated transactional id: "
+    "10 000 copies of one id with 10 000 partitions are 100 million partition entries",
+)
+async def test_describe_transactions_answers_a_repeated_id_once(env: Env) -> None:
+    from raftlog.net.kafka.handlers_txn import MAX_IDS_PER_REQUEST
+
+    await env.begin("tx-open", 0, 1)
+    states = await env.describe(*(["tx-open"] * MAX_IDS_PER_REQUEST))
+    assert len(states) == 1
