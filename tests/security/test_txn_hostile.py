@@ -450,3 +450,42 @@ async def test_loading_and_listing_many_transactions_let_the_node_run(
     large = await _ticks_while(20_000, what)
     # One yield per few thousand records would do; the machinery around adds a handful.
     assert large >= small + 10, (small, large)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="produce._opening_transactions looks each producer up in a list: quadratic in "
+    "the batches of one partition's data (15 000 one-record batches, 1 MB: ~4 s of one "
+    "event-loop step; a 100 MB request: hours)",
+)
+def test_one_produce_of_many_transactional_producers_is_linear_work() -> None:
+    """One partition's data of 20 000 tiny transactional batches, each of a different
+    producer id: every one would open a transaction, and finding the repeated ones must not
+    compare each with all the others. Needs WRITE on the topic and on any transactional id
+    (nothing at all without an authorizer): validation refuses none of it."""
+    import time
+
+    from raftlog.replication.core.producer_table import ProducerStateTable
+    from raftlog.replication.produce import _opening_transactions
+    from raftlog.replication.producer_state import ProducerStateConfig
+
+    batches = 20_000
+    data = b"".join(
+        build_batch(
+            [Record(key=None, value=b"")],
+            producer_id=pid,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+            now_ms=NOW_MS,
+        )
+        for pid in range(batches)
+    )
+    assert len(data) < 1_400_000
+    headers = validate_client_batches(data, max_message_bytes=1 << 20, require_keys=False)
+    started = time.perf_counter()
+    opening = _opening_transactions(ProducerStateTable(ProducerStateConfig()), headers)
+    elapsed_s = time.perf_counter() - started
+    assert len(opening) == batches
+    # A set makes this ~10 ms; 1 s leaves room for a loaded machine.
+    assert elapsed_s < 1.0, f"{elapsed_s:.1f} s in one event-loop step"
