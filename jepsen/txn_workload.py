@@ -61,6 +61,14 @@ TXN_CALL_TIMEOUT_S = 10.0
 TXN_FLUSH_TIMEOUT_S = TXN_MESSAGE_TIMEOUT_MS / 1000 + 2.0
 # A commit that failed with a retriable error is tried again this many more times.
 COMMIT_RETRIES = 1
+# librdkafka's send_offsets_to_transaction can block past its timeout when the group
+# coordinator goes away mid-call (librdkafka issues 5456 and 5511, open for 2.16; seen
+# here blocking 28 s with the coordinator back after 1 s): a transaction still running
+# after this long is abandoned with its thread, recorded as unknown (the thread may yet
+# commit it), and the process starts over with a new producer whose init_transactions
+# fences the old one. Three client calls' timeouts: a slow transaction that would still
+# have finished is only recorded as unknown, which the checker allows either way.
+TXN_ABANDON_AFTER_S = 3 * TXN_CALL_TIMEOUT_S
 # After a failed init_transactions (no coordinator yet) the process waits this long.
 INIT_RETRY_BACKOFF_S = 1.0
 MAX_SENDS_PER_TXN = 4
@@ -173,12 +181,17 @@ class TxnClient:
         # No explicit offset: each partition starts at the group's committed offset (fetched
         # with require_stable under read_committed), or at the beginning without one.
         self.consumer.assign([TopicPartition(topic, k) for k in range(keys)])
+        # What the running transaction did so far (read by the harness if it abandons it),
+        # and the flag that tells a late thread not to commit after all.
+        self.mops: list[list[Any]] = []
+        self.abandoned = False
 
     def init(self) -> None:
         self.producer.init_transactions(TXN_CALL_TIMEOUT_S)
 
     def run(self, sends: Sequence[tuple[int, int]], read: bool, commit: bool) -> TxnOutcome:
         mops: list[list[Any]] = []
+        self.mops = mops
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
@@ -225,6 +238,8 @@ class TxnClient:
                 )
             except KafkaException as exc:
                 return self._abort(mops, f"send_offsets_to_transaction: {exc}")
+        if self.abandoned:
+            return self._abort(mops, "abandoned by the harness")
         if not commit:
             return self._abort(mops, "aborted on purpose", on_purpose=True)
         return self._commit(mops, read)
@@ -366,12 +381,18 @@ class TxnWorkload:
         while trio.current_time() < deadline:
             client = await trio.to_thread.run_sync(self._new_txn_client, process)
             self.recorder.invoke(process, INIT)
+            initialised = False
             try:
-                await trio.to_thread.run_sync(client.init)
+                with trio.move_on_after(TXN_ABANDON_AFTER_S):
+                    await trio.to_thread.run_sync(client.init, abandon_on_cancel=True)
+                    initialised = True
             except KafkaException as exc:
                 self.recorder.info(process, error=str(exc))
                 await close_client(client, f"transactional client {process}")
                 await trio.sleep(INIT_RETRY_BACKOFF_S)
+                continue
+            if not initialised:  # its thread still holds the client: left behind
+                self.recorder.info(process, error="init_transactions blocked; abandoned")
                 continue
             self.recorder.ok(process)
             return client
@@ -406,14 +427,29 @@ class TxnWorkload:
                 mops: list[list[Any]] = [["poll"]] if read else []
                 mops += [["send", k, v] for k, v in sends]
                 self.recorder.invoke(process, TXN, {"mops": mops, "commit": commit})
-                outcome = await trio.to_thread.run_sync(client.run, sends, read, commit)
+                running: TxnClient | None = client
+                with trio.move_on_after(TXN_ABANDON_AFTER_S):
+                    outcome = await trio.to_thread.run_sync(
+                        client.run, sends, read, commit, abandon_on_cancel=True
+                    )
+                    running = None
+                if running is not None:
+                    running.abandoned = True
+                    outcome = TxnOutcome(
+                        "info",
+                        [list(m) for m in running.mops],
+                        f"a client call blocked over {TXN_ABANDON_AFTER_S:.0f} s; abandoned",
+                    )
+                    log.warning("transactional client %d: %s", process, outcome.error)
+                    # Its thread still holds the client: closing it would block too.
+                    client = None
                 self.recorder.complete(
                     process,
                     outcome.type,
                     {"mops": outcome.mops, "commit": commit},
                     error=outcome.error,
                 )
-                if outcome.rebuild:
+                if outcome.rebuild or client is None:
                     await self._crash(process, client, f"rebuilt after: {outcome.error}")
                     client = await self._open_txn_client(process, deadline)
         finally:
