@@ -20,6 +20,7 @@ Pollers use the queue workload's ``poll``, ``final-poll``, ``assign`` and ``cras
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from jepsen.history import (
@@ -75,7 +76,7 @@ class TxnHistoryBuilder(TxnRecorder, HistoryBuilder):
     def txn(
         self,
         process: Process,
-        sends: list[tuple[int, int, int | None]] = (),  # type: ignore[assignment]
+        sends: Sequence[tuple[int, int, int | None]] = (),
         reads: dict[int, list[tuple[int, int]]] | None = None,
         type_: str = OK,
         commit: bool = True,

@@ -25,7 +25,8 @@ def example(history: History, kind: str) -> dict[str, Any]:
 
 def final(h: TxnHistoryBuilder, reads: dict[int, list[tuple[int, int]]]) -> TxnHistoryBuilder:
     h.assign(FINAL, list(reads), seek_to_beginning=True)
-    return h.poll(FINAL, reads, f=FINAL_POLL)
+    h.poll(FINAL, reads, f=FINAL_POLL)
+    return h
 
 
 def two_committed() -> TxnHistoryBuilder:
