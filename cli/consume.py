@@ -24,7 +24,7 @@ import trio
 from raftlog_cli.common import Options, common_options, connect, run_async
 from raftlog_cli.errors import CliError, kafka_message, leaf_exception, unknown_topic
 
-from raftlog.client import Admin, Cluster, Consumer
+from raftlog.client import Admin, Cluster, Consumer, IsolationLevel
 from raftlog.client.group_consumer import GroupConsumerConfig, open_group_consumer
 from raftlog.client.group_member import GroupMemberError, MemberConfig
 from raftlog.errors import ErrorCode
@@ -78,6 +78,14 @@ GROUP_COMMIT_INTERVAL_MS = 5_000
     show_default=True,
     help="With --group: how often to heartbeat (and so how soon a rebalance is noticed).",
 )
+@click.option(
+    "--isolation-level",
+    type=click.Choice(["read_uncommitted", "read_committed"]),
+    default="read_uncommitted",
+    show_default=True,
+    help="read_committed: only records of committed transactions, up to the last stable "
+    "offset (kafka-console-consumer's --isolation-level).",
+)
 @common_options
 def consume_command(
     topic: str,
@@ -90,6 +98,7 @@ def consume_command(
     key_separator: str | None,
     session_timeout_ms: int,
     heartbeat_interval_ms: int,
+    isolation_level: str,
     opts: Options,
 ) -> None:
     """Print records of TOPIC (from the end unless told otherwise) until -n, --timeout-ms or
@@ -97,6 +106,7 @@ def consume_command(
     if from_beginning and offset is not None:
         raise click.UsageError("--from-beginning and --offset exclude each other")
     out = opts.out
+    level = IsolationLevel.parse(isolation_level)
     if group is not None:
         if offset is not None or partition is not None:
             raise click.UsageError(
@@ -114,6 +124,7 @@ def consume_command(
             auto_commit_interval_ms=GROUP_COMMIT_INTERVAL_MS,
             buffer_max_records=RECORD_CHANNEL_MAX_RECORDS,
             fetch_max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS,
+            isolation_level=level,
         )
 
         async def go_group() -> int:
@@ -136,7 +147,7 @@ def consume_command(
             partitions = await _partitions(cluster, topic, partition)
             if offset is not None and len(partitions) > 1:
                 raise click.UsageError("--offset needs --partition (the topic has several)")
-            starts = await _start_offsets(cluster, topic, partitions, from_beginning, offset)
+            starts = await _start_offsets(cluster, topic, partitions, from_beginning, offset, level)
             send, receive = trio.open_memory_channel[tuple[int, Record]](RECORD_CHANNEL_MAX_RECORDS)
 
             async def next_record() -> tuple[str, int, Record]:
@@ -144,7 +155,9 @@ def consume_command(
                 return topic, p, record
 
             async with trio.open_nursery() as nursery:
-                consumer = Consumer(cluster, max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS)
+                consumer = Consumer(
+                    cluster, max_wait_ms=CONSUME_FETCH_MAX_WAIT_MS, isolation_level=level
+                )
                 for p in partitions:
                     nursery.start_soon(_fetch_loop, consumer, topic, p, starts[p], send.clone())
                 send.close()
@@ -254,7 +267,12 @@ async def _partitions(cluster: Cluster, topic: str, partition: int | None) -> li
 
 
 async def _start_offsets(
-    cluster: Cluster, topic: str, partitions: list[int], from_beginning: bool, offset: int | None
+    cluster: Cluster,
+    topic: str,
+    partitions: list[int],
+    from_beginning: bool,
+    offset: int | None,
+    level: IsolationLevel,
 ) -> dict[int, int]:
     admin = Admin(cluster)
     starts = {}
@@ -263,7 +281,7 @@ async def _start_offsets(
             starts[p] = offset
         else:
             spec = "earliest" if from_beginning else "latest"
-            starts[p] = (await admin.list_offsets(topic, p, spec)).offset
+            starts[p] = (await admin.list_offsets(topic, p, spec, level)).offset
     return starts
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from raftlog.client.admin_security import SecurityAdminMixin
 from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
-from raftlog.client.protocol import error_of
+from raftlog.client.protocol import IsolationLevel, error_of
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller.messages import NewTopic
@@ -333,48 +333,15 @@ class Admin(SecurityAdminMixin):
 
     # ------------------------------------------------------------------ offsets
     async def list_offsets(
-        self, topic: str, partition: int, spec: str | int = "latest"
+        self,
+        topic: str,
+        partition: int,
+        spec: str | int = "latest",
+        isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> ListedOffset:
-        """Offset at "earliest", "latest", or the first offset with timestamp >= spec (ms)."""
-        if spec == "latest":
-            timestamp = LATEST_TIMESTAMP
-        elif spec == "earliest":
-            timestamp = EARLIEST_TIMESTAMP
-        elif isinstance(spec, int) and spec >= 0:
-            timestamp = spec
-        else:
-            raise ValueError(
-                f"spec must be 'earliest', 'latest' or a timestamp in ms, got {spec!r}"
-            )
-
-        async def attempt() -> ListedOffset:
-            connection, info = await self.cluster.leader(topic, partition)
-            values = {
-                "replica_id": -1,
-                "isolation_level": 0,
-                "topics": [
-                    {
-                        "name": topic,
-                        "partitions": [
-                            {
-                                "partition_index": partition,
-                                "current_leader_epoch": info.leader_epoch,
-                                "timestamp": timestamp,
-                            }
-                        ],
-                    }
-                ],
-            }
-            response = await connection.call("list_offsets", values)
-            result = response.topics[0].partitions[0]
-            raise_for(result.error_code, f"list_offsets {topic}-{partition}")
-            return ListedOffset(
-                offset=int(result.offset),
-                timestamp_ms=int(result.timestamp),
-                leader_epoch=int(getattr(result, "leader_epoch", -1)),
-            )
-
-        return await self.cluster.retrying(attempt, refresh_topics=[topic])
+        """Offset at "earliest", "latest", or the first offset with timestamp >= spec (ms);
+        see list_offset for the isolation level."""
+        return await list_offset(self.cluster, topic, partition, spec, isolation_level)
 
 
 __all__ = [
@@ -387,3 +354,53 @@ __all__ = [
     "ResourceType",
     "TopicResult",
 ]
+
+
+async def list_offset(
+    cluster: Cluster,
+    topic: str,
+    partition: int,
+    spec: str | int = "latest",
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+) -> ListedOffset:
+    """ListOffsets at an isolation level: "latest" is the high watermark under
+    read_uncommitted and the last stable offset under read_committed (as Kafka's consumer
+    endOffsets); "earliest" is the log start offset; a timestamp in ms, the first offset
+    whose timestamp is at or after it."""
+    if spec == "latest":
+        timestamp = LATEST_TIMESTAMP
+    elif spec == "earliest":
+        timestamp = EARLIEST_TIMESTAMP
+    elif isinstance(spec, int) and spec >= 0:
+        timestamp = spec
+    else:
+        raise ValueError(f"spec must be 'earliest', 'latest' or a timestamp in ms, got {spec!r}")
+
+    async def attempt() -> ListedOffset:
+        connection, info = await cluster.leader(topic, partition)
+        values = {
+            "replica_id": -1,
+            "isolation_level": int(isolation_level),
+            "topics": [
+                {
+                    "name": topic,
+                    "partitions": [
+                        {
+                            "partition_index": partition,
+                            "current_leader_epoch": info.leader_epoch,
+                            "timestamp": timestamp,
+                        }
+                    ],
+                }
+            ],
+        }
+        response = await connection.call("list_offsets", values)
+        result = response.topics[0].partitions[0]
+        raise_for(result.error_code, f"list_offsets {topic}-{partition}")
+        return ListedOffset(
+            offset=int(result.offset),
+            timestamp_ms=int(result.timestamp),
+            leader_epoch=int(getattr(result, "leader_epoch", -1)),
+        )
+
+    return await cluster.retrying(attempt, refresh_topics=[topic])

@@ -18,10 +18,9 @@ import heapq
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
-from raftlog.client.admin import ListedOffset
+from raftlog.client.admin import ListedOffset, list_offset
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.protocol import IsolationLevel, throttle_time_ms
-from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode
 from raftlog.records import (
     LOG_OVERHEAD_BYTES,
@@ -177,55 +176,6 @@ def _aborted_of(answer: object) -> tuple[AbortedTxn, ...]:
         if producer_id >= 0 and first_offset >= 0:
             out.append(AbortedTxn(first_offset, producer_id))
     return tuple(out)
-
-
-async def list_offset(
-    cluster: Cluster,
-    topic: str,
-    partition: int,
-    spec: str | int = "latest",
-    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
-) -> ListedOffset:
-    """ListOffsets at an isolation level: "latest" is the high watermark under
-    read_uncommitted and the last stable offset under read_committed (as Kafka's
-    consumer endOffsets); "earliest" or a timestamp in ms otherwise as Admin.list_offsets."""
-    if spec == "latest":
-        timestamp = LATEST_TIMESTAMP
-    elif spec == "earliest":
-        timestamp = EARLIEST_TIMESTAMP
-    elif isinstance(spec, int) and spec >= 0:
-        timestamp = spec
-    else:
-        raise ValueError(f"spec must be 'earliest', 'latest' or a timestamp in ms, got {spec!r}")
-
-    async def attempt() -> ListedOffset:
-        connection, info = await cluster.leader(topic, partition)
-        values = {
-            "replica_id": -1,
-            "isolation_level": int(isolation_level),
-            "topics": [
-                {
-                    "name": topic,
-                    "partitions": [
-                        {
-                            "partition_index": partition,
-                            "current_leader_epoch": info.leader_epoch,
-                            "timestamp": timestamp,
-                        }
-                    ],
-                }
-            ],
-        }
-        response = await connection.call("list_offsets", values)
-        result = response.topics[0].partitions[0]
-        raise_for(result.error_code, f"list_offsets {topic}-{partition}")
-        return ListedOffset(
-            offset=int(result.offset),
-            timestamp_ms=int(result.timestamp),
-            leader_epoch=int(getattr(result, "leader_epoch", -1)),
-        )
-
-    return await cluster.retrying(attempt, refresh_topics=[topic])
 
 
 class Consumer:

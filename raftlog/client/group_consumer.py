@@ -35,6 +35,7 @@ from raftlog.client.consumer import DEFAULT_FETCH_MAX_BYTES, Consumer
 from raftlog.client.consumer_protocol import TopicPartition
 from raftlog.client.group_member import CommitFailed, GroupMember, MemberConfig
 from raftlog.client.groups import GroupAdmin
+from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import Record
 
@@ -56,6 +57,8 @@ class GroupConsumerConfig:
     buffer_max_records: int = 1_000
     fetch_max_wait_ms: int = 500
     fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    # Kafka's isolation.level: read_committed reads up to the LSO, without aborted records.
+    isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED
 
     def __post_init__(self) -> None:
         if self.reset not in RESET_POLICIES:
@@ -95,6 +98,7 @@ class GroupConsumer:
             cluster,
             max_bytes=self.config.fetch_max_bytes,
             max_wait_ms=self.config.fetch_max_wait_ms,
+            isolation_level=self.config.isolation_level,
         )
         self._admin = Admin(cluster)
         self._groups = GroupAdmin(cluster)
@@ -205,8 +209,9 @@ class GroupConsumer:
             resets = 0
             for record in result.records:
                 await self._send.send((epoch, tp, record))
-            if result.records:
-                offset = result.records[-1].offset + 1
+            # Past control batches and aborted records too: a partition ending in a marker
+            # would otherwise be fetched again at once, for ever.
+            offset = max(offset, result.next_offset)
 
     async def _commit_periodically(self) -> None:
         interval_s = self.config.auto_commit_interval_ms / 1000
@@ -223,7 +228,8 @@ class GroupConsumer:
                 log.warning("group %s: periodic commit failed: %s", self.group_id, exc)
 
     async def _reset(self, tp: TopicPartition) -> int:
-        return (await self._admin.list_offsets(tp[0], tp[1], self.config.reset)).offset
+        spec, level = self.config.reset, self.config.isolation_level
+        return (await self._admin.list_offsets(tp[0], tp[1], spec, level)).offset
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import trio
 
 from raftlog.client import Cluster, ClusterLimits, ConnectionLimits, open_cluster
-from raftlog.client.consumer import list_offset
+from raftlog.client.admin import list_offset
 from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import ErrorCode, RemoteError, exception_leaves
 from raftlog.spark.options import EARLIEST, LATEST, OptionError, ReadOptions

@@ -136,3 +136,25 @@ def test_describe_producers_and_abort(scenario: Scenario) -> None:
     )
     after = run_json(scenario, "describe-producers", "--topic", TOPIC, "--partition", "0")
     assert all(p["current_transaction_start_offset"] is None for p in after)
+
+
+def test_consume_at_each_isolation_level(scenario: Scenario) -> None:
+    """`raftlog consume --isolation-level`: read_committed prints only committed records (the
+    hanging transaction was aborted by the test before); read_uncommitted every data record,
+    aborted ones included; transaction markers are never printed."""
+
+    def values(level: str) -> list[str]:
+        argv = [
+            "consume", TOPIC, "--from-beginning", "--partition", "0", "--timeout-ms", "2000",
+            "--isolation-level", level, "--json", "--bootstrap-server", scenario.bootstrap,
+        ]  # fmt: skip
+        result = CliRunner().invoke(cli, argv, catch_exceptions=False, prog_name="raftlog")
+        assert result.exit_code == 0, result.output
+        return [json.loads(line)["value"] for line in result.output.splitlines() if line]
+
+    assert values("read_committed") == ["c0", "c1", "c2", "c3"]
+    assert values("read_uncommitted") == ["c0", "c1", "c2", "a0", "a1", "h0", "c3"]
+    bad = CliRunner().invoke(
+        cli, ["consume", TOPIC, "--isolation-level", "serializable"], prog_name="raftlog"
+    )
+    assert bad.exit_code == 2
