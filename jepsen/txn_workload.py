@@ -541,9 +541,10 @@ class TxnWorkload:
                 continue
             while trio.current_time() < deadline and polls < self.opts.max_final_polls:
                 # The last record of a partition is usually a transaction marker the
-                # consumer never returns; its position still moves past it.
+                # consumer never returns; its position still moves past it. An empty
+                # partition has nothing to read.
                 positions = await trio.to_thread.run_sync(consumer.positions, keys)
-                if all(positions.get(k, -1) >= end for k, end in ends.items()):
+                if all(end == 0 or positions.get(k, -1) >= end for k, end in ends.items()):
                     log.info("final read %d done: ends %s positions %s", process, ends, positions)
                     done[process] = True
                     return
