@@ -102,6 +102,11 @@ class NodeConfig:
         "registration, observer replies); empty means internal_listener. Set it when "
         "internal_listener binds 0.0.0.0.",
     )
+    metrics_listener: str = _key(
+        "",
+        "HOST:PORT of the Prometheus endpoint (GET /metrics, plain HTTP; bind it to a private "
+        "address). Empty: no endpoint.",
+    )
     listeners: str = _key(
         "",
         "Kafka listeners as NAME://HOST:PORT,... (Kafka's listeners; an empty host binds every "
@@ -222,11 +227,12 @@ class NodeConfig:
         2000, "Interval between broker heartbeats.", lo=10, hi=600_000
     )
     broker_unreachable_fence_ms: int = _key(
-        500,
-        "The active controller fences a broker whose internal listener has refused (or not "
-        "answered) every connection attempt for this long, with no heartbeat from it since: "
-        "a killed broker's process is gone long before its session expires. A value at or "
-        "above broker_session_timeout_ms leaves fencing to the session alone.",
+        250,
+        "The active controller fences a broker whose internal listener has refused every "
+        "connection attempt for this long, with no heartbeat from it since: a killed "
+        "broker's process is gone long before its session expires (timeouts are left to the "
+        "session). A value at or above broker_session_timeout_ms leaves fencing to the "
+        "session alone.",
         lo=0,
         hi=3_600_000,
     )
@@ -409,6 +415,12 @@ class NodeConfig:
         return parse_host_port(value, "advertised_internal_listener")
 
     @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        if not self.metrics_listener:
+            return None
+        return parse_host_port(self.metrics_listener, "metrics_listener")
+
+    @property
     def protocol_map(self) -> dict[str, str]:
         return parse_protocol_map(self.listener_security_protocol_map)
 
@@ -517,6 +529,7 @@ class NodeConfig:
         self.client_address  # noqa: B018 - parse for the error
         self.internal_address  # noqa: B018
         self.advertised_internal_address  # noqa: B018
+        self.metrics_address  # noqa: B018
         voters = self.voters
         if not voters:
             raise ConfigError(f"{source}: controller_quorum_voters names no voter")

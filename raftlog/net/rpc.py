@@ -339,6 +339,17 @@ def _peer_name(stream: trio.abc.Stream) -> str:
         return "?"
 
 
+def _is_refusal(exc: BaseException) -> bool:
+    """Whether a failed connect was refused by every address tried (trio raises one
+    OSError whose cause groups the failures of each address)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_refusal(inner) for inner in exc.exceptions)
+    cause = exc.__cause__
+    return cause is not None and _is_refusal(cause)
+
+
 class PeerClient:
     """One outgoing connection to a peer, re-established with jittered backoff.
 
@@ -370,6 +381,11 @@ class PeerClient:
         self._connected = trio.Event()
         self._cancel_scope = trio.CancelScope()
         self.dropped_casts = 0
+        # Whether the last failed connect was refused (nothing listens at the address: the
+        # peer's process is gone) rather than timed out or unroutable, which a slow peer or
+        # a broken network also cause. Read by on_unreachable listeners that must tell them
+        # apart (the controller fences a broker sooner only on refusals).
+        self.last_connect_refused = False
 
     def close(self) -> None:
         """Stop reconnecting and fail every pending call."""
@@ -445,11 +461,14 @@ class PeerClient:
         while True:
             stream: trio.abc.Stream | None = None
             raw: trio.SocketStream | None = None
+            refused = False
             with trio.move_on_after(self.limits.connect_timeout_s):
                 try:
                     raw = await trio.open_tcp_stream(*self.address)
-                except OSError:
+                except OSError as exc:
                     raw = None
+                    refused = _is_refusal(exc)
+            self.last_connect_refused = refused
             stream = raw
             if raw is not None and self._ssl_context is not None:
                 stream = await self._secure(raw)

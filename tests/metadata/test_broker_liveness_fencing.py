@@ -10,6 +10,7 @@ from raftlog.metadata import records as r
 from raftlog.metadata.controller.controller import Controller
 from raftlog.metadata.controller.liveness import REACHABILITY_POLL_MS, BrokerReachability
 from raftlog.metadata.image import MetadataImage
+from raftlog.net.rpc import _is_refusal
 from tests.metadata.test_controller import (
     SESSION_MS,
     cluster,
@@ -106,6 +107,7 @@ def test_fence_ms_is_range_checked():
 class FakePeer:
     def __init__(self) -> None:
         self.connected = False
+        self.last_connect_refused = True
 
 
 class FakePeers:
@@ -126,7 +128,8 @@ class FakePeers:
         self.made.append((node_id, host, port))
         return self.clients.setdefault(node_id, FakePeer())
 
-    def refuse(self, node_id: int) -> None:
+    def fail(self, node_id: int, *, refused: bool = True) -> None:
+        self.clients.setdefault(node_id, FakePeer()).last_connect_refused = refused
         for listener in self.listeners:
             listener(node_id)
 
@@ -145,15 +148,18 @@ async def driver_feeds_observations_to_whichever_controller_is_active() -> None:
         await trio.sleep(1)  # the brokers last heartbeated at 0 (cluster())
         # Not the controller yet: the observation is kept, nothing fed.
         start_ms = int(trio.current_time() * 1000)
-        peers.refuse(3)
-        peers.refuse(1)  # this node itself: never a suspect
+        peers.fail(3)
+        peers.fail(1)  # this node itself: never a suspect
+        # A timed-out connect is no evidence (a loaded broker's accept queue, a slow net).
+        peers.fail(2, refused=False)
         assert reachability.unreachable_since_ms() == {3: start_ms}
         # It becomes the active controller: the whole observation is handed over, with
         # its original start, and a connection is opened to every other unfenced broker.
-        controller = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+        controller = cluster(4, broker_unreachable_fence_ms=FENCE_MS)
         holder.controller = controller
         await trio.sleep(REACHABILITY_POLL_MS / 1000 * 1.5)
-        assert {node_id for node_id, _, _ in peers.made} == {2, 3}
+        # 2 and 3 already have clients (the Raft driver's, here the failures'): only 4 is new.
+        assert [node_id for node_id, _, _ in peers.made] == [4]
         assert controller._unreachable_for_ms(3, start_ms + 10) == 10
         # The broker listens again: the suspicion is withdrawn from the controller too.
         peers.clients[3].connected = True
@@ -174,3 +180,32 @@ def test_empty_image_controller_has_no_suspects():
     c = Controller(MetadataImage.empty("cid"), NodeConfig(), now_ms=0)
     c.broker_unreachable(9, since_ms=0)  # not a registered broker: nothing to fence
     assert c.tick(10**6).records == ()
+
+
+# ------------------------------------------------------------------ what counts as refused
+def test_only_refused_connects_count():
+    refused = OSError("all attempts to connect failed")
+    refused.__cause__ = ExceptionGroup("x", [ConnectionRefusedError(), ConnectionRefusedError()])
+    assert _is_refusal(refused)
+    mixed = OSError("all attempts to connect failed")
+    mixed.__cause__ = ExceptionGroup("x", [ConnectionRefusedError(), OSError(113, "no route")])
+    assert not _is_refusal(mixed)
+    assert not _is_refusal(OSError(113, "No route to host"))
+    assert not _is_refusal(TimeoutError())
+
+
+async def refused_by_a_closed_port() -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connects are refused
+        try:
+            await trio.open_tcp_stream("127.0.0.1", port)
+        except OSError as exc:
+            return _is_refusal(exc)
+    return False
+
+
+def test_a_real_refusal_is_recognised():
+    assert trio.run(refused_by_a_closed_port)

@@ -17,7 +17,7 @@ The driver's duties:
 - call `tick(now_ms)` every broker_heartbeat_interval_ms or so (session expiry, periodic
   preferred-leader and offline-partition elections);
 - call `broker_unreachable(broker_id, since_ms)` while this node's connection attempts to a
-  broker's internal listener fail (refused or timed out, none succeeded since `since_ms`),
+  broker's internal listener are refused (none succeeded since `since_ms`),
   and `broker_reachable(broker_id)` once one succeeds: a broker whose process is gone is
   fenced after broker_unreachable_fence_ms instead of a whole session timeout;
 - on a standby controller, `replay(records, offset, now_ms)` committed records so the
@@ -194,7 +194,7 @@ class Controller:
 
     def broker_unreachable(self, broker_id: int, since_ms: int) -> None:
         """Every connect from this node to the broker's internal listener since `since_ms`
-        failed. The next tick fences it once that has lasted broker_unreachable_fence_ms,
+        was refused. The next tick fences it once that has lasted broker_unreachable_fence_ms,
         unless it registers or heartbeats meanwhile. Repeating it with the same `since_ms`
         (every failed retry) is harmless; a later `since_ms` moves the start later."""
         self._unreachable_since_ms[broker_id] = since_ms

@@ -6,10 +6,14 @@ wait on a leader that is gone. Its process being gone is visible much sooner: th
 this node keeps to its internal listener breaks and every reconnect is refused (PeerSet's
 unreachable signal, which the Raft driver already uses to elect sooner). This driver keeps
 such a connection to every registered broker while this node is the active controller, and
-tells the controller since when each broker has been unreachable; the controller's tick
-fences it after broker_unreachable_fence_ms unless the broker heartbeats meanwhile
-(Controller.broker_unreachable). A slow broker still accepts connections (the kernel
-completes them), so load alone does not make one look unreachable.
+tells the controller since when each broker's listener has refused it; the controller's
+tick fences it after broker_unreachable_fence_ms unless the broker heartbeats meanwhile
+(Controller.broker_unreachable).
+
+Only refusals count. A connect that times out says nothing certain: a broker too loaded to
+accept (its accept queue full) or a slow network look the same, and those are left to the
+session timeout. A slow broker's kernel still completes connections, so load alone never
+makes one look refused.
 
 The observations outlive a change of controller: a node that was a follower when the broker
 died hands its new controller the time the connects began failing, so a killed broker that
@@ -55,7 +59,8 @@ class BrokerReachability:
         return int(trio.current_time() * 1000)
 
     def _peer_unreachable(self, peer_id: int) -> None:
-        if peer_id == self.node_id:
+        client = self.peers.get(peer_id)
+        if peer_id == self.node_id or client is None or not client.last_connect_refused:
             return
         self._unreachable_since_ms.setdefault(peer_id, self._now_ms())
         self._feed()
