@@ -95,12 +95,6 @@ def _open_txn_first_offset(manager: Any, pid: int) -> int:
     return -1 if entry is None else int(entry.current_txn_first_offset)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="produce.py _opening_transactions skips verification when the producer id has "
-    "any transaction open, whatever the batch's epoch; the epoch bump then fences the "
-    "coordinator's own marker (INVALID_PRODUCER_EPOCH) and the transaction hangs",
-)
 async def test_a_transactional_batch_with_a_bumped_epoch_cannot_skip_verification(
     tmp_path: Path,
 ) -> None:
@@ -138,12 +132,6 @@ async def test_a_transactional_batch_with_a_bumped_epoch_cannot_skip_verificatio
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="producer_table.check_headers accepts a non-transactional batch of a producer "
-    "with a transaction open (Kafka: INVALID_TXN_STATE); at epoch+1 it fences the "
-    "coordinator's marker and hangs the transaction, with WRITE on the topic only",
-)
 async def test_a_plain_batch_cannot_bump_the_epoch_of_an_open_transaction(tmp_path: Path) -> None:
     """No transactional id and no verification needed: an idempotent (non-transactional)
     batch of the victim's producer id at epoch+1, sequence 0, needs only WRITE on the topic.
@@ -170,12 +158,6 @@ async def test_a_plain_batch_cannot_bump_the_epoch_of_an_open_transaction(tmp_pa
 
 
 # ---------------------------------------------------------------- client requests
-@pytest.mark.xfail(
-    strict=True,
-    reason="handlers_txn_partitions.handle_describe_producers neither drops repeated "
-    "partitions nor bounds the producers of a response: 1 000 copies of one partition "
-    "answer its whole producer table 1 000 times",
-)
 async def test_describe_producers_answers_a_repeated_partition_once(env: Env) -> None:
     """A principal with READ on one topic names the same partition MAX_DESCRIBED_PARTITIONS
     times: at up to max_producer_ids (10 000) producers each, one request builds 10 million
@@ -353,11 +335,6 @@ def test_a_loaded_complete_transaction_brings_no_partitions_into_the_next_one() 
     assert marked == [("orders", 0)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="produce.py returns producer_table's check messages (the producer's current "
-    "epoch, its last written sequence) as the Produce error_message, to any client",
-)
 async def test_produce_errors_do_not_reveal_another_producers_epoch_or_sequence(
     tmp_path: Path,
 ) -> None:
@@ -384,11 +361,6 @@ async def test_produce_errors_do_not_reveal_another_producers_epoch_or_sequence(
     assert not re.search(r"\b1\b", gap.error_message or ""), gap.error_message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="handlers_txn.describe_transactions answers every repeated transactional id: "
-    "10 000 copies of one id with 10 000 partitions are 100 million partition entries",
-)
 async def test_describe_transactions_answers_a_repeated_id_once(env: Env) -> None:
     from raftlog.net.kafka.handlers_txn import MAX_IDS_PER_REQUEST
 
@@ -452,12 +424,6 @@ async def test_loading_and_listing_many_transactions_let_the_node_run(
     assert large >= small + 10, (small, large)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="produce._opening_transactions looks each producer up in a list: quadratic in "
-    "the batches of one partition's data (20 000 one-record batches, 1.4 MB: seconds of "
-    "one event-loop step; a 100 MB request: hours)",
-)
 def test_one_produce_of_many_transactional_producers_is_linear_work() -> None:
     """One partition's data of 20 000 tiny transactional batches, each of a different
     producer id: every one would open a transaction, and finding the repeated ones must not

@@ -400,6 +400,9 @@ class TxnHandlers:
         ids = list(request.transactional_ids)
         if too_big(ctx, "transactional ids", len(ids), MAX_IDS_PER_REQUEST):
             return {"transaction_states": []}
+        # A repeated id is answered once (as a repeated partition is): each copy would cost
+        # a whole description, up to max_partitions_per_transaction partitions.
+        ids = list(dict.fromkeys(ids))
         answers: list[DescribedTransaction | None] = []
         asked: list[str] = []
         for transactional_id in ids:

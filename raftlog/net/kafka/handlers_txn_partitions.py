@@ -36,6 +36,7 @@ from raftlog.txn.log_format import (
 
 log = logging.getLogger("raftlog.kafka")
 _oversized = RateLimitedLog(log)
+_truncated = RateLimitedLog(log)
 
 # Bounds on one request's fan-out (Kafka has none; real clients name a transaction's
 # partitions, a coordinator's markers for one broker, an operator's few ids). A transaction
@@ -44,6 +45,9 @@ MAX_PARTITIONS_PER_REQUEST = 10_000
 # DescribeProducers answers up to ProducerStateConfig.max_producer_ids (10 000) producers
 # per partition: this bounds the response (and the concurrent look-ups) instead.
 MAX_DESCRIBED_PARTITIONS = 1_000
+# ... and this bounds the producers of one response: 1 000 partitions of 10 000 producers
+# would be 10 million entries. Past it, the partitions' lists are cut short (and logged).
+MAX_DESCRIBED_PRODUCERS = 100_000
 MAX_MARKERS_PER_REQUEST = 10_000
 # Markers may go to the offsets topic, never to these two.
 NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
@@ -183,7 +187,8 @@ async def handle_describe_producers(ctx: RequestContext, request: Any) -> dict[s
         return {"topics": []}
     readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in topics))
     existing = existing_partitions(ctx, (t.name for t in topics if t.name in readable))
-    jobs = [(t.name, int(p)) for t in topics for p in t.partition_indexes]
+    # A repeated partition is answered once, as every other transaction API answers it.
+    jobs = request_pairs(topics, "partition_indexes")
     results: list[PartitionProducers] = [PartitionProducers()] * len(jobs)
 
     async def one(index: int, topic: str, partition: int) -> None:
@@ -202,14 +207,27 @@ async def handle_describe_producers(ctx: RequestContext, request: Any) -> dict[s
             else:
                 nursery.start_soon(one, index, *key)
     by_topic: dict[str, list[dict[str, Any]]] = {}
+    budget = MAX_DESCRIBED_PRODUCERS
+    left_out = 0
     for (topic, partition), result in zip(jobs, results, strict=True):
+        producers = result.producers[:budget]
+        left_out += len(result.producers) - len(producers)
+        budget -= len(producers)
         by_topic.setdefault(topic, []).append(
             {
                 "partition_index": partition,
                 "error_code": result.error,
                 "error_message": None,
-                "active_producers": [_producer_dict(p) for p in result.producers],
+                "active_producers": [_producer_dict(p) for p in producers],
             }
+        )
+    if left_out:
+        _truncated.warning(
+            "DescribeProducers from client %r (%s): %d producers left out, the limit is %d",
+            ctx.client_id,
+            ctx.connection.peer,
+            left_out,
+            MAX_DESCRIBED_PRODUCERS,
         )
     return {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
 
