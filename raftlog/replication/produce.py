@@ -94,6 +94,8 @@ class ProducePath:
         # A client can send refused batches as fast as the network carries them: one line
         # per interval, counting the rest, keeps that from filling the log disk.
         self._refusals = RateLimitedLog(log)
+        # Fenced and out-of-order producers: their own line, so they cannot hide the above.
+        self._state_refusals = RateLimitedLog(log)
 
     async def _verify_opening(
         self,
@@ -168,7 +170,9 @@ class ProducePath:
         if error != ErrorCode.none:
             return ProduceResult(
                 error,
-                error_message=f"ISR {sorted(leader.isr)} is below min.insync.replicas {min_isr}",
+                # The size only: which brokers are in the ISR is no client's business.
+                error_message=f"{len(leader.isr)} in-sync replicas, below "
+                f"min.insync.replicas {min_isr}",
             )
         now_ms = replicas.clock_ms()
         config = hosted.log.config
@@ -209,7 +213,17 @@ class ProducePath:
         table = hosted.producers.table
         check = table.check_headers([header for _, header in headers])
         if check.verdict is Verdict.ERROR:
-            return ProduceResult(check.error, error_message=check.message)
+            # The detail (another producer's epoch and sequence) is what forging a batch of
+            # that producer needs: it goes to the log; the code alone tells a real producer
+            # what to do.
+            self._state_refusals.warning(
+                "refused produce to %s-%d from client %r: %s",
+                topic,
+                partition,
+                getattr(producer, "client_id", None),
+                check.message,
+            )
+            return ProduceResult(check.error)
         log_append_time = config.message_timestamp_type == "LogAppendTime"
         if check.verdict is Verdict.DUPLICATE:
             original = check.duplicate_of
@@ -272,15 +286,19 @@ def _opening_transactions(
     table: ProducerStateTable, headers: list[tuple[int, BatchHeader]]
 ) -> list[tuple[int, int]]:
     """(producer id, epoch) of each transactional batch's producer with no transaction open
-    on this partition: its batch would open one (one entry per producer)."""
-    opening: list[tuple[int, int]] = []
+    on this partition at that epoch: its batch would open one (one entry per producer).
+    An open transaction at another epoch does not count: the batch is verified (and then
+    refused by the producer table: only a marker ends a transaction)."""
+    opening: dict[tuple[int, int], None] = {}
     for _, header in headers:
         if not header.is_transactional or header.producer_id < 0:
             continue
         entry = table.get(header.producer_id)
-        if entry is not None and entry.current_txn_first_offset >= 0:
+        if (
+            entry is not None
+            and entry.current_txn_first_offset >= 0
+            and entry.epoch == header.producer_epoch
+        ):
             continue
-        pair = (header.producer_id, header.producer_epoch)
-        if pair not in opening:
-            opening.append(pair)
-    return opening
+        opening[(header.producer_id, header.producer_epoch)] = None
+    return list(opening)

@@ -359,6 +359,22 @@ class ProducerStateTable:
                 # Transaction markers carry no sequence; only the epoch matters.
                 pending[pid] = (header.producer_epoch, last_seq)
                 continue
+            if entry is not None and entry.current_txn_first_offset >= 0:
+                # Only the transaction's marker ends it (Kafka's ProducerAppendInfo): a plain
+                # batch or one of a newer epoch would fence the producer here and leave the
+                # transaction open for good (its marker then refused as stale).
+                if not header.is_transactional:
+                    return _error(
+                        ErrorCode.invalid_txn_state,
+                        f"producer {pid} has a transaction open; a non-transactional batch "
+                        "cannot join it",
+                    )
+                if header.producer_epoch != entry.epoch:
+                    return _error(
+                        ErrorCode.invalid_txn_state,
+                        f"producer {pid} has a transaction open at epoch {entry.epoch}; a "
+                        f"batch of epoch {header.producer_epoch} cannot end or join it",
+                    )
             first_seq = header.base_sequence
             if first_seq < 0:
                 return _error(
