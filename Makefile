@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SEEDS ?= 2000
 PYTEST_ARGS ?=
 
-.PHONY: cluster test test-all bench sim jepsen lint sysdeps clean
+.PHONY: cluster test test-all bench sim jepsen jepsen-txn lint sysdeps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,12 +45,15 @@ sim: $(STAMP)
 	RAFTLOG_SIM_SEEDS=$(SEEDS) $(PY) -m pytest -q tests/sim $(PYTEST_ARGS)
 
 bench: $(STAMP) sysdeps
-	@for b in storage quorum replication fetch quotas spark security; do \
+	@for b in storage quorum replication fetch quotas spark security transactions failover; do \
 	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks.$$b"; $(PY) -m benchmarks.$$b || exit 1; fi; \
 	done
 
 jepsen: $(STAMP) sysdeps
 	$(PY) -m jepsen matrix
+
+jepsen-txn: $(STAMP) sysdeps
+	$(PY) -m jepsen matrix --workload txn
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

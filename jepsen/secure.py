@@ -44,6 +44,8 @@ WORKLOAD_USER = "jepsen"
 # The workload's consumers are group members in name only (assign, never commit); their
 # group ids all start with this (jepsen.workload).
 WORKLOAD_GROUP_PREFIX = "jepsen-"
+# The txn workload's transactional ids: jepsen-txn-<run>-<process> (jepsen/txn_workload.py).
+TXN_ID_PREFIX = "jepsen-txn-"
 MECHANISM = ScramMechanism.SCRAM_SHA_512
 # Kafka's tools' default for SCRAM-SHA-512.
 ITERATIONS = 8192
@@ -146,7 +148,8 @@ class SecureSetup:
     def workload_acls(topic: str) -> list[AclBinding]:
         """What the workload's user needs, and no more: WRITE (idempotent produce, KIP-679)
         and READ (which implies DESCRIBE: metadata, offsets) on the run's topic, READ on its
-        consumers' groups."""
+        consumers' groups, WRITE (which implies DESCRIBE) on the transactional ids of the txn
+        workload."""
         principal = f"User:{WORKLOAD_USER}"
         allow = AclPermissionType.ALLOW
         return [
@@ -156,6 +159,8 @@ class SecureSetup:
                        AclOperation.READ, allow),
             AclBinding(ResourceType.GROUP, WORKLOAD_GROUP_PREFIX, PatternType.PREFIXED,
                        principal, "*", AclOperation.READ, allow),
+            AclBinding(ResourceType.TRANSACTIONAL_ID, TXN_ID_PREFIX, PatternType.PREFIXED,
+                       principal, "*", AclOperation.WRITE, allow),
         ]  # fmt: skip
 
     def client_security(self) -> ClientSecurity:

@@ -32,6 +32,7 @@ import trio
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from jepsen.history import ASSIGN, CRASH, FINAL_POLL, POLL, Recorder
+from jepsen.secure import TXN_ID_PREFIX
 from jepsen.txn_history import INIT, TXN
 from jepsen.workload import (
     FETCH_WAIT_MAX_MS,
@@ -370,7 +371,7 @@ class TxnWorkload:
 
     # ------------------------------------------------------------------ transactions
     def _new_txn_client(self, process: int) -> TxnClient:
-        name = f"jepsen-txn-{self.run_name}-{process}"
+        name = f"{TXN_ID_PREFIX}{self.run_name}-{process}"
         return TxnClient(
             self.bootstrap, self.opts.topic, self.opts.keys, name, name, self.client_config
         )
