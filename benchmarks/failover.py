@@ -1,0 +1,576 @@
+"""Failover benchmark: how long a stock acks=all producer sees no acknowledgement when the
+leader of its partition is killed (`kill -9`) or cut off the network.
+
+    python -m benchmarks.failover [--kills 10] [--isolations 5] [--rate 200]
+                                  [--timings default|fast] [--plot failover.png]
+
+Three real node processes (raftlog.testing.cluster.ProcessCluster) with the production
+defaults of every liveness setting (`--timings fast` uses the test harness's instead), one
+RF 3 single-partition topic, and one confluent-kafka producer with nothing set but
+`acks=all`, producing at a steady `--rate` from its own thread. Each event kills the node
+that leads partition 0 at that moment (it may also be the metadata leader: both cases
+happen), waits until messages sent after the kill are acknowledged, restarts the node and
+waits until it is back in the ISR.
+
+The unavailability window of an event is the longest gap between two consecutive
+acknowledgements from one second before the event to the first acknowledgement of a message
+sent after it: "the last ack before to the first ack after", without letting an ack already
+on its way at the kill end the window early. The same gap measured over quiet stretches
+(`steady_max_gap_s`) is the baseline: what the window would be if nothing happened.
+
+Isolations (`--isolations`) run on a second cluster whose nodes live in network namespaces
+(jepsen.netns: a bridge, and nftables drops between namespaces). The leader of partition 0
+is cut off from the other nodes; the producer (in the root namespace) still reaches every
+node, as Jepsen's clients do. Without root, `ip` or `nft` the isolate_* results are null and
+`isolate_skipped` says why.
+
+Last stdout line: {"kill_median_s", "kill_max_s", "isolate_median_s", "isolate_max_s", ...
+the per-event windows and which node was killed}. A PNG of ack latency over time with the
+events marked goes to `--plot`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import itertools
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from benchmarks.common import console, emit_result
+from raftlog.config import NodeConfig
+from raftlog.testing.cluster import FAST_TIMINGS
+
+TOPIC = "failover-bench"
+VALUE_BYTES = 100
+# Acks must flow this long (and the cluster be whole) before an event, so windows do not
+# overlap the recovery from the previous one.
+SETTLE_S = 3.0
+# The window looks back this far before an event (an ack in flight at the kill is not "the
+# last ack before").
+LOOKBACK_S = 1.0
+# An event whose producer has not recovered by then (--recovery-timeout) is reported with
+# this as its window and `recovered` false: a lower bound.
+RECOVERY_TIMEOUT_S = [60.0]
+READY_TIMEOUT_S = 120.0
+CLIENT_TIMEOUT_S = 30.0
+TARGETS = {"kill_median_s": 2.0, "kill_max_s": 4.0}
+# librdkafka's `debug` setting for the producer (--client-debug); empty: none.
+CLIENT_DEBUG = [""]
+NETNS_NODES = ("n1", "n2", "n3")
+NETNS_CLIENT_PORT = 9092
+NETNS_INTERNAL_PORT = 9093
+
+
+def default_timings() -> dict[str, Any]:
+    """The production defaults of every key the test harness shortens."""
+    defaults = NodeConfig()
+    return {key: getattr(defaults, key) for key in FAST_TIMINGS}
+
+
+# ---------------------------------------------------------------------- the producer
+@dataclass
+class AckLog:
+    """(sent, acked) monotonic times of every acknowledged message, and failures."""
+
+    acks: list[tuple[float, float]] = field(default_factory=list)
+    errors: list[tuple[float, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, sent: float, err: Any) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if err is None:
+                self.acks.append((sent, now))
+            else:
+                self.errors.append((now, str(err)))
+
+    def snapshot(self) -> list[tuple[float, float]]:
+        with self.lock:
+            return list(self.acks)
+
+    def acked_sent_after(self, t: float) -> bool:
+        with self.lock:
+            return any(sent > t for sent, _ in reversed(self.acks[-200:]))
+
+
+class SteadyProducer:
+    """A stock acks=all producer sending `rate` messages a second from its own thread."""
+
+    def __init__(self, bootstrap: str, rate: float, debug: str = "") -> None:
+        from confluent_kafka import Producer
+
+        settings = {"bootstrap.servers": bootstrap, "acks": "all"}
+        if debug:  # librdkafka's own trace (e.g. "metadata,topic"), to see what it waited on
+            settings["debug"] = debug
+        self.producer = Producer(settings)
+        self.period_s = 1.0 / rate
+        self.log = AckLog()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
+        self.value = b"x" * VALUE_BYTES
+
+    def __enter__(self) -> SteadyProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.producer.flush(5)
+
+    def _delivered(self, sent: float, err: Any, _msg: Any) -> None:
+        self.log.record(sent, err)
+
+    def _run(self) -> None:
+        next_s = time.monotonic()
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            self.producer.produce(
+                TOPIC,
+                self.value,
+                partition=0,
+                on_delivery=functools.partial(self._delivered, sent),
+            )
+            next_s += self.period_s
+            # Serves delivery reports while pacing; a late loop catches up without a burst.
+            self.producer.poll(max(0.0, next_s - time.monotonic()))
+            next_s = max(next_s, time.monotonic() - self.period_s)
+
+
+def window_s(acks: list[tuple[float, float]], event_s: float) -> float | None:
+    """The longest gap between consecutive acks from LOOKBACK_S before the event up to the
+    first ack of a message sent after it (None: no such ack yet)."""
+    recovered = min((acked for sent, acked in acks if sent > event_s), default=None)
+    if recovered is None:
+        return None
+    times = sorted(acked for _, acked in acks if event_s - LOOKBACK_S <= acked <= recovered)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def max_gap_s(acks: list[tuple[float, float]], start_s: float, end_s: float) -> float:
+    times = sorted(acked for _, acked in acks if start_s <= acked <= end_s)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+@dataclass
+class Event:
+    kind: str  # "kill" or "isolate"
+    node_id: int
+    was_controller: bool
+    at_s: float
+    window_s: float | None = None
+    recovered: bool = True
+
+
+# ---------------------------------------------------------------------- cluster access
+@dataclass
+class Nodes:
+    """What an event loop needs of a cluster, whichever harness runs it."""
+
+    leader_of_partition_0: Callable[[], tuple[int, int]]  # (leader id, controller id)
+    whole: Callable[[], bool]  # every node up, unfenced, and in partition 0's ISR
+
+
+def partition_0(describe: Callable[[], dict[str, Any]]) -> tuple[int, int, tuple[int, ...]]:
+    view = describe()
+    part = next(p for p in view["topics"][TOPIC] if p["partition"] == 0)
+    return part["leader_id"], view["controller_id"], tuple(part["isr"])
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # a node still starting refuses connections
+            if predicate():
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def create_topic(bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(TOPIC, 1, 3)])[TOPIC].result(CLIENT_TIMEOUT_S)
+
+
+def run_events(
+    kind: str,
+    count: int,
+    nodes: Nodes,
+    producer: SteadyProducer,
+    disrupt: Callable[[int], None],
+    repair: Callable[[int], None],
+    settle_s: float,
+    on_event: Callable[[Event], None],
+) -> tuple[list[Event], list[float]]:
+    """`count` events; returns them and the max ack gap of each quiet stretch before one."""
+    events: list[Event] = []
+    quiet_gaps: list[float] = []
+    for _ in range(count):
+        wait_until(nodes.whole, "the cluster to be whole again", READY_TIMEOUT_S)
+        quiet_from = time.monotonic()
+        flowing_after = quiet_from + settle_s
+        wait_until(
+            lambda: producer.log.acked_sent_after(flowing_after),  # noqa: B023 - used at once
+            "acks to flow",
+            READY_TIMEOUT_S,
+        )
+        leader, controller = nodes.leader_of_partition_0()
+        quiet_gaps.append(max_gap_s(producer.log.snapshot(), quiet_from, time.monotonic()))
+        event = Event(kind, leader, leader == controller, time.monotonic())
+        disrupt(leader)
+        deadline = event.at_s + RECOVERY_TIMEOUT_S[0]
+        while time.monotonic() < deadline and not producer.log.acked_sent_after(event.at_s):
+            time.sleep(0.05)
+        event.window_s = window_s(producer.log.snapshot(), event.at_s)
+        if event.window_s is None:
+            event.window_s, event.recovered = RECOVERY_TIMEOUT_S[0], False
+        events.append(event)
+        on_event(event)
+        repair(leader)
+    return events, quiet_gaps
+
+
+# ---------------------------------------------------------------------- kills
+def kill_events(
+    root: Path, count: int, rate: float, timings: dict[str, Any], settle_s: float, bar: Any
+) -> tuple[list[Event], list[float], list[tuple[float, float]], float]:
+    from raftlog.testing.cluster import ProcessCluster
+
+    cluster = ProcessCluster(root, 3, overrides=timings)
+    with cluster:
+        create_topic(cluster.bootstrap_servers)
+
+        def describe() -> dict[str, Any]:
+            return cluster.describe()
+
+        def leader() -> tuple[int, int]:
+            lead, controller, _ = partition_0(describe)
+            return lead, controller
+
+        def whole() -> bool:
+            running = {n.node_id for n in cluster.nodes.values() if n.running}
+            for node_id in running:
+                brokers = {b["node_id"] for b in cluster.describe(node_id)["brokers"]}
+                if not running <= brokers:
+                    return False
+            lead, _, isr = partition_0(describe)
+            return lead >= 0 and set(isr) == running
+
+        with SteadyProducer(cluster.bootstrap_servers, rate, CLIENT_DEBUG[0]) as producer:
+            started = time.monotonic()
+            events, quiet = run_events(
+                "kill",
+                count,
+                Nodes(leader, whole),
+                producer,
+                cluster.kill,
+                cluster.start,
+                settle_s,
+                lambda _e: bar(),
+            )
+            acks = producer.log.snapshot()
+    return events, quiet, acks, started
+
+
+# ---------------------------------------------------------------------- isolations
+def netns_unavailable() -> str | None:
+    try:
+        from jepsen import netns
+    except ImportError as exc:  # pragma: no cover - the harness ships with the repository
+        return f"jepsen.netns cannot be imported: {exc}"
+    missing = netns.missing_prerequisites()
+    return "; ".join(missing) if missing else None
+
+
+@contextlib.contextmanager
+def netns_cluster(root: Path, timings: dict[str, Any]) -> Iterator[Any]:
+    """Three nodes, each in its own namespace on a private bridge; yields the network
+    (jepsen.netns.RunNetwork)."""
+    import uuid
+
+    from jepsen import netns
+
+    net = netns.create_network(NETNS_NODES)
+    processes: dict[str, Any] = {}
+    configs: dict[str, Path] = {}
+    try:
+        voters = ",".join(
+            f"{i}@{net.address(n)}:{NETNS_INTERNAL_PORT}" for i, n in enumerate(NETNS_NODES, 1)
+        )
+        cluster_id = uuid.uuid4().hex
+        for i, name in enumerate(NETNS_NODES, 1):
+            node_dir = root / name
+            (node_dir / "data").mkdir(parents=True, exist_ok=True)
+            address = net.address(name)
+            config = NodeConfig.from_dict(
+                {
+                    "node_id": i,
+                    "data_dir": str(node_dir / "data"),
+                    "cluster_id": cluster_id,
+                    "client_listener": f"{address}:{NETNS_CLIENT_PORT}",
+                    "internal_listener": f"{address}:{NETNS_INTERNAL_PORT}",
+                    "controller_quorum_voters": voters,
+                    "default_replication_factor": 3,
+                    **timings,
+                }
+            )
+            configs[name] = node_dir / "node.toml"
+            configs[name].write_text(config.to_toml())
+
+        def start(name: str) -> None:
+            if name in processes and processes[name].poll() is None:
+                return
+            argv = [sys.executable, "-m", "raftlog_cli.main", "node", "--config"]
+            with (root / name / "node.log").open("ab") as log_file:
+                processes[name] = subprocess.Popen(
+                    net.exec_argv(name, [*argv, str(configs[name])]),
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+
+        for name in NETNS_NODES:
+            start(name)
+        yield net
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in processes.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        net.destroy()
+
+
+def isolation_events(
+    root: Path, count: int, rate: float, timings: dict[str, Any], settle_s: float, bar: Any
+) -> tuple[list[Event], list[float], list[tuple[float, float]], float]:
+    import trio
+
+    from raftlog.testing.probe import probe_metadata
+
+    with netns_cluster(root, timings) as net:
+        addresses = {
+            i: f"{net.address(n)}:{NETNS_CLIENT_PORT}" for i, n in enumerate(NETNS_NODES, 1)
+        }
+        bootstrap = ",".join(addresses.values())
+        name_of = {i: n for i, n in enumerate(NETNS_NODES, 1)}
+        # Ask a node that is not cut off: an isolated node's view goes stale.
+        isolated: set[int] = set()
+
+        def describe() -> dict[str, Any]:
+            node_id = next(i for i in addresses if i not in isolated)
+            return probe_metadata(addresses[node_id])
+
+        def leader() -> tuple[int, int]:
+            lead, controller, _ = partition_0(describe)
+            return lead, controller
+
+        def whole() -> bool:
+            for address in addresses.values():
+                if {b["node_id"] for b in probe_metadata(address)["brokers"]} != set(addresses):
+                    return False
+            lead, _, isr = partition_0(describe)
+            return lead >= 0 and set(isr) == set(addresses)
+
+        def isolate(node_id: int) -> None:
+            victim = name_of[node_id]
+            others = [n for n in NETNS_NODES if n != victim]
+            isolated.add(node_id)
+            grudge = {victim: others, **{n: [victim] for n in others}}
+            trio.run(net.apply_grudge, grudge)
+
+        def heal(_node_id: int) -> None:
+            trio.run(net.heal)
+            isolated.clear()
+
+        wait_until(
+            lambda: all(
+                {b["node_id"] for b in probe_metadata(a)["brokers"]} == set(addresses)
+                for a in addresses.values()
+            ),
+            "the namespaced nodes to be up and unfenced",
+            READY_TIMEOUT_S,
+        )
+        create_topic(bootstrap)
+        with SteadyProducer(bootstrap, rate, CLIENT_DEBUG[0]) as producer:
+            started = time.monotonic()
+            events, quiet = run_events(
+                "isolate",
+                count,
+                Nodes(leader, whole),
+                producer,
+                isolate,
+                heal,
+                settle_s,
+                lambda _e: bar(),
+            )
+            acks = producer.log.snapshot()
+    return events, quiet, acks, started
+
+
+# ---------------------------------------------------------------------- results
+def plot(
+    path: Path,
+    runs: list[tuple[str, list[tuple[float, float]], list[Event], float]],
+) -> None:
+    """Ack latency against send time for each run, the events marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 3.5 * len(runs)), squeeze=False)
+    for ax, (title, acks, events, started) in zip(axes[:, 0], runs, strict=True):
+        ax.scatter(
+            [sent - started for sent, _ in acks],
+            [acked - sent for sent, acked in acks],
+            s=2,
+            color="tab:blue",
+        )
+        for event in events:
+            color = "tab:red" if event.kind == "kill" else "tab:orange"
+            ax.axvline(event.at_s - started, color=color, linewidth=1)
+            ax.annotate(
+                f"{event.kind} {event.node_id}: {event.window_s:.2f} s",
+                (event.at_s - started, ax.get_ylim()[1] if ax.has_data() else 1),
+                rotation=90,
+                fontsize=7,
+                va="top",
+            )
+        ax.set_title(title)
+        ax.set_xlabel("send time (s)")
+        ax.set_ylabel("ack latency (s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary(events: list[Event]) -> tuple[float | None, float | None]:
+    windows = [e.window_s for e in events if e.window_s is not None]
+    if not windows:
+        return None, None
+    return round(statistics.median(windows), 3), round(max(windows), 3)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--isolations", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=200.0, help="messages per second")
+    parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds before events")
+    parser.add_argument(
+        "--recovery-timeout",
+        type=float,
+        default=RECOVERY_TIMEOUT_S[0],
+        help="seconds an event may take; a longer one is reported as this, not recovered",
+    )
+    parser.add_argument("--timings", choices=("default", "fast"), default="default")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a node config key for both clusters (e.g. broker_unreachable_fence_ms=9000)",
+    )
+    parser.add_argument(
+        "--client-debug", default="", help="librdkafka debug contexts for the producer (stderr)"
+    )
+    parser.add_argument("--plot", type=Path, default=Path("failover.png"))
+    parser.add_argument("--dir", type=Path, default=None, help="keep node data and logs here")
+    args = parser.parse_args(argv)
+    if args.kills < 1 or args.isolations < 0 or args.rate <= 0:
+        parser.error("need --kills >= 1, --isolations >= 0, --rate > 0")
+
+    CLIENT_DEBUG[0] = args.client_debug
+    RECOVERY_TIMEOUT_S[0] = args.recovery_timeout
+    timings = default_timings() if args.timings == "default" else dict(FAST_TIMINGS)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        timings[key] = int(value) if value.lstrip("-").isdigit() else value
+    skipped = None if args.isolations else "--isolations 0"
+    if skipped is None:
+        skipped = netns_unavailable()
+
+    with contextlib.ExitStack() as stack:
+        root = args.dir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task("kill -9 the leader of partition 0", total=args.kills)
+            kills, kill_quiet, kill_acks, kill_started = kill_events(
+                root / "kills",
+                args.kills,
+                args.rate,
+                timings,
+                args.settle,
+                lambda: progress.advance(task),
+            )
+            isolations: list[Event] = []
+            iso_quiet: list[float] = []
+            runs = [("kill -9 of the leader of partition 0", kill_acks, kills, kill_started)]
+            if skipped is None:
+                task = progress.add_task("isolate the leader of partition 0", total=args.isolations)
+                isolations, iso_quiet, iso_acks, iso_started = isolation_events(
+                    root / "isolations",
+                    args.isolations,
+                    args.rate,
+                    timings,
+                    args.settle,
+                    lambda: progress.advance(task),
+                )
+                runs.append(
+                    ("leader of partition 0 cut off (netns)", iso_acks, isolations, iso_started)
+                )
+        plot(args.plot, runs)
+
+    for event in kills + isolations:
+        console.print(
+            f"{event.kind} node {event.node_id}"
+            f"{' (also the controller)' if event.was_controller else ''}: "
+            f"{event.window_s:.3f} s{'' if event.recovered else ' (not recovered)'}"
+        )
+    kill_median, kill_max = summary(kills)
+    iso_median, iso_max = summary(isolations)
+    emit_result(
+        {
+            "kill_median_s": kill_median,
+            "kill_max_s": kill_max,
+            "isolate_median_s": iso_median,
+            "isolate_max_s": iso_max,
+            "kill_windows_s": [round(e.window_s or 0.0, 3) for e in kills],
+            "kill_was_controller": [e.was_controller for e in kills],
+            "isolate_windows_s": [round(e.window_s or 0.0, 3) for e in isolations],
+            "isolate_was_controller": [e.was_controller for e in isolations],
+            "kill_recovered": [e.recovered for e in kills],
+            "isolate_recovered": [e.recovered for e in isolations],
+            "recovery_timeout_s": args.recovery_timeout,
+            "isolate_skipped": skipped,
+            "steady_max_gap_s": round(max(kill_quiet + iso_quiet, default=0.0), 3),
+            "rate_per_s": args.rate,
+            "timings": args.timings,
+            "overrides": args.set,
+            "targets": TARGETS,
+            "plot": str(args.plot),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
