@@ -30,8 +30,19 @@ from typing import Any, TypeVar
 import trio
 
 from raftlog.client.cluster import RETRIABLE_CODES, Cluster, raise_for
-from raftlog.client.connection import BrokerConnection, ConnectionClosed, UnsupportedVersion
-from raftlog.client.protocol import API_KEYS, build_request, error_of
+from raftlog.client.connection import (
+    BrokerConnection,
+    ConnectionClosed,
+    UnsupportedVersion,
+    call_negotiated,
+    negotiated_version,
+)
+from raftlog.client.groups import (
+    COORDINATOR_BACKOFF_MS,
+    COORDINATOR_RETRIABLE,
+    MAX_COORDINATOR_RETRIES,
+)
+from raftlog.client.protocol import error_of
 from raftlog.errors import ErrorCode, KafkaError
 
 T = TypeVar("T")
@@ -58,16 +69,6 @@ TRANSACTION_STATES = (
     "Dead",
     "PrepareEpochFence",
 )
-# The coordinator is loading or moved: find it again and retry.
-COORDINATOR_RETRIABLE = frozenset(
-    {
-        ErrorCode.coordinator_not_available,
-        ErrorCode.not_coordinator,
-        ErrorCode.coordinator_load_in_progress,
-    }
-)
-MAX_COORDINATOR_RETRIES = 5
-COORDINATOR_BACKOFF_MS = 100
 MAX_PRODUCER_ID = 2**63 - 1
 MAX_PRODUCER_EPOCH = 2**15 - 1
 MAX_COORDINATOR_EPOCH = 2**31 - 1
@@ -155,22 +156,8 @@ class AbortTransactionSpec:
                 raise ValueError(f"{name} must be in [0, {top}], got {value}")
 
 
-def negotiated_version(connection: BrokerConnection, api: str) -> int:
-    """The highest version of api both this module and the broker support."""
-    client_min, client_max = TXN_ADMIN_API_VERSIONS[api]
-    broker = connection.broker_versions.get(API_KEYS[api])
-    if broker is not None:
-        chosen = min(client_max, broker[1])
-        if chosen >= max(client_min, broker[0]):
-            return chosen
-    raise UnsupportedVersion(
-        f"broker {connection.address[0]}:{connection.address[1]} does not serve {api}"
-    )
-
-
 async def call(connection: BrokerConnection, api: str, values: dict[str, Any]) -> Any:
-    payload = build_request(api, negotiated_version(connection, api), values)
-    return await connection.request(payload)
+    return await call_negotiated(connection, api, values, TXN_ADMIN_API_VERSIONS)
 
 
 def _ms(value: Any) -> int:
@@ -291,7 +278,10 @@ class TransactionAdmin:
         attempt = 0
         while True:
             connection = await self.cluster.broker(node_id)
-            if duration_ms >= 0 and negotiated_version(connection, "list_transactions") < 1:
+            if (
+                duration_ms >= 0
+                and negotiated_version(connection, "list_transactions", TXN_ADMIN_API_VERSIONS) < 1
+            ):
                 raise UnsupportedVersion(
                     f"broker {node_id} cannot filter transactions by duration (ListTransactions v1)"
                 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +74,36 @@ class RequestTimeout(RemoteError):
 
 class UnsupportedVersion(RemoteError):
     """The broker supports no version of an API that this client also supports."""
+
+
+def negotiated_version(
+    connection: BrokerConnection, api: str, versions: Mapping[str, tuple[int, int]]
+) -> int:
+    """The highest version of api that `versions` (a module's own ranges) and the broker
+    both support; UnsupportedVersion when none is."""
+    client_min, client_max = versions[api]
+    broker = connection.broker_versions.get(API_KEYS[api])
+    if broker is not None:
+        chosen = min(client_max, broker[1])
+        if chosen >= max(client_min, broker[0]):
+            return chosen
+    raise UnsupportedVersion(
+        f"broker {connection.address[0]}:{connection.address[1]} does not serve {api}"
+    )
+
+
+async def call_negotiated(
+    connection: BrokerConnection,
+    api: str,
+    values: dict[str, Any],
+    versions: Mapping[str, tuple[int, int]],
+    *,
+    timeout_ms: int | None = None,
+) -> Any:
+    """Send api at the version negotiated_version picks; timeout_ms overrides the
+    connection's."""
+    payload = build_request(api, negotiated_version(connection, api, versions), values)
+    return await connection.request(payload, timeout_ms=timeout_ms)
 
 
 class _Pending:

@@ -20,9 +20,13 @@ import trio
 
 from raftlog.client.admin import Admin
 from raftlog.client.cluster import Cluster, raise_for
-from raftlog.client.connection import BrokerConnection, ConnectionClosed, UnsupportedVersion
+from raftlog.client.connection import (
+    BrokerConnection,
+    ConnectionClosed,
+    UnsupportedVersion,
+    call_negotiated,
+)
 from raftlog.client.consumer_protocol import ConsumerProtocolError, decode_assignment
-from raftlog.client.protocol import API_KEYS, build_request
 from raftlog.errors import ErrorCode, KafkaError
 
 T = TypeVar("T")
@@ -58,19 +62,6 @@ GROUP_KEY_TYPE = 0
 NO_OFFSET = -1
 
 
-def negotiated_version(connection: BrokerConnection, api: str) -> int:
-    """The highest version of api both this module and the broker support."""
-    client_min, client_max = GROUP_API_VERSIONS[api]
-    broker = connection.broker_versions.get(API_KEYS[api])
-    if broker is not None:
-        chosen = min(client_max, broker[1])
-        if chosen >= max(client_min, broker[0]):
-            return chosen
-    raise UnsupportedVersion(
-        f"broker {connection.address[0]}:{connection.address[1]} does not serve {api}"
-    )
-
-
 async def call(
     connection: BrokerConnection,
     api: str,
@@ -78,10 +69,9 @@ async def call(
     *,
     timeout_ms: int | None = None,
 ) -> Any:
-    """Send api at the negotiated version; timeout_ms overrides the connection's (JoinGroup
-    is parked by the coordinator for up to the rebalance timeout)."""
-    payload = build_request(api, negotiated_version(connection, api), values)
-    return await connection.request(payload, timeout_ms=timeout_ms)
+    """Send api at the version negotiated with GROUP_API_VERSIONS; timeout_ms overrides the
+    connection's (JoinGroup is parked by the coordinator for up to the rebalance timeout)."""
+    return await call_negotiated(connection, api, values, GROUP_API_VERSIONS, timeout_ms=timeout_ms)
 
 
 def offset_commit_values(
@@ -402,7 +392,6 @@ __all__ = [
     "GroupMember",
     "PartitionOffsets",
     "described_assignment",
-    "negotiated_version",
     "offset_commit_values",
     "partition_offsets",
     "raise_for_commit",
