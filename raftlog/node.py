@@ -40,6 +40,7 @@ from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
 from raftlog.metadata.raft.types import RoleChange
 from raftlog.metadata.service import MetadataService
+from raftlog.metrics.node import node_metrics, run_metrics
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
@@ -140,6 +141,7 @@ class Node:
         self.quotas: BrokerQuotas | None = None
         self.groups: NodeGroupService | None = None
         self.txn: NodeTxnService | None = None
+        self.metrics = node_metrics()
         self.rpc_port = 0
         self.kafka_port = 0  # the first listener's (the default endpoint)
         self.kafka_ports: dict[str, int] = {}  # listener name -> bound port
@@ -181,6 +183,7 @@ class Node:
                 on_commit=self.metadata.on_commit,
                 on_snapshot=self.metadata.on_snapshot,
                 on_role_change=self._on_role_change,
+                metrics=self.metrics.raft,
             )
             self.metadata.attach(self.quorum)
             self._rpc_node_methods["controller"] = self.controller_client.serve
@@ -201,6 +204,7 @@ class Node:
             self.rpc_port = listeners[0].socket.getsockname()[1]
             await nursery.start(self.metadata.run)
             await nursery.start(self.quorum.run)
+            await nursery.start(run_metrics, self)
 
             if config.is_broker:
                 await self._start_broker(nursery, flusher)
@@ -248,6 +252,7 @@ class Node:
             # Stray logs are removed only once this incarnation's registration is unfenced,
             # i.e. the broker has caught up with the metadata log.
             incarnation_id=self.lifecycle.incarnation_id,
+            metrics=self.metrics.replication,
         )
         await nursery.start(self.replicas.run)
         self.lifecycle.unsafe_partitions = self.replicas.unsafe_partitions
@@ -306,6 +311,7 @@ class Node:
                     guard=guard,
                     security=_listener_security(config, listener),
                     endpoints=endpoints,
+                    metrics=self.metrics.requests,
                 )
             )
             self.kafka_ports[listener.name] = bound[0].socket.getsockname()[1]

@@ -51,6 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.quotas.entity",
         "raftlog.client",
         "raftlog.security",
+        # metric instruments and the /metrics endpoint (the hot paths of layers 3-6 use them)
+        "raftlog.metrics",
     ),
     # 3: the metadata image; the sans-IO cores and the services' state machines
     (
@@ -65,7 +67,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.spark",
     ),
     # 4: services over those cores
-    ("raftlog.metadata.service", "raftlog.replication"),
+    ("raftlog.metadata.service", "raftlog.replication", "raftlog.metrics.health"),
     # 5: the broker's side of the controller, node glue for groups, transactions and quotas
     (
         "raftlog.metadata.controller.broker_lifecycle",
@@ -73,11 +75,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.txn.node_service",
         "raftlog.quotas.usage_rpc",
         "raftlog.quotas.broker_hook",
+        "raftlog.metrics.collectors",
     ),
     # 6: the Kafka protocol server and the broker behind it
     ("raftlog.net.kafka", "raftlog.broker_configs", "raftlog.broker"),
     # 7: the composition root and test harnesses
-    ("raftlog.node", "raftlog.testing"),
+    ("raftlog.node", "raftlog.testing", "raftlog.metrics.node"),
 )
 
 # The Raft core is sans-IO: no trio, no sockets, no clock, no threads; only its driver and

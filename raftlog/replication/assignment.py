@@ -351,7 +351,13 @@ class ReplicaAssignment:
             replicas=tuple(image_state.replicas),
             isr=frozenset(image_state.isr),
         )
+        leader_before = hosted.replica.leader
+        isr_before = None if leader_before is None else leader_before.isr
         result = hosted.replica.apply_metadata(now_ms=replicas.clock_ms(), state=state)
+        if leader_before is not None and isr_before and hosted.replica.leader is leader_before:
+            # The controller changed our ISR (it drops a fenced broker itself): counted as
+            # the shrinks and expansions this leader asked for are (Replicas).
+            replicas.metrics.isr_changed(isr_before, leader_before.isr)
         if result.transition is Transition.STALE:
             log.info(
                 "%s-%d: refused stale metadata %s (have %s)",

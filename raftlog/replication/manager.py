@@ -31,6 +31,7 @@ import trio
 from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.metadata.image import MetadataDelta, MetadataImage
+from raftlog.metrics.instruments import ReplicationMetrics
 from raftlog.replication.assignment import ReplicaAssignment
 from raftlog.replication.core.follower import FollowerAction, FollowerState, FollowerStep
 from raftlog.replication.core.types import ReplicationSettings
@@ -79,6 +80,7 @@ class ReplicaManager:
         producer_snapshot_interval_ms: int = PRODUCER_SNAPSHOT_INTERVAL_MS,
         wall_clock_ms: Callable[[], int] = wall_clock_ms,
         incarnation_id: uuid.UUID | None = None,
+        metrics: ReplicationMetrics | None = None,
     ) -> None:
         self.config = config
         self.log_manager = log_manager
@@ -101,6 +103,7 @@ class ReplicaManager:
             alter_partition=alter_partition,
             clock_ms=clock_ms,
             wall_clock_ms=wall_clock_ms,
+            metrics=metrics,
         )
         self.work = LogWork(self.replicas.spawn)
         self.fetchers = FetcherPool(

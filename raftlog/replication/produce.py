@@ -251,6 +251,7 @@ class ProducePath:
             )
             hosted.wake_waiters()  # parked follower fetches: new data
             replicas.after_leader_append(hosted, now_ms)
+            replicas.metrics.produced(topic, len(records), info.last_offset - info.first_offset + 1)
             done = ProduceResult(
                 base_offset=info.first_offset,
                 log_append_time_ms=append_time_ms if log_append_time else NO_TIMESTAMP,

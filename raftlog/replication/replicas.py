@@ -21,6 +21,7 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
 from raftlog.metadata.image import MetadataImage
+from raftlog.metrics.instruments import ReplicationMetrics
 from raftlog.net.kafka.backend import LeaderHint
 from raftlog.replication.core.leader import LeaderState
 from raftlog.replication.core.purgatory import Completion, ProduceCompletion, Purgatory
@@ -71,6 +72,7 @@ class Replicas:
         alter_partition: AlterPartitionFn,
         clock_ms: Callable[[], int],
         wall_clock_ms: Callable[[], int],
+        metrics: ReplicationMetrics | None = None,
     ) -> None:
         self.node_id = node_id
         self.config = config
@@ -98,6 +100,8 @@ class Replicas:
         self._deadline_wakeup = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
+        # Bytes/records per topic, ISR changes, flush times (None: instruments nobody scrapes).
+        self.metrics = metrics if metrics is not None else ReplicationMetrics.detached()
 
     # ------------------------------------------------------------------ spawning
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -239,6 +243,7 @@ class Replicas:
                 )
                 result = reply.error_code
             else:
+                self.metrics.isr_changed(leader.isr, reply.isr)
                 result = LeaderAndIsr(
                     leader_id=reply.leader,
                     leader_epoch=reply.leader_epoch,
@@ -280,7 +285,11 @@ class Replicas:
             self._flush_wakeup = trio.Event()
             keys, self._dirty_leaders = self._dirty_leaders, set()
             batch = [self.partitions[k] for k in sorted(keys) if k in self.partitions]
-            if not await flush_partitions(self.flusher, batch):
+            started_s = trio.current_time()
+            flushed = await flush_partitions(self.flusher, batch)
+            if batch:
+                self.metrics.log_flush.observe(trio.current_time() - started_s)
+            if not flushed:
                 # Nothing is acknowledged past what did reach the disk; try again shortly.
                 self._dirty_leaders.update(h.key for h in batch)
                 self._flush_wakeup.set()

@@ -148,6 +148,8 @@ class ReadPaths:
             return answer(read)  # the log start moved under the read (retention)
         if isinstance(read, ErrorCode):
             return FetchResult(read)
+        if read.size_bytes:
+            self.replicas.metrics.fetched(topic, read.size_bytes, read.next_offset - fetch_offset)
         if not committed:
             return answer(records=list(read.regions))
         aborted: tuple[tuple[int, int], ...] = ()

@@ -53,6 +53,7 @@ from raftlog.metadata.raft.types import (
     SnapshotRejected,
 )
 from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot
+from raftlog.metrics.instruments import RaftMetrics
 from raftlog.net.rpc import PeerSet
 from raftlog.storage.flusher import Flusher
 
@@ -108,6 +109,7 @@ class QuorumDriver:
         on_role_change: Callable[[RoleChange], None],
         rng: random.Random | None = None,
         snapshot_decoder: Callable[[bytes], MetadataImage] = decode_snapshot,
+        metrics: RaftMetrics | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -117,6 +119,7 @@ class QuorumDriver:
         self._on_commit = on_commit
         self._on_snapshot = on_snapshot
         self._on_role_change = on_role_change
+        self.metrics = metrics if metrics is not None else RaftMetrics.detached()
         self._observers: dict[int, tuple[str, int]] = {}
         self._internal_address = config.advertised_internal_address
         raft_config = RaftConfig(
@@ -251,7 +254,9 @@ class QuorumDriver:
 
     def propose(self, payload: bytes) -> tuple[int, int]:
         """Append one entry as leader; returns (offset, epoch). Raises NotLeader."""
-        (offset,) = self.core.propose(now_ms=self.now_ms(), payloads=[payload])
+        now_ms = self.now_ms()
+        (offset,) = self.core.propose(now_ms=now_ms, payloads=[payload])
+        self.metrics.proposed(offset, now_ms)
         self._wake.set()
         return offset, self.core.epoch
 
@@ -314,7 +319,9 @@ class QuorumDriver:
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted = trio.Event()
+            started_s = trio.current_time()
             await self.flusher.flush(self.store.log, self.store.log.log_end_offset)
+            self.metrics.log_flush.observe(trio.current_time() - started_s)
             # Report what storage says is durable: a truncation during the fsync lowers it.
             self.core.flushed(offset=self.store.log.flushed_offset)
             self._wake.set()
@@ -356,6 +363,7 @@ class QuorumDriver:
 
     def apply(self, committed: list[Entry], high_watermark: int) -> None:
         if committed:
+            self.metrics.committed(committed, self.now_ms())
             self._on_commit(committed, high_watermark)
             for entry in committed:
                 waiter = self._commit_waiters.pop(entry.offset, None)
@@ -377,6 +385,7 @@ class QuorumDriver:
             change.epoch,
             change.leader_id,
         )
+        self.metrics.role_changed(change.leader_id)
         self._on_role_change(change)
 
     def snapshot_refused(self, refused: SnapshotRejected) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError, RemoteError
+from raftlog.metrics.instruments import RequestMetrics, response_error_codes
 from raftlog.net import tls
 from raftlog.net.framing import FrameError, FrameReader
 from raftlog.net.kafka import codec
@@ -120,6 +122,7 @@ class ServerState:
     endpoints: EndpointLookup | None = None
     credential_lookup: CredentialLookup | None = None
     connections_open: int = 0
+    metrics: RequestMetrics | None = None  # None: requests are not measured
 
 
 class Connection:
@@ -308,6 +311,9 @@ class Connection:
     # ------------------------------------------------------------------ handling
     async def _handle(self, spec: ApiSpec, ctx: RequestContext, body: Any, slot: _Slot) -> None:
         response_cls = codec.response_class(ctx.api_key, ctx.api_version)
+        started_s = time.perf_counter()
+        result: Any = None
+        failed: ErrorCode | None = None
         try:
             with self._state.quotas.request_timer() as handler_time_ms:
                 result = await spec.handler(ctx, body)
@@ -320,6 +326,7 @@ class Connection:
                     codec.build(response_cls, result), ctx.correlation_id
                 )
         except KafkaError as exc:
+            failed = exc.code
             log.info("%s from %s failed: %s", response_cls.__name__, self.peer, exc)
             slot.segments = self._error_response(response_cls, ctx, exc.code)
         except Exception:
@@ -330,10 +337,17 @@ class Connection:
                 ctx.client_id,
                 self.peer,
             )
-            slot.segments = self._error_response(response_cls, ctx, ErrorCode.unknown_server_error)
+            failed = ErrorCode.unknown_server_error
+            slot.segments = self._error_response(response_cls, ctx, failed)
         finally:
             slot.done.set()
         self.mute(ctx.throttle_ms)
+        metrics = self._state.metrics
+        if metrics is not None:
+            errors = [failed] if failed is not None else response_error_codes(result)
+            metrics.observe(ctx.api_key, time.perf_counter() - started_s, errors)
+            if ctx.throttle_ms > 0:
+                metrics.throttled(ctx.api_key, self.user, ctx.client_id, ctx.throttle_ms)
 
     def _error_response(
         self, response_cls: type[Any], ctx: RequestContext, code: ErrorCode
@@ -421,6 +435,7 @@ async def serve(
     guard: ListenerGuard | None = None,
     security: ListenerSecurity = PLAINTEXT,
     endpoints: EndpointLookup | None = None,
+    metrics: RequestMetrics | None = None,
     task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the Kafka protocol on host:port until cancelled.
@@ -430,6 +445,7 @@ async def serve(
     `guard` defaults to one built from `config`; pass one to watch its counters.
     `security` names the listener and says how it authenticates; `endpoints` gives each
     broker's endpoint per listener name (None: one listener, the registered endpoint).
+    `metrics` counts and times each request per API (None: not measured).
     """
     registry = registry or default_registry()
     credential_lookup = None
@@ -457,6 +473,7 @@ async def serve(
         security=security,
         endpoints=endpoints,
         credential_lookup=credential_lookup,
+        metrics=metrics,
     )
     listeners = await trio.open_tcp_listeners(port, host=host)
 
