@@ -35,7 +35,6 @@ from jepsen.history import ASSIGN, CRASH, FINAL_POLL, POLL, Recorder
 from jepsen.secure import TXN_ID_PREFIX
 from jepsen.txn_history import INIT, TXN
 from jepsen.workload import (
-    FETCH_WAIT_MAX_MS,
     FINAL_RETRY_BACKOFF_S,
     LOG_START_OFFSET,
     METADATA_REFRESH_MS,
@@ -44,6 +43,7 @@ from jepsen.workload import (
     WATERMARK_TIMEOUT_S,
     ValueSource,
     close_client,
+    consumer_config,
     rdkafka_log,
 )
 
@@ -108,21 +108,8 @@ class TxnOutcome:
 def _consumer_config(
     bootstrap: str, group_id: str, client_config: Mapping[str, Any], committed: bool = True
 ) -> dict[str, Any]:
-    return {
-        **client_config,
-        "bootstrap.servers": bootstrap,
-        "client.id": group_id,
-        "group.id": group_id,
-        "isolation.level": "read_committed" if committed else "read_uncommitted",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "enable.partition.eof": False,
-        "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
-        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
-        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
-        "logger": rdkafka_log,
-    }
+    level = "read_committed" if committed else "read_uncommitted"
+    return consumer_config(bootstrap, group_id, group_id, client_config, level)
 
 
 def _reads(messages: Sequence[Any]) -> dict[str, list[list[int]]]:

@@ -136,6 +136,32 @@ class KeyedProducer:
         self._producer.flush(0)
 
 
+def consumer_config(
+    bootstrap_servers: str,
+    client_id: str,
+    group_id: str,
+    client_config: Mapping[str, Any],
+    isolation_level: str = "read_uncommitted",
+) -> dict[str, Any]:
+    """The settings every workload consumer shares: no automatic commits or offset stores,
+    reads from the log start when nothing is committed, the harness's timeouts and logger."""
+    return {
+        **client_config,
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": client_id,
+        "group.id": group_id,
+        "isolation.level": isolation_level,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
+        "socket.timeout.ms": SOCKET_TIMEOUT_MS,
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+        "logger": rdkafka_log,
+    }
+
+
 class KeyedConsumer:
     """A consumer with manually assigned partitions (no group membership), positions tracked
     so a re-assignment can keep them."""
@@ -152,22 +178,10 @@ class KeyedConsumer:
         self.topic = topic
         self.positions: dict[int, int] = {}  # next offset to read, per key, as far as we know
         self.assigned: list[int] = []
+        # group.id is required by librdkafka even without subscribe(); never joined or
+        # committed here.
         self._consumer = Consumer(
-            {
-                **(client_config or {}),
-                "bootstrap.servers": bootstrap_servers,
-                "client.id": client_id,
-                # Required by librdkafka even without subscribe(); never joined or committed.
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": FETCH_WAIT_MAX_MS,
-                "socket.timeout.ms": SOCKET_TIMEOUT_MS,
-                "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
-                "logger": rdkafka_log,
-            }
+            consumer_config(bootstrap_servers, client_id, group_id, client_config or {})
         )
 
     def assign(self, keys: Sequence[int], seek_to_beginning: bool) -> None:
