@@ -7,7 +7,7 @@ counted on a hot path; each call walks the hosted replicas or the metadata image
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -150,3 +150,36 @@ def node_health(
         quorum=quorum_view,
         produce_purgatory_size=0 if replicas is None else len(replicas.purgatory),
     )
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """One committed offset of a group this node coordinates, against the partition's HW."""
+
+    group: str
+    topic: str
+    partition: int
+    committed_offset: int
+    high_watermark: int
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.high_watermark - self.committed_offset)
+
+
+def group_lag(
+    committed: Mapping[tuple[str, str, int], int],
+    high_watermark_of: Callable[[str, int], int | None],
+    *,
+    max_rows: int,
+) -> list[GroupLag]:
+    """Lag of every (group, topic, partition) committed here whose HW this node knows (it
+    hosts a replica: a follower's HW trails the leader's by at most one fetch, so its lag
+    may read a little low), largest first, at most `max_rows` of them."""
+    rows = []
+    for (group, topic, partition), offset in committed.items():
+        high_watermark = high_watermark_of(topic, partition)
+        if high_watermark is not None and offset >= 0:
+            rows.append(GroupLag(group, topic, partition, offset, high_watermark))
+    rows.sort(key=lambda row: (-row.lag, row.group, row.topic, row.partition))
+    return rows[:max_rows]

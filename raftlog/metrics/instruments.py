@@ -132,7 +132,8 @@ class _ApiChildren:
 
 
 class RequestMetrics:
-    """kafka.network:type=RequestMetrics per API, and quota throttle time per entity."""
+    """kafka.network:type=RequestMetrics per API (quota throttle time is read from the quota
+    manager's sensors at scrape time: collectors.py)."""
 
     def __init__(self, registry: CollectorRegistry, api_name: Callable[[int], str]) -> None:
         self._api_name = api_name
@@ -157,16 +158,8 @@ class RequestMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
-        self._throttle = Counter(
-            "raftlog_server_quota_throttle_time_seconds",
-            "Throttle time clients were told to wait, per quota type and entity (Kafka "
-            "throttle-time of the Produce, Fetch and Request quota sensors).",
-            ["quota_type", "user", "client_id"],
-            registry=registry,
-        )
         self._apis: dict[int, _ApiChildren] = {}
         self._error_children = BoundedChildren(self._errors)
-        self._throttle_children = BoundedChildren(self._throttle)
 
     def _bind(self, api_key: int) -> _ApiChildren:
         label = api_label(self._api_name(api_key))
@@ -182,11 +175,6 @@ class RequestMetrics:
         bound.total_time.observe(seconds)
         for code in errors:
             self._error_children.get(bound.label, error_label(code)).inc()
-
-    def throttled(self, api_key: int, user: str, client_id: str, throttle_ms: int) -> None:
-        """A response told its client to wait `throttle_ms` (only called when > 0)."""
-        quota_type = "Produce" if api_key == 0 else "Fetch" if api_key == 1 else "Request"
-        self._throttle_children.get(quota_type, user, client_id).inc(throttle_ms / 1000)
 
 
 class _TopicChildren:

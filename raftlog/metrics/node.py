@@ -13,15 +13,19 @@ from typing import Any, Protocol
 import trio
 from prometheus_client import disable_created_metrics
 
+from raftlog.clock import clock_ms
 from raftlog.config import NodeConfig
+from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.service import MetadataService
-from raftlog.metrics.collectors import HealthCollector
+from raftlog.metrics.collectors import GroupLagCollector, HealthCollector, QuotaCollector
 from raftlog.metrics.endpoint import serve_metrics
-from raftlog.metrics.health import NodeHealth, node_health
-from raftlog.metrics.instruments import NodeMetrics
+from raftlog.metrics.health import GroupLag, NodeHealth, group_lag, node_health
+from raftlog.metrics.instruments import MAX_LABEL_SETS, NodeMetrics
 from raftlog.net.kafka.codec import api_name
+from raftlog.quotas.broker_hook import BrokerQuotas
+from raftlog.quotas.manager import QuotaUsage
 from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.metrics")
@@ -35,6 +39,8 @@ class MeteredNode(Protocol):
     quorum: QuorumDriver | None
     metadata: MetadataService | None
     replicas: ReplicaManager | None
+    quotas: BrokerQuotas | None
+    groups: NodeGroupService | None
 
 
 def node_metrics() -> NodeMetrics:
@@ -57,12 +63,37 @@ def health_of(node: MeteredNode) -> NodeHealth:
     )
 
 
+def quota_usage_of(node: MeteredNode) -> list[QuotaUsage]:
+    """The quota manager's sensors (what `raftlog quotas describe --usage` lists)."""
+    return [] if node.quotas is None else node.quotas.manager.usage(clock_ms())
+
+
+def group_lag_of(node: MeteredNode) -> list[GroupLag]:
+    """Lag of the groups this node coordinates, for the partitions it hosts."""
+    if node.groups is None or node.replicas is None:
+        return []
+    partitions = node.replicas.replicas.partitions
+    committed = node.groups.shell.coordinator.committed_offsets()
+
+    def high_watermark_of(topic: str, partition: int) -> int | None:
+        hosted = partitions.get((topic, partition))
+        return None if hosted is None else hosted.replica.high_watermark
+
+    return group_lag(
+        {key: c.offset for key, c in committed.items()},
+        high_watermark_of,
+        max_rows=MAX_LABEL_SETS,
+    )
+
+
 def attach(node: MeteredNode) -> None:
     """Register the collectors (they read the node's components at scrape time, so a
     broker started later is seen) and forget the series of deleted topics."""
     metrics = node.metrics
     assert node.metadata is not None
     metrics.registry.register(HealthCollector(lambda: health_of(node)))
+    metrics.registry.register(QuotaCollector(lambda: quota_usage_of(node)))
+    metrics.registry.register(GroupLagCollector(lambda: group_lag_of(node)))
 
     def on_metadata(image: MetadataImage, delta: MetadataDelta) -> None:
         for topic in delta.deleted_topics.values():

@@ -1,8 +1,10 @@
 """Issue 16 (metrics) with real processes: every node serves /metrics (metrics_listener), and
-the figures move when the cluster does: one active controller; produce raises bytes and
-records in and times Produce; a consumer raises bytes out; killing a follower makes the
-leader's partitions under-replicated (and under min ISR, and an ISR shrink), its own
-single-replica partition offline; its return expands the ISR and clears them again."""
+the figures move when the cluster does: one active controller, Raft epoch, leader and commit
+latency; produce raises bytes and records in and times Produce; a consumer raises bytes and
+records out, and its group's lag follows its commits; a client over its quota is throttled;
+killing a follower makes the leader's partitions under-replicated (and under min ISR, through
+an ISR shrink; acks=all is then refused and counted as an error), its own single-replica
+partition offline; its return expands the ISR and clears them again."""
 
 from __future__ import annotations
 
@@ -14,17 +16,26 @@ import urllib.error
 import urllib.request
 
 import pytest
+import trio
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftlog.client.admin import Admin
+from raftlog.client.cluster import open_cluster
 from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode
+from raftlog.quotas import QuotaEntity
 from raftlog.testing.cluster import NodeProcess, ProcessCluster, free_ports
 
 pytestmark = pytest.mark.cluster
 
 TOPIC = "metered"
 SOLO = "solo"
+GROUP = "metrics-reader"
+THROTTLED_CLIENT = "throttled-producer"
+# Far below what one round of the producer below sends: it is throttled at once.
+THROTTLED_BYTES_S = 1024
 RECORDS = 200
 SCRAPE_TIMEOUT_S = 5.0
 # ISR shrink waits replica_lag_time_max_ms (3 s in FAST_TIMINGS); fencing the session (2 s).
@@ -88,10 +99,27 @@ def active_controller(cluster: ProcessCluster) -> int | None:
     active = [
         node.node_id
         for node in cluster.nodes.values()
-        if node.running
-        and value(scrape(node), "raftlog_controller_kafka_controller_active_controller_count")
+        if node.running and value(scrape(node), ACTIVE_CONTROLLER)
     ]
     return active[0] if len(active) == 1 else None
+
+
+# The names scraped below (docs/operations.md, "Metrics", maps them to Kafka's).
+ACTIVE_CONTROLLER = "raftlog_controller_kafka_controller_active_controller_count"
+OFFLINE = "raftlog_controller_kafka_controller_offline_partitions_count"
+UNDER_REPLICATED = "raftlog_server_replica_manager_under_replicated_partitions"
+UNDER_MIN_ISR = "raftlog_server_replica_manager_under_min_isr_partition_count"
+ISR_SHRINKS = "raftlog_server_replica_manager_isr_shrinks_total"
+ISR_EXPANDS = "raftlog_server_replica_manager_isr_expands_total"
+RAFT = "raftlog_server_raft_metrics_"
+TOPIC_METRICS = "raftlog_server_broker_topic_metrics_"
+REQUESTS = "raftlog_network_request_metrics_"
+FLUSH_COUNT = "raftlog_log_log_flush_stats_log_flush_time_seconds_count"
+PURGATORY = "raftlog_server_delayed_operation_purgatory_purgatory_size"
+LAG = "raftlog_consumer_group_lag"
+COMMITTED = "raftlog_consumer_group_committed_offset"
+THROTTLE = "raftlog_server_quota_throttle_time_seconds_total"
+QUOTA_LIMIT = "raftlog_server_quota_limit"
 
 
 def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
@@ -99,10 +127,10 @@ def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
     # One active controller, and every node agrees on the quorum's epoch and leader.
     controller = cluster.wait_for(lambda: active_controller(cluster), "one active controller")
     views = [scrape(node) for node in nodes.values()]
-    assert {value(s, "raftlog_server_raft_metrics_current_leader") for s in views} == {controller}
-    epochs = {value(s, "raftlog_server_raft_metrics_current_epoch") for s in views}
+    assert {value(s, RAFT + "current_leader") for s in views} == {controller}
+    epochs = {value(s, RAFT + "current_epoch") for s in views}
     assert len(epochs) == 1 and epochs.pop() >= 1
-    assert all(value(s, "raftlog_server_raft_metrics_leader_changes_total") >= 1 for s in views)
+    assert all(value(s, RAFT + "leader_changes_total") >= 1 for s in views)
 
     # The leader of TOPIC is a node other than the victim, which holds SOLO alone.
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
@@ -113,10 +141,7 @@ def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
     admin.create_topics([NewTopic(SOLO, 1, replica_assignment=[[victim]])])[SOLO].result(30)
     cluster.wait_for(lambda: partition_leader(cluster, SOLO) == victim, f"{SOLO} on {victim}")
     # Creating topics went through the metadata quorum: commits were timed.
-    assert (
-        value(scrape(nodes[controller]), "raftlog_server_raft_metrics_commit_latency_seconds_count")
-        >= 1
-    )
+    assert value(scrape(nodes[controller]), RAFT + "commit_latency_seconds_count") >= 1
 
     # Produce: bytes and records in on the leader, Produce timed, flushes timed.
     before = scrape(nodes[leader])
@@ -125,26 +150,64 @@ def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
         producer.produce(TOPIC, value=f"record-{i:04d}".encode(), partition=0)
     assert producer.flush(30) == 0
     after = scrape(nodes[leader])
-    topic_in = "raftlog_server_broker_topic_metrics_bytes_in_total"
-    assert value(after, topic_in, topic=TOPIC) > value(before, topic_in, topic=TOPIC)
-    assert value(after, "raftlog_server_broker_topic_metrics_messages_in_total", topic=TOPIC) >= (
-        RECORDS
-    )
-    produce_count = "raftlog_network_request_metrics_total_time_seconds_count"
+    bytes_in = TOPIC_METRICS + "bytes_in_total"
+    assert value(after, bytes_in, topic=TOPIC) > value(before, bytes_in, topic=TOPIC)
+    assert value(after, TOPIC_METRICS + "messages_in_total", topic=TOPIC) >= RECORDS
+    produce_count = REQUESTS + "total_time_seconds_count"
     assert value(after, produce_count, request="Produce") > value(
         before, produce_count, request="Produce"
     )
-    assert value(after, "raftlog_network_request_metrics_requests_total", request="Produce") > 0
-    assert value(after, "raftlog_log_log_flush_stats_log_flush_time_seconds_count") > 0
-    assert (
-        "raftlog_server_delayed_operation_purgatory_purgatory_size",
-        (("delayed_operation", "Produce"),),
-    ) in after
+    assert value(after, REQUESTS + "requests_total", request="Produce") > 0
+    assert value(after, FLUSH_COUNT) > 0
+    assert (PURGATORY, (("delayed_operation", "Produce"),)) in after
 
-    # Consume: bytes and records out on the leader.
-    consumer = Consumer(
-        {"bootstrap.servers": cluster.bootstrap_servers, "group.id": "metrics-reader"}
+    consume_and_check_lag(cluster, leader)
+    check_quota_throttle_time(cluster)
+
+    healthy = scrape(nodes[leader])
+    assert value(healthy, UNDER_REPLICATED) == 0
+    assert value(healthy, UNDER_MIN_ISR) == 0
+    assert value(healthy, "raftlog_server_replica_manager_leader_count") >= 1
+    assert total(cluster, OFFLINE) == 0
+    shrinks_before = value(healthy, ISR_SHRINKS)
+
+    # Kill a follower: the leader's partitions become under-replicated (TOPIC below its
+    # min ISR of 3) through an ISR shrink, and SOLO goes offline once the victim is fenced.
+    cluster.kill(victim, signal.SIGKILL)
+    cluster.wait_for(
+        lambda: value(scrape(nodes[leader]), UNDER_REPLICATED) >= 1,
+        "under-replicated partitions on the leader",
+        CHANGE_TIMEOUT_S,
     )
+    degraded = scrape(nodes[leader])
+    assert value(degraded, UNDER_MIN_ISR) >= 1
+    assert value(degraded, ISR_SHRINKS) > shrinks_before
+    check_produce_errors(cluster, leader)
+    cluster.wait_for(lambda: total(cluster, OFFLINE) >= 1, "an offline partition", CHANGE_TIMEOUT_S)
+    expands_before = value(scrape(nodes[leader]), ISR_EXPANDS)
+
+    # Its return: the ISR expands and nothing is under-replicated or offline any more.
+    cluster.start(victim)
+    cluster.wait_for(
+        lambda: value(scrape(nodes[leader]), UNDER_REPLICATED) == 0,
+        "no under-replicated partitions",
+        CHANGE_TIMEOUT_S,
+    )
+    assert value(scrape(nodes[leader]), ISR_EXPANDS) > expands_before
+    cluster.wait_for(lambda: total(cluster, OFFLINE) == 0, "no offline partition", CHANGE_TIMEOUT_S)
+    assert total(cluster, ACTIVE_CONTROLLER) == 1
+
+
+def consume_and_check_lag(cluster: ProcessCluster, leader: int) -> None:
+    """A consumer raises bytes and records out; its group's lag follows its commits."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": GROUP,
+            "enable.auto.commit": False,
+        }
+    )
+    where = {"group": GROUP, "topic": TOPIC, "partition": "0"}
     try:
         consumer.assign([TopicPartition(TOPIC, 0, 0)])
         read = 0
@@ -154,64 +217,76 @@ def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
             if message is not None and not message.error():
                 read += 1
         assert read == RECORDS
+        out = scrape(cluster.nodes[leader])
+        assert value(out, TOPIC_METRICS + "bytes_out_total", topic=TOPIC) > 0
+        assert value(out, TOPIC_METRICS + "messages_out_total", topic=TOPIC) >= RECORDS
+
+        half = RECORDS // 2
+        consumer.commit(offsets=[TopicPartition(TOPIC, 0, half)], asynchronous=False)
+        cluster.wait_for(
+            lambda: total(cluster, LAG, **where) == RECORDS - half,
+            "the group's lag after a commit halfway",
+            CHANGE_TIMEOUT_S,
+        )
+        consumer.commit(offsets=[TopicPartition(TOPIC, 0, RECORDS)], asynchronous=False)
+        cluster.wait_for(
+            lambda: (
+                total(cluster, COMMITTED, **where) == RECORDS and total(cluster, LAG, **where) == 0
+            ),
+            "no lag after committing the end",
+            CHANGE_TIMEOUT_S,
+        )
     finally:
         consumer.close()
-    out = scrape(nodes[leader])
-    assert value(out, "raftlog_server_broker_topic_metrics_bytes_out_total", topic=TOPIC) > 0
-    assert value(out, "raftlog_server_broker_topic_metrics_messages_out_total", topic=TOPIC) >= (
-        RECORDS
-    )
-    healthy = scrape(nodes[leader])
-    assert value(healthy, "raftlog_server_replica_manager_under_replicated_partitions") == 0
-    assert value(healthy, "raftlog_server_replica_manager_under_min_isr_partition_count") == 0
-    assert value(healthy, "raftlog_server_replica_manager_leader_count") >= 1
-    assert total(cluster, "raftlog_controller_kafka_controller_offline_partitions_count") == 0
-    shrinks = "raftlog_server_replica_manager_isr_shrinks_total"
-    expands = "raftlog_server_replica_manager_isr_expands_total"
-    shrinks_before = value(healthy, shrinks)
 
-    # Kill a follower: the leader's partitions become under-replicated (TOPIC below its
-    # min ISR of 3) through an ISR shrink, and SOLO goes offline once the victim is fenced.
-    cluster.kill(victim, signal.SIGKILL)
-    cluster.wait_for(
-        lambda: (
-            value(
-                scrape(nodes[leader]), "raftlog_server_replica_manager_under_replicated_partitions"
-            )
-            >= 1
-        ),
-        "under-replicated partitions on the leader",
-        CHANGE_TIMEOUT_S,
-    )
-    degraded = scrape(nodes[leader])
-    assert value(degraded, "raftlog_server_replica_manager_under_min_isr_partition_count") >= 1
-    assert value(degraded, shrinks) > shrinks_before
-    cluster.wait_for(
-        lambda: total(cluster, "raftlog_controller_kafka_controller_offline_partitions_count") >= 1,
-        "an offline partition",
-        CHANGE_TIMEOUT_S,
-    )
-    expands_before = value(scrape(nodes[leader]), expands)
 
-    # Its return: the ISR expands and nothing is under-replicated or offline any more.
-    cluster.start(victim)
-    cluster.wait_for(
-        lambda: (
-            value(
-                scrape(nodes[leader]), "raftlog_server_replica_manager_under_replicated_partitions"
+def check_quota_throttle_time(cluster: ProcessCluster) -> None:
+    """A client over its producer_byte_rate quota: its throttle time rises."""
+
+    async def set_quota() -> None:
+        quota = {"producer_byte_rate": THROTTLED_BYTES_S}
+        async with open_cluster(cluster.bootstrap_servers, client_id="quota-admin") as client:
+            results = await Admin(client).alter_client_quotas(
+                [(QuotaEntity.client(THROTTLED_CLIENT), quota)]
             )
-            == 0
-        ),
-        "no under-replicated partitions",
-        CHANGE_TIMEOUT_S,
+        assert all(r.error == ErrorCode.none for r in results.values()), results
+
+    trio.run(set_quota)
+    labels = {"quota_type": "Produce", "user": "", "client_id": THROTTLED_CLIENT}
+    producer = Producer(
+        {"bootstrap.servers": cluster.bootstrap_servers, "client.id": THROTTLED_CLIENT}
     )
-    assert value(scrape(nodes[leader]), expands) > expands_before
-    cluster.wait_for(
-        lambda: total(cluster, "raftlog_controller_kafka_controller_offline_partitions_count") == 0,
-        "no offline partition",
-        CHANGE_TIMEOUT_S,
+
+    def throttled() -> bool:
+        # Each check sends more than the quota allows in a second, until the leader (which
+        # may learn of the quota a little later) throttles it.
+        for _ in range(4):
+            producer.produce(TOPIC, value=b"x" * 1024, partition=0)
+        producer.flush(10)
+        return total(cluster, THROTTLE, **labels) > 0
+
+    cluster.wait_for(throttled, "throttle time of the throttled client", CHANGE_TIMEOUT_S)
+    assert total(cluster, QUOTA_LIMIT, **labels) >= THROTTLED_BYTES_S
+
+
+def check_produce_errors(cluster: ProcessCluster, leader: int) -> None:
+    """acks=all below min.insync.replicas: the leader counts NOT_ENOUGH_REPLICAS errors."""
+    labels = {"request": "Produce", "error": "NOT_ENOUGH_REPLICAS"}
+    before = value(scrape(cluster.nodes[leader]), REQUESTS + "errors_total", **labels)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.live_bootstrap_servers(),
+            "acks": "all",
+            "message.timeout.ms": 10_000,
+        }
     )
-    assert total(cluster, "raftlog_controller_kafka_controller_active_controller_count") == 1
+    outcomes: list[object] = []
+    producer.produce(
+        TOPIC, value=b"refused", partition=0, on_delivery=lambda error, _: outcomes.append(error)
+    )
+    producer.flush(30)
+    assert outcomes and outcomes[0] is not None, outcomes
+    assert value(scrape(cluster.nodes[leader]), REQUESTS + "errors_total", **labels) > before
 
 
 def test_the_endpoint_answers_only_get_metrics_and_survives_garbage(cluster):

@@ -74,7 +74,7 @@ def test_response_error_codes_walk_nested_partitions_only() -> None:
     assert response_error_codes(deep) == []
 
 
-def test_request_metrics_count_time_errors_and_throttles() -> None:
+def test_request_metrics_count_time_and_errors() -> None:
     metrics = NodeMetrics(lambda key: {0: "produce", 3: "metadata"}[key])
     registry = metrics.registry
     metrics.requests.observe(0, 0.002, [])
@@ -97,11 +97,6 @@ def test_request_metrics_count_time_errors_and_throttles() -> None:
     assert sample(
         registry, "raftlog_network_request_metrics_total_time_seconds_sum", request="Produce"
     ) == pytest.approx(0.006)
-    metrics.requests.throttled(0, "alice", "app-1", 250)
-    metrics.requests.throttled(3, "alice", "app-1", 1000)
-    throttle = "raftlog_server_quota_throttle_time_seconds_total"
-    assert sample(registry, throttle, quota_type="Produce", user="alice", client_id="app-1") == 0.25
-    assert sample(registry, throttle, quota_type="Request", user="alice", client_id="app-1") == 1
 
 
 def test_replication_metrics_per_topic_and_isr_changes() -> None:

@@ -346,8 +346,6 @@ class Connection:
         if metrics is not None:
             errors = [failed] if failed is not None else response_error_codes(result)
             metrics.observe(ctx.api_key, time.perf_counter() - started_s, errors)
-            if ctx.throttle_ms > 0:
-                metrics.throttled(ctx.api_key, self.user, ctx.client_id, ctx.throttle_ms)
 
     def _error_response(
         self, response_cls: type[Any], ctx: RequestContext, code: ErrorCode
