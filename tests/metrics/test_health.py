@@ -10,15 +10,20 @@ from prometheus_client import CollectorRegistry
 
 from raftlog.constants import NO_LEADER
 from raftlog.metadata.image import BrokerRegistration, MetadataImage, PartitionState, TopicImage
-from raftlog.metrics.collectors import HealthCollector
+from raftlog.metrics.collectors import GroupLagCollector, HealthCollector, QuotaCollector
 from raftlog.metrics.health import (
     ControllerHealth,
+    GroupLag,
     NodeHealth,
     QuorumHealth,
     ReplicaHealth,
     controller_health,
+    group_lag,
     replica_health,
 )
+from raftlog.quotas import QuotaEntity
+from raftlog.quotas.entity import PRODUCER_BYTE_RATE
+from raftlog.quotas.manager import QuotaUsage
 
 
 def hosted(topic: str, replicas: tuple[int, ...], isr: set[int] | None) -> Any:
@@ -120,3 +125,46 @@ def test_collector_exports_one_node_health_under_kafkas_names() -> None:
         == 6
     )
     assert health.as_dict()["replicas"]["under_replicated_partitions"] == 2
+
+
+def test_group_lag_uses_the_hosted_high_watermarks_largest_first() -> None:
+    committed = {
+        ("g1", "t", 0): 40,
+        ("g1", "t", 1): 100,
+        ("g2", "t", 0): 90,
+        ("g2", "elsewhere", 0): 5,  # no replica here: HW unknown, not reported
+        ("g3", "t", 0): -1,  # no offset committed
+    }
+    high_watermarks = {("t", 0): 100, ("t", 1): 90}
+    rows = group_lag(committed, lambda t, p: high_watermarks.get((t, p)), max_rows=10)
+    assert [(r.group, r.topic, r.partition, r.lag) for r in rows] == [
+        ("g1", "t", 0, 60),
+        ("g2", "t", 0, 10),
+        ("g1", "t", 1, 0),  # committed past a follower's HW: never negative
+    ]
+    assert len(group_lag(committed, lambda t, p: high_watermarks.get((t, p)), max_rows=1)) == 1
+
+
+def test_quota_and_lag_collectors_export_their_rows() -> None:
+    usage = [
+        QuotaUsage(
+            quota_key=PRODUCER_BYTE_RATE,
+            user="",
+            client_id="slow",
+            entity=QuotaEntity.client("slow"),
+            quota=1024.0,
+            rate=2048.0,
+            throttle_time_total_ms=1500,
+        )
+    ]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QuotaCollector(lambda: usage))
+    registry.register(GroupLagCollector(lambda: [GroupLag("g", "t", 3, 7, 10)]))
+    who = {"quota_type": "Produce", "user": "", "client_id": "slow"}
+    value = registry.get_sample_value
+    assert value("raftlog_server_quota_throttle_time_seconds_total", who) == 1.5
+    assert value("raftlog_server_quota_rate", who) == 2048
+    assert value("raftlog_server_quota_limit", who) == 1024
+    where = {"group": "g", "topic": "t", "partition": "3"}
+    assert value("raftlog_consumer_group_lag", where) == 3
+    assert value("raftlog_consumer_group_committed_offset", where) == 7
