@@ -182,6 +182,7 @@ class BrokerLifecycle:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.reachability.run)
             await nursery.start(self._heartbeats)
+            task_status.started()
 
     async def _heartbeats(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
