@@ -2,6 +2,7 @@
 the figures move when the cluster does: one active controller, Raft epoch, leader and commit
 latency; produce raises bytes and records in and times Produce; a consumer raises bytes and
 records out, and its group's lag follows its commits; a client over its quota is throttled;
+an acks=all produce waits in the purgatory while a follower is paused;
 killing a follower makes the leader's partitions under-replicated (and under min ISR, through
 an ISR shrink; acks=all is then refused and counted as an error), its own single-replica
 partition offline; its return expands the ISR and clears them again."""
@@ -163,6 +164,7 @@ def test_every_node_serves_metrics_that_follow_the_cluster(cluster):
 
     consume_and_check_lag(cluster, leader)
     check_quota_throttle_time(cluster)
+    check_purgatory(cluster, leader, victim)
 
     healthy = scrape(nodes[leader])
     assert value(healthy, UNDER_REPLICATED) == 0
@@ -267,6 +269,32 @@ def check_quota_throttle_time(cluster: ProcessCluster) -> None:
 
     cluster.wait_for(throttled, "throttle time of the throttled client", CHANGE_TIMEOUT_S)
     assert total(cluster, QUOTA_LIMIT, **labels) >= THROTTLED_BYTES_S
+
+
+def check_purgatory(cluster: ProcessCluster, leader: int, follower: int) -> None:
+    """An acks=all produce waits in the leader's purgatory while a follower is paused."""
+    purgatory = {"delayed_operation": "Produce"}
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+    cluster.pause(follower)
+    try:
+        producer.produce(TOPIC, value=b"parked", partition=0)
+        producer.poll(0)
+        cluster.wait_for(
+            lambda: value(scrape(cluster.nodes[leader]), PURGATORY, **purgatory) >= 1,
+            "a produce parked in the purgatory",
+            CHANGE_TIMEOUT_S,
+        )
+    finally:
+        cluster.resume(follower)
+    producer.flush(30)
+    cluster.wait_for(
+        lambda: (
+            value(scrape(cluster.nodes[leader]), PURGATORY, **purgatory) == 0
+            and value(scrape(cluster.nodes[leader]), UNDER_REPLICATED) == 0
+        ),
+        "an empty purgatory and a full ISR again",
+        CHANGE_TIMEOUT_S,
+    )
 
 
 def check_produce_errors(cluster: ProcessCluster, leader: int) -> None:
