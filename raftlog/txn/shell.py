@@ -33,7 +33,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -70,11 +70,21 @@ APPEND_MAX_BYTES = 512 * 1024
 # After a failed AllocateProducerIds, wait this long before asking again (InitProducerId is
 # answered COORDINATOR_LOAD_IN_PROGRESS meanwhile, which clients retry).
 PRODUCER_ID_RETRY_BACKOFF_MS = 1_000
+# AddPartitionsToTxn / AddOffsetsToTxn answered CONCURRENT_TRANSACTIONS (the producer's last
+# transaction is still writing its markers) wait up to this long for it to complete before
+# the answer goes out: a client would otherwise back off (librdkafka: 20 ms) and ask again,
+# which is most of a short transaction's time when its producer starts the next at once.
+CONCURRENT_TRANSACTIONS_WAIT_MS = 1_000
 
 AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
 ReadAllFn = Callable[[int], Awaitable[list[Record]]]
 WriteMarkersFn = Callable[[WriteMarkers], Awaitable[Mapping[TopicPartition, ErrorCode]]]
 AllocateBlockFn = Callable[[], Awaitable[range]]
+T = TypeVar("T")
+
+
+def _concurrent(codes: Iterable[ErrorCode]) -> bool:
+    return any(code == ErrorCode.concurrent_transactions for code in codes)
 
 
 class _Reply:
@@ -94,6 +104,13 @@ class _Slot:
         self.writing = False
         self.resigned = False
         self.loaded = trio.Event()  # set when the load finished, served or given up
+        # Set (and replaced) whenever an append or a marker write of this partition's
+        # transactions completes: what a request answered CONCURRENT_TRANSACTIONS waits for.
+        self.progressed = trio.Event()
+
+    def progress(self) -> None:
+        self.progressed.set()
+        self.progressed = trio.Event()
 
 
 class TxnCoordinatorShell:
@@ -250,8 +267,15 @@ class TxnCoordinatorShell:
         async def ask(slot: _Slot, indexes: list[int]) -> None:
             batch = [transactions[i] for i in indexes]
             coordinator = slot.coordinator
-            answered: list[AddPartitionsTxnResult] = await self._call(
-                slot, lambda token, now: coordinator.add_partitions_to_txn(token, batch, now)
+
+            async def once() -> list[AddPartitionsTxnResult]:
+                answered: list[AddPartitionsTxnResult] = await self._call(
+                    slot, lambda token, now: coordinator.add_partitions_to_txn(token, batch, now)
+                )
+                return answered
+
+            answered = await self._after_concurrent(
+                slot, once, lambda rs: any(_concurrent(r.errors.values()) for r in rs)
             )
             for index, result in zip(indexes, answered, strict=True):
                 results[index] = result
@@ -274,10 +298,14 @@ class TxnCoordinatorShell:
                 ErrorCode.not_coordinator, TxnApi.ADD_OFFSETS_TO_TXN, req.api_version
             )
         coordinator = slot.coordinator
-        code: ErrorCode = await self._call(
-            slot, lambda token, now: coordinator.add_offsets_to_txn(token, req, now)
-        )
-        return code
+
+        async def once() -> ErrorCode:
+            code: ErrorCode = await self._call(
+                slot, lambda token, now: coordinator.add_offsets_to_txn(token, req, now)
+            )
+            return code
+
+        return await self._after_concurrent(slot, once, lambda code: _concurrent((code,)))
 
     async def end_txn(self, req: EndTxnRequest) -> EndTxnResult:
         slot = self._slot_for(req.transactional_id)
@@ -360,6 +388,23 @@ class TxnCoordinatorShell:
             raise RuntimeError("TxnCoordinatorShell.run() is not running")
         return self._nursery
 
+    async def _after_concurrent(
+        self, slot: _Slot, once: Callable[[], Awaitable[T]], concurrent: Callable[[T], bool]
+    ) -> T:
+        """once(), asked again each time the partition's transactions progress while its
+        answer says CONCURRENT_TRANSACTIONS, for up to CONCURRENT_TRANSACTIONS_WAIT_MS; then
+        whatever the last answer was (the client retries that as usual)."""
+        deadline = trio.current_time() + CONCURRENT_TRANSACTIONS_WAIT_MS / 1000
+        while True:
+            progressed = slot.progressed
+            answer = await once()
+            if not concurrent(answer) or slot.resigned:
+                return answer
+            with trio.move_on_at(deadline) as waited:
+                await progressed.wait()
+            if waited.cancelled_caught:
+                return answer
+
     async def _call(self, slot: _Slot, request: Callable[[Token, int], Effects]) -> Any:
         self._require_nursery()
         self._next_token += 1
@@ -428,6 +473,7 @@ class TxnCoordinatorShell:
                     self._apply(
                         slot, slot.coordinator.on_append_done(append.append_id, code, now_ms)
                     )
+                slot.progress()
         finally:
             slot.writing = False
 
@@ -443,6 +489,7 @@ class TxnCoordinatorShell:
         self._apply(
             slot, slot.coordinator.on_markers_done(markers.marker_id, results, self._clock_ms())
         )
+        slot.progress()
 
     async def _timer_loop(self) -> None:
         while True:
