@@ -188,7 +188,7 @@ def up(
     busy = [
         port
         for n in cluster.nodes
-        for port in (n.client_port, n.internal_port)
+        for port in (n.client_port, n.internal_port, n.metrics_port)
         if local.port_in_use(port)
     ]
     if busy:

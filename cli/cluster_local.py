@@ -39,6 +39,8 @@ CLUSTER_FILE = "cluster.json"
 DEFAULT_BASE_PORT = 9092
 # Internal (Raft and replication) ports sit this far above the client ports: 9092 -> 19092.
 INTERNAL_PORT_OFFSET = 10_000
+# Prometheus metrics (GET /metrics) this far above the client ports: 9092 -> 9644.
+METRICS_PORT_OFFSET = 552
 LOOPBACK = "127.0.0.1"
 MAX_LOCAL_NODES = 9
 # A node doing a controlled shutdown hands off leadership first; give it time.
@@ -69,6 +71,14 @@ class LocalNode:
     @property
     def client_address(self) -> str:
         return f"{LOOPBACK}:{self.client_port}"
+
+    @property
+    def metrics_port(self) -> int:
+        return self.client_port + METRICS_PORT_OFFSET
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{LOOPBACK}:{self.metrics_port}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +153,7 @@ def node_config(
         cluster_id=cluster.cluster_id,
         client_listener=f"{LOOPBACK}:{node.client_port}",
         internal_listener=f"{LOOPBACK}:{node.internal_port}",
+        metrics_listener=node.metrics_address,
         controller_quorum_voters=voters,
         default_replication_factor=replication,
         offsets_topic_replication_factor=replication,
