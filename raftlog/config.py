@@ -224,15 +224,20 @@ class NodeConfig:
         9000, "A broker whose heartbeats stop for this long is fenced.", lo=100, hi=3_600_000
     )
     broker_heartbeat_interval_ms: int = _key(
-        2000, "Interval between broker heartbeats.", lo=10, hi=600_000
+        500,
+        "Interval between broker heartbeats (Kafka: 2000). Short, so that a broker whose "
+        "listener refuses connections is known to have missed one within "
+        "broker_unreachable_fence_ms of it.",
+        lo=10,
+        hi=600_000,
     )
     broker_unreachable_fence_ms: int = _key(
         250,
         "The active controller fences a broker whose internal listener has refused every "
-        "connection attempt for this long, with no heartbeat from it since: a killed "
-        "broker's process is gone long before its session expires (timeouts are left to the "
-        "session). A value at or above broker_session_timeout_ms leaves fencing to the "
-        "session alone.",
+        "connection attempt for this long, with no heartbeat from it since and one overdue "
+        "by this long: a killed broker's process is gone long before its session expires "
+        "(timeouts are left to the session). A value at or above broker_session_timeout_ms "
+        "leaves fencing to the session alone.",
         lo=0,
         hi=3_600_000,
     )

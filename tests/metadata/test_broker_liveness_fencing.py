@@ -21,6 +21,7 @@ from tests.metadata.test_controller import (
 )
 
 FENCE_MS = 500
+HEARTBEAT_MS = 500
 
 
 def fenced_in(result) -> set[int]:
@@ -28,7 +29,7 @@ def fenced_in(result) -> set[int]:
 
 
 def test_unreachable_broker_is_fenced_after_the_grace_and_loses_its_leadership():
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
     topic = create(c, "t", partitions=1, rf=3)
     assert c.image.partition(topic.topic_id, 0).leader == 1
     c.broker_unreachable(1, since_ms=1000)
@@ -44,7 +45,7 @@ def test_unreachable_broker_is_fenced_after_the_grace_and_loses_its_leadership()
 def test_a_heartbeat_after_the_connects_began_failing_keeps_the_broker():
     """An asymmetric cut (its heartbeats arrive, our connects do not) or a listener being
     re-bound is not a dead process: only the session timeout fences it then."""
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
     c.broker_unreachable(2, since_ms=1000)
     heartbeat(c, 2, now_ms=1200)
     assert fenced_in(c.tick(5000)) == set()
@@ -56,21 +57,32 @@ def test_a_heartbeat_after_the_connects_began_failing_keeps_the_broker():
 
 
 def test_a_heartbeat_before_the_connects_began_failing_does_not_save_it():
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
-    heartbeat(c, 3, now_ms=900)
-    c.broker_unreachable(3, since_ms=1000)
-    assert fenced_in(c.tick(1000 + FENCE_MS)) == {3}
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    heartbeat(c, 3, now_ms=3000)
+    c.broker_unreachable(3, since_ms=3000 + HEARTBEAT_MS)
+    assert fenced_in(c.tick(3000 + HEARTBEAT_MS + FENCE_MS)) == {3}
+
+
+def test_refusals_alone_wait_until_a_heartbeat_is_overdue():
+    """A live broker whose listener only this controller cannot reach (a wrong advertised
+    address) heartbeats on time: refusals do not fence it before a heartbeat is missed."""
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    heartbeat(c, 2, now_ms=3000)
+    c.broker_unreachable(2, since_ms=3010)
+    overdue_ms = 3000 + HEARTBEAT_MS + FENCE_MS
+    assert fenced_in(c.tick(overdue_ms - 1)) == set()
+    assert fenced_in(c.tick(overdue_ms)) == {2}
 
 
 def test_a_successful_connect_withdraws_the_suspicion():
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
     c.broker_unreachable(2, since_ms=1000)
     c.broker_reachable(2)
     assert fenced_in(c.tick(1000 + FENCE_MS * 4)) == set()
 
 
 def test_registration_of_a_restarted_broker_counts_as_word_from_it():
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
     c.broker_unreachable(1, since_ms=1000)
     c.tick(1000 + FENCE_MS)
     assert c.image.brokers[1].fenced
@@ -84,7 +96,9 @@ def test_registration_of_a_restarted_broker_counts_as_word_from_it():
 def test_new_controller_fences_a_broker_that_was_unreachable_before_it_took_over():
     """The grace session a new controller gives every broker does not hide a broker that
     this node already saw die (e.g. the old controller, killed with the partition's leader)."""
-    old = cluster(3, broker_unreachable_fence_ms=FENCE_MS)
+    old = cluster(
+        3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS
+    )
     new = Controller(old.image, old.config, now_ms=3000, topic_id_source=topic_ids())
     new.broker_unreachable(1, since_ms=2400)
     assert fenced_in(new.tick(3000)) == {1}
@@ -155,7 +169,9 @@ async def driver_feeds_observations_to_whichever_controller_is_active() -> None:
         assert reachability.unreachable_since_ms() == {3: start_ms}
         # It becomes the active controller: the whole observation is handed over, with
         # its original start, and a connection is opened to every other unfenced broker.
-        controller = cluster(4, broker_unreachable_fence_ms=FENCE_MS)
+        controller = cluster(
+            4, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS
+        )
         holder.controller = controller
         await trio.sleep(REACHABILITY_POLL_MS / 1000 * 1.5)
         # 2 and 3 already have clients (the Raft driver's, here the failures'): only 4 is new.

@@ -176,9 +176,12 @@ class BrokerLifecycle:
         self._heartbeat_scope: trio.CancelScope | None = None
         # Runs with the heartbeats: what this node's connections say about other brokers,
         # for the controller when this node is it.
-        self.reachability = BrokerReachability(config.node_id, client.peers, metadata)
+        self.reachability: BrokerReachability | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.reachability = BrokerReachability(
+            self.config.node_id, self.client.peers, self.metadata
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.reachability.run)
             await nursery.start(self._heartbeats)

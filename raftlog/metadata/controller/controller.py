@@ -204,13 +204,23 @@ class Controller:
         self._unreachable_since_ms.pop(broker_id, None)
 
     def _unreachable_for_ms(self, broker_id: int, now_ms: int) -> int:
-        """How long the broker has been unreachable with no word from it (-1: it is not)."""
+        """How long the broker's listener has refused us while it also missed a heartbeat
+        (-1: it has not)."""
         since_ms = self._unreachable_since_ms.get(broker_id)
         if since_ms is None:
             return -1
         heard_ms = self._last_heartbeat_ms.get(broker_id)
-        if heard_ms is not None and heard_ms >= since_ms:
-            return -1
+        if heard_ms is not None:
+            if heard_ms >= since_ms:
+                return -1
+            # A live broker heartbeats every interval, so refusals alone are not enough
+            # while its next heartbeat is not overdue: its listener may merely be out of
+            # this controller's reach (a wrong advertised address, a one-way cut).
+            overdue_ms = (
+                self.config.broker_heartbeat_interval_ms + self.config.broker_unreachable_fence_ms
+            )
+            if now_ms - heard_ms < overdue_ms:
+                return -1
         return now_ms - since_ms
 
     def rebalance_preferred_leaders(self) -> ControllerResult:
