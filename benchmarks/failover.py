@@ -22,7 +22,8 @@ Isolations (`--isolations`) run on a second cluster whose nodes live in network 
 (jepsen.netns: a bridge, and nftables drops between namespaces). The leader of partition 0
 is cut off from the other nodes; the producer (in the root namespace) still reaches every
 node, as Jepsen's clients do. Without root, `ip` or `nft` the isolate_* results are null and
-`isolate_skipped` says why.
+`isolate_skipped` says why. An event not recovered within `--recovery-timeout` counts as that
+long (a lower bound; `*_recovered` says which), and the network is healed after it.
 
 Last stdout line: {"kill_median_s", "kill_max_s", "isolate_median_s", "isolate_max_s", ...
 the per-event windows and which node was killed}. A PNG of ack latency over time with the
