@@ -27,3 +27,6 @@ EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 # authorized_operations in Metadata and DescribeGroups when the client did not ask for them.
 NO_AUTHORIZED_OPERATIONS = -(2**31)
+# The metadata log's topic (KIP-500): a partition of it is never a client's or a
+# transaction's.
+METADATA_TOPIC = "__cluster_metadata"

@@ -28,9 +28,11 @@ comments name the Kafka rule where it is not obvious.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum, auto
+from typing import Any
 
 from raftlog.errors import ErrorCode
 from raftlog.groups.hashing import partition_for_group
@@ -49,6 +51,7 @@ from raftlog.txn.effects import (
 from raftlog.txn.log_format import (
     MAX_PRODUCER_EPOCH,
     MAX_TRANSACTIONAL_ID_BYTES,
+    NO_MARKER_TOPICS,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     Record,
@@ -145,6 +148,10 @@ class TxnCoordinator:
         self.loading = True
         self.resigned = False
         self.transactions: dict[str, TransactionMetadata] = {}
+        # What replay_chunk has loaded so far; served from finish_load on.
+        self._replayed: dict[str, TransactionMetadata] = {}
+        # What replay_chunk repaired, logged once by finish_load: what -> how many records.
+        self._load_repairs: Counter[str] = Counter()
         self._pending: dict[int, _Pending] = {}
         self._markers: dict[int, _MarkerSend] = {}
         self._markers_inflight: set[str] = set()
@@ -158,20 +165,41 @@ class TxnCoordinator:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, records: Iterable[Record], now_ms: int) -> Effects:
-        """Replay the partition's records (its log, in order) and start serving it.
+        """Replay the partition's records (its log, in order) and start serving it, in one
+        step: replay_chunk of them all, then finish_load."""
+        self.replay_chunk(records, now_ms)
+        return self.finish_load(now_ms)
 
-        Transactions found in PrepareCommit/PrepareAbort get their markers written again
-        (with this coordinator's epoch), then their Complete record. Raises
-        TxnLogRecordError on a record that does not decode; the coordinator stays loading.
+    def replay_chunk(self, records: Iterable[Record], now_ms: int) -> None:
+        """Fold the next records of the partition's log (in order) into the load; a driver
+        replays a large partition a chunk at a time and lets other work run in between.
+
+        What a loaded value may hold is bounded as if it were a request (_loadable): a
+        CRC-correct record may still come from a writer's bug or from damage. Ids this
+        partition does not own are skipped. Raises TxnLogRecordError on a record that does
+        not decode; the coordinator stays loading.
         """
         if not self.loading or self.resigned:
-            raise AssertionError(f"load() of partition {self.partition} twice or after resign")
-        states = fmt.replay(records)
-        transactions = {
-            txn_id: TransactionMetadata.from_value(txn_id, value)
-            for txn_id, value in states.items()
-        }
-        self.transactions = transactions
+            raise AssertionError(f"load of partition {self.partition} after it finished")
+        replayed = self._replayed
+        for txn_id, value in fmt.decode_records(records):
+            if self.config.partition_for(txn_id) != self.partition:
+                self._load_repairs["records of another partition's transactional ids skipped"] += 1
+            elif value is None:
+                replayed.pop(txn_id, None)
+            else:
+                replayed[txn_id] = TransactionMetadata.from_value(
+                    txn_id, self._loadable(value, now_ms)
+                )
+
+    def finish_load(self, now_ms: int) -> Effects:
+        """Every record is replayed: serve the partition. Transactions found in
+        PrepareCommit/PrepareAbort get their markers written again (with this coordinator's
+        epoch), then their Complete record."""
+        if not self.loading or self.resigned:
+            raise AssertionError(f"load of partition {self.partition} finished twice")
+        transactions = self.transactions = self._replayed
+        self._replayed = {}
         self.loading = False
         self._next_abort_scan_ms = (
             now_ms + self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms
@@ -179,6 +207,13 @@ class TxnCoordinator:
         self._next_expire_scan_ms = (
             now_ms + self.config.transaction_remove_expired_transaction_cleanup_interval_ms
         )
+        if self._load_repairs:
+            log.warning(
+                "transaction state partition %d: %s",
+                self.partition,
+                ", ".join(f"{count} {what}" for what, count in sorted(self._load_repairs.items())),
+            )
+            self._load_repairs.clear()
         fx = Effects()
         owed = [t for t in transactions.values() if t.state in PREPARE_STATES]
         for txn in owed:
@@ -192,6 +227,36 @@ class TxnCoordinator:
             len(owed),
         )
         return fx
+
+    def _loadable(self, value: fmt.TransactionLogValue, now_ms: int) -> fmt.TransactionLogValue:
+        """`value`, repaired where it would hold a transaction or a partition for ever
+        (each repair is counted, finish_load logs the counts once):
+        - a time after now is now and a timeout over transaction_max_timeout_ms is the
+          maximum, so an Ongoing transaction is still aborted within the maximum timeout;
+        - a Complete value holds no partitions (Kafka writes none: kept, they would join
+          the producer's next transaction and get its markers);
+        - no partition of NO_MARKER_TOPICS (no transaction may add one)."""
+        repairs = self._load_repairs
+        changes: dict[str, Any] = {}
+        if value.start_timestamp_ms > now_ms:
+            changes["start_timestamp_ms"] = now_ms
+        if value.last_update_timestamp_ms > now_ms:
+            changes["last_update_timestamp_ms"] = now_ms
+        if changes:
+            repairs["records with a time in the future set to now"] += 1
+        if value.transaction_timeout_ms > self.config.transaction_max_timeout_ms:
+            changes["transaction_timeout_ms"] = self.config.transaction_max_timeout_ms
+            repairs["timeouts above transaction_max_timeout_ms lowered to it"] += 1
+        if value.partitions:
+            if value.state in (S.COMPLETE_COMMIT, S.COMPLETE_ABORT):
+                changes["partitions"] = ()
+                repairs["Complete records with partitions cleared"] += 1
+            elif any(topic in NO_MARKER_TOPICS for topic, _ in value.partitions):
+                changes["partitions"] = tuple(
+                    p for p in value.partitions if p[0] not in NO_MARKER_TOPICS
+                )
+                repairs["records with internal topics' partitions dropped"] += 1
+        return replace(value, **changes) if changes else value
 
     def resign(self, now_ms: int) -> Effects:
         """Leadership moved away: every parked caller gets NOT_COORDINATOR; later
@@ -212,6 +277,7 @@ class TxnCoordinator:
         self._markers_inflight.clear()
         self._retry_at_ms.clear()
         self.transactions.clear()
+        self._replayed.clear()
         self.resigned = True
         self.loading = False
         return fx
@@ -766,9 +832,14 @@ def _valid_transactional_id(transactional_id: str) -> bool:
 
 
 def _valid_partitions(partitions: Sequence[TopicPartition], limit: int) -> bool:
+    """In range, and none of a topic that never holds a marker (AddPartitionsToTxn v4
+    reaches the coordinator without the client handler's topic checks)."""
     if len(partitions) > limit:
         return False
-    return all(topic and 0 <= partition < 2**31 for topic, partition in partitions)
+    return all(
+        topic and topic not in NO_MARKER_TOPICS and 0 <= partition < 2**31
+        for topic, partition in partitions
+    )
 
 
 def _offsets_reply(batch: _AddBatch) -> ErrorCode:

@@ -21,7 +21,7 @@ trailing bytes, and the semantic range checks of every field.
 import enum
 import io
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,9 +29,14 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64
 
+from raftlog.constants import METADATA_TOPIC
 from raftlog.errors import CorruptRecordError
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+# Partitions that never take part in a transaction nor hold a marker: the coordinator's own
+# log and the metadata log (a control batch in either would be read by their loaders). The
+# offsets topic may: transactional offset commits end with a marker there.
+NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSIONS = (0, 1)
 NO_PRODUCER_ID = -1
@@ -362,6 +367,22 @@ def decode_value(data: bytes | bytearray | memoryview | None) -> TransactionLogV
     return value
 
 
+def decode_records(
+    records: Iterable[Record],
+) -> Iterator[tuple[str, TransactionLogValue | None]]:
+    """(transactional id, value) of each record in turn; None for a tombstone or a Dead
+    value (either deletes the id). Raises TxnLogRecordError on the first record that does
+    not decode."""
+    for key_bytes, value_bytes in records:
+        if key_bytes is None:
+            raise TxnLogRecordError("transaction log record without a key")
+        transactional_id = decode_key(key_bytes)
+        value = decode_value(value_bytes)
+        if value is not None and value.state is TransactionState.DEAD:
+            value = None
+        yield transactional_id, value
+
+
 def replay(records: Iterable[Record]) -> dict[str, TransactionLogValue]:
     """Fold records in log order: the last value of a key wins, a tombstone deletes it.
 
@@ -369,12 +390,8 @@ def replay(records: Iterable[Record]) -> dict[str, TransactionLogValue]:
     Raises TxnLogRecordError on the first record that does not decode.
     """
     states: dict[str, TransactionLogValue] = {}
-    for key_bytes, value_bytes in records:
-        if key_bytes is None:
-            raise TxnLogRecordError("transaction log record without a key")
-        transactional_id = decode_key(key_bytes)
-        value = decode_value(value_bytes)
-        if value is None or value.state is TransactionState.DEAD:
+    for transactional_id, value in decode_records(records):
+        if value is None:
             states.pop(transactional_id, None)
         else:
             states[transactional_id] = value

@@ -49,7 +49,12 @@ from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.txn_markers import TxnMarkerRequest
 from raftlog.txn import rpc_bodies as wire
 from raftlog.txn.effects import WriteMarkers
-from raftlog.txn.log_format import TRANSACTION_STATE_TOPIC, Record, TopicPartition
+from raftlog.txn.log_format import (
+    NO_MARKER_TOPICS,
+    TRANSACTION_STATE_TOPIC,
+    Record,
+    TopicPartition,
+)
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
@@ -99,6 +104,11 @@ _VERIFY_ERRORS_FOR_PRODUCE = {
 
 class NotABrokerError(KafkaError):
     """An internal transaction call from a node the metadata does not know as a broker."""
+
+
+class NotACoordinatorError(KafkaError):
+    """Markers from a broker that is not, in this node's metadata image, the transaction
+    coordinator at the markers' coordinator epoch."""
 
 
 class NodeTxnService:
@@ -379,12 +389,28 @@ class NodeTxnService:
         partitions: tuple[TopicPartition, ...],
     ) -> dict[TopicPartition, ErrorCode]:
         """Write one marker on partitions this node leads, then tell the group coordinator
-        about the `__consumer_offsets` partitions among them."""
+        about the `__consumer_offsets` partitions among them. Partitions of NO_MARKER_TOPICS
+        get INVALID_TOPIC_EXCEPTION and nothing is written on them (their loaders read no
+        control batch; a coordinator never adds them to a transaction)."""
+        refused = {
+            key: ErrorCode.invalid_topic_exception
+            for key in partitions
+            if key[0] in NO_MARKER_TOPICS
+        }
+        if refused:
+            log.warning(
+                "no marker of producer %d on %s: not a data partition",
+                producer_id,
+                ", ".join(f"{topic}-{partition}" for topic, partition in refused),
+            )
+            partitions = tuple(key for key in partitions if key not in refused)
+            if not partitions:
+                return refused
         request = TxnMarkerRequest(
             producer_id, producer_epoch, coordinator_epoch, commit, partitions
         )
         [results] = await self.replicas.write_txn_markers([request])
-        results = dict(results)
+        results = {**dict(results), **refused}
         if self.complete_transaction is not None:
             for (topic, partition), code in list(results.items()):
                 if topic != OFFSETS_TOPIC or code != ErrorCode.none:
@@ -424,9 +450,11 @@ class NodeTxnService:
         return {key: answered[key] for key in partitions if key in answered}
 
     async def handle_markers(self, sender_id: int, body: Any) -> Any:
-        """The partition leader's side of "txn.markers"."""
+        """The partition leader's side of "txn.markers": only from the coordinator whose
+        marker it is (see _check_coordinator)."""
         self._check_broker(sender_id)
         request = wire.decode_markers_request(body)
+        self._check_coordinator(sender_id, request.coordinator_epoch)
         results = await self.write_local_markers(
             request.producer_id,
             request.producer_epoch,
@@ -443,6 +471,25 @@ class NodeTxnService:
         image: MetadataImage = self.metadata.image
         if sender_id not in image.brokers:
             raise NotABrokerError(ErrorCode.cluster_authorization_failed, f"node {sender_id}")
+
+    def _check_coordinator(self, sender_id: int, coordinator_epoch: int) -> None:
+        """A marker's coordinator epoch is the leader epoch of its coordinator's
+        `__transaction_state` partition: the sender must lead one at that epoch in this
+        node's image. Else any broker could end any producer's transaction, and with a high
+        epoch fence the real coordinator's markers for good. A coordinator that this image
+        does not know yet (or no longer) is refused too; it retries after its backoff."""
+        image: MetadataImage = self.metadata.image
+        topic = image.topic(TRANSACTION_STATE_TOPIC)
+        if topic is not None and any(
+            state.leader == sender_id and state.leader_epoch == coordinator_epoch
+            for state in topic.partitions.values()
+        ):
+            return
+        raise NotACoordinatorError(
+            ErrorCode.cluster_authorization_failed,
+            f"node {sender_id} leads no {TRANSACTION_STATE_TOPIC} partition at epoch "
+            f"{coordinator_epoch}",
+        )
 
     def _peer(self, node_id: int) -> Any:
         image: MetadataImage = self.metadata.image

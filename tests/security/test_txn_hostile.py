@@ -225,12 +225,6 @@ def test_clients_cannot_write_markers_or_producerless_transactions(batch: bytes)
 
 
 # ---------------------------------------------------------------- internal RPC
-@pytest.mark.xfail(
-    strict=True,
-    reason="node_service.handle_markers checks only that the sender is a broker: not that "
-    "it leads a __transaction_state partition at the marker's coordinator epoch, nor that "
-    "the partitions may hold markers (NO_MARKER_TOPICS is checked for clients only)",
-)
 @pytest.mark.parametrize(
     ("coordinator_epoch", "partition"),
     [
@@ -266,12 +260,6 @@ async def test_txn_markers_rpc_only_from_the_coordinator_and_for_data_partitions
 
 
 # ---------------------------------------------------------------- __transaction_state load
-@pytest.mark.xfail(
-    strict=True,
-    reason="log_format.TransactionLogValue.check and TxnCoordinator.load accept a start "
-    "time in the future and a timeout above transaction_max_timeout_ms: the loaded "
-    "Ongoing transaction is never aborted and its partitions' LSO never moves",
-)
 @pytest.mark.parametrize(
     ("start_ms", "timeout_ms"),
     [
@@ -302,12 +290,6 @@ def test_a_loaded_transaction_is_still_aborted_within_the_maximum_timeout(
     assert aborting, "the loaded transaction is never timed out"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="log_format.TransactionLogValue.check allows partitions in a CompleteCommit/"
-    "CompleteAbort value (Kafka writes none) and TxnCoordinator.load keeps them: they "
-    "join the producer's next transaction and get its markers",
-)
 def test_a_loaded_complete_transaction_brings_no_partitions_into_the_next_one() -> None:
     """A CompleteCommit record naming `__cluster_metadata-0` (a writer bug or damage that
     kept its CRC) passes the load; the producer's next transaction, on orders-0 only, then

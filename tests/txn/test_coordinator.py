@@ -385,6 +385,30 @@ def test_corrupt_log_leaves_the_partition_loading():
     assert coord.loading
 
 
+def test_load_skips_ids_of_other_partitions_and_drops_internal_partitions():
+    """A record of an id this partition does not own is skipped; a transaction holds no
+    partition of the coordinator's or the metadata log (no marker may go there)."""
+    config = TxnConfig(transaction_state_log_num_partitions=4)
+    coord = TxnCoordinator(2, 5, config, lambda: 1)
+    mine, other = txn_id_on(2, config), txn_id_on(3, config)
+    ongoing = TransactionLogValue(
+        7, 0, TIMEOUT_MS, S.ONGOING, (("__cluster_metadata", 0), T0), 10, 10
+    )
+    coord.replay_chunk([fmt.record(other, ongoing)], 10)
+    coord.replay_chunk([fmt.record(mine, ongoing)], 10)
+    coord.finish_load(10)
+    assert list(coord.transactions) == [mine]
+    assert coord.transactions[mine].partitions == {T0}
+
+
+def test_no_internal_partition_joins_a_transaction():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    for internal in (("__transaction_state", 0), ("__cluster_metadata", 0)):
+        assert h.add("tx", pid, epoch, internal) is E.invalid_request
+    assert h.coord.transactions["tx"].partitions == {T0}
+
+
 # ------------------------------------------------------------------ failures
 @pytest.mark.parametrize(
     ("append_error", "answered"),

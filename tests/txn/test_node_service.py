@@ -471,6 +471,22 @@ async def test_internal_methods_refuse_unknown_nodes_and_bad_bodies(autojump_clo
         else:
             raise AssertionError("a marker with coordinator epoch -5 was accepted")
         assert cluster.written == []
+        # A broker, but not a coordinator at the marker's epoch: refused too.
+        try:
+            await handle(2, body)
+        except Exception as exc:
+            assert type(exc).__name__ == "NotACoordinatorError"
+        else:
+            raise AssertionError("a marker from a non-coordinator was accepted")
+        assert cluster.written == []
+        cluster.set_topic(TRANSACTION_STATE_TOPIC, {0: (2, 0)})
         answer = await handle(2, body)
         assert answer == {"results": [[DATA, 0, 0]]}
+        # Never a marker on the coordinator's own log, even from a coordinator.
+        written = list(cluster.written)
+        internal = roundtrip(markers_request(5000, 0, 0, True, ((TRANSACTION_STATE_TOPIC, 0),)))
+        answer = await handle(2, internal)
+        refused = [TRANSACTION_STATE_TOPIC, 0, ErrorCode.invalid_topic_exception]
+        assert answer == {"results": [refused]}
+        assert cluster.written == written
         nursery.cancel_scope.cancel()

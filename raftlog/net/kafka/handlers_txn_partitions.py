@@ -25,13 +25,12 @@ from raftlog.net.kafka.backend import (
     TxnMarkerWrite,
 )
 from raftlog.net.kafka.context import RequestContext
-from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_util import guarded
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn.log_format import (
     MAX_PRODUCER_EPOCH,
     MAX_TRANSACTIONAL_ID_BYTES,
-    TRANSACTION_STATE_TOPIC,
+    NO_MARKER_TOPICS,
 )
 
 log = logging.getLogger("raftlog.kafka")
@@ -49,8 +48,6 @@ MAX_DESCRIBED_PARTITIONS = 1_000
 # would be 10 million entries. Past it, the partitions' lists are cut short (and logged).
 MAX_DESCRIBED_PRODUCERS = 100_000
 MAX_MARKERS_PER_REQUEST = 10_000
-# Markers may go to the offsets topic, never to these two.
-NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
 MAX_INT64 = 2**63 - 1
 
 
