@@ -175,17 +175,14 @@ class TxnCoordinator:
         replays a large partition a chunk at a time and lets other work run in between.
 
         What a loaded value may hold is bounded as if it were a request (_loadable): a
-        CRC-correct record may still come from a writer's bug or from damage. Ids this
-        partition does not own are skipped. Raises TxnLogRecordError on a record that does
-        not decode; the coordinator stays loading.
+        CRC-correct record may still come from a writer's bug or from damage. Raises
+        TxnLogRecordError on a record that does not decode; the coordinator stays loading.
         """
         if not self.loading or self.resigned:
             raise AssertionError(f"load of partition {self.partition} after it finished")
         replayed = self._replayed
         for txn_id, value in fmt.decode_records(records):
-            if self.config.partition_for(txn_id) != self.partition:
-                self._load_repairs["records of another partition's transactional ids skipped"] += 1
-            elif value is None:
+            if value is None:
                 replayed.pop(txn_id, None)
             else:
                 replayed[txn_id] = TransactionMetadata.from_value(

@@ -39,6 +39,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
+from raftlog.net.limits import RateLimitedLog
 from raftlog.txn import describe
 from raftlog.txn.coordinator import TxnCoordinator
 from raftlog.txn.effects import Append, Effects, Token, WriteMarkers
@@ -60,6 +61,7 @@ from raftlog.txn.messages import (
 from raftlog.txn.settings import TxnConfig
 
 log = logging.getLogger(__name__)
+_cut_short = RateLimitedLog(log)
 
 # Reads of a `__transaction_state` partition tried before it is given up (NOT_COORDINATOR).
 LOAD_ATTEMPTS = 3
@@ -75,6 +77,16 @@ PRODUCER_ID_RETRY_BACKOFF_MS = 1_000
 # the answer goes out: a client would otherwise back off (librdkafka: 20 ms) and ask again,
 # which is most of a short transaction's time when its producer starts the next at once.
 CONCURRENT_TRANSACTIONS_WAIT_MS = 1_000
+# A load replays this many records per event-loop step (some 10 ms of decoding), a listing
+# filters this many transactions per step: a partition may hold millions, and Raft, fetches
+# and every client wait while one step runs.
+LOAD_STEP_RECORDS = 1_000
+LIST_STEP_TRANSACTIONS = 1_000
+# ListTransactions needs no permission to be asked (the DESCRIBE filter runs on its answer)
+# and Kafka does not bound it: here the answer is cut short (and logged) past this many
+# transactions or this many characters of transactional ids.
+MAX_LISTED_TRANSACTIONS = 100_000
+MAX_LISTED_ID_CHARS = 32 * 1024 * 1024
 
 AppendFn = Callable[[int, list[Record]], Awaitable[Any]]
 ReadAllFn = Callable[[int], Awaitable[list[Record]]]
@@ -213,7 +225,13 @@ class TxnCoordinatorShell:
             if slot.resigned:
                 return  # resigned while reading: this load is stale
             try:
-                fx = slot.coordinator.load(records, self._clock_ms())
+                for start in range(0, len(records), LOAD_STEP_RECORDS):
+                    step = records[start : start + LOAD_STEP_RECORDS]
+                    slot.coordinator.replay_chunk(step, self._clock_ms())
+                    await trio.lowlevel.checkpoint()
+                    if slot.resigned:
+                        return  # resigned while replaying: this load is stale
+                fx = slot.coordinator.finish_load(self._clock_ms())
             except CorruptRecordError as exc:
                 log.error(
                     "cannot load __transaction_state-%d, not coordinating it: %s", partition, exc
@@ -354,7 +372,8 @@ class TxnCoordinatorShell:
         duration_filter_ms: int = -1,
     ) -> ListTransactionsResult:
         """Every partition's part, merged: one list sorted by transactional id;
-        COORDINATOR_LOAD_IN_PROGRESS (with what is known) while any partition loads."""
+        COORDINATOR_LOAD_IN_PROGRESS (with what is known) while any partition loads.
+        Filtered a step at a time, and at most MAX_LISTED_TRANSACTIONS long."""
         states, producer_ids = list(state_filters), list(producer_id_filters)
         now_ms = self._clock_ms()
         merged = describe.list_transactions(
@@ -365,17 +384,43 @@ class TxnCoordinatorShell:
             now_ms=now_ms,
         )
         listed: list[ListedTransaction] = []
+        id_chars = 0
+        cut = False
         code = ErrorCode.none
-        for slot in self._slots.values():
-            part = slot.coordinator.list_transactions(
-                state_filters=states,
-                producer_id_filters=producer_ids,
-                duration_filter_ms=duration_filter_ms,
-                now_ms=now_ms,
+        for slot in list(self._slots.values()):
+            coordinator = slot.coordinator
+            if coordinator.loading:
+                code = ErrorCode.coordinator_load_in_progress
+            # The transactions as they are now: those that change during the steps below
+            # are listed as they were, as if the request had been answered at once.
+            transactions = list(coordinator.transactions.values())
+            for start in range(0, len(transactions), LIST_STEP_TRANSACTIONS):
+                await trio.lowlevel.checkpoint()
+                part = describe.list_transactions(
+                    transactions[start : start + LIST_STEP_TRANSACTIONS],
+                    state_filters=states,
+                    producer_id_filters=producer_ids,
+                    duration_filter_ms=duration_filter_ms,
+                    now_ms=now_ms,
+                )
+                for listed_txn in part.transactions:
+                    id_chars += len(listed_txn.transactional_id)
+                    if len(listed) >= MAX_LISTED_TRANSACTIONS or id_chars > MAX_LISTED_ID_CHARS:
+                        cut = True
+                        break
+                    listed.append(listed_txn)
+                if cut:
+                    break
+            if cut:
+                break
+        if cut:
+            _cut_short.warning(
+                "ListTransactions answered with its first %d transactions only (at most %d, "
+                "or %d characters of transactional ids)",
+                len(listed),
+                MAX_LISTED_TRANSACTIONS,
+                MAX_LISTED_ID_CHARS,
             )
-            listed.extend(part.transactions)
-            if part.error_code is not ErrorCode.none:
-                code = part.error_code
         listed.sort(key=lambda t: t.transactional_id)
         return replace(merged, error_code=code, transactions=tuple(listed))
 

@@ -386,12 +386,6 @@ async def _ticks_while(n_records: int, what: str) -> int:
     return loaded if what == "load" else listing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TxnCoordinator.load (fmt.replay) and TxnCoordinatorShell.list_transactions "
-    "run over every record / transaction in one event-loop step: 100 000 ids on each of "
-    "50 partitions stall the node (Raft, fetches, every client) for seconds",
-)
 @pytest.mark.parametrize("what", ["load", "list"])
 async def test_loading_and_listing_many_transactions_let_the_node_run(
     autojump_clock: Any, what: str

@@ -385,20 +385,17 @@ def test_corrupt_log_leaves_the_partition_loading():
     assert coord.loading
 
 
-def test_load_skips_ids_of_other_partitions_and_drops_internal_partitions():
-    """A record of an id this partition does not own is skipped; a transaction holds no
-    partition of the coordinator's or the metadata log (no marker may go there)."""
-    config = TxnConfig(transaction_state_log_num_partitions=4)
-    coord = TxnCoordinator(2, 5, config, lambda: 1)
-    mine, other = txn_id_on(2, config), txn_id_on(3, config)
+def test_load_drops_internal_partitions():
+    """A loaded transaction holds no partition of the coordinator's or the metadata log (no
+    marker may go there), whatever its record says."""
+    h = Harness()
+    coord = TxnCoordinator(0, 1, h.config, lambda: 1)
     ongoing = TransactionLogValue(
         7, 0, TIMEOUT_MS, S.ONGOING, (("__cluster_metadata", 0), T0), 10, 10
     )
-    coord.replay_chunk([fmt.record(other, ongoing)], 10)
-    coord.replay_chunk([fmt.record(mine, ongoing)], 10)
+    coord.replay_chunk([fmt.record("tx", ongoing)], 10)
     coord.finish_load(10)
-    assert list(coord.transactions) == [mine]
-    assert coord.transactions[mine].partitions == {T0}
+    assert coord.transactions["tx"].partitions == {T0}
 
 
 def test_no_internal_partition_joins_a_transaction():

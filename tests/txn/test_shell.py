@@ -325,6 +325,27 @@ async def test_list_transactions_merges_partitions(autojump_clock) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def test_list_transactions_is_cut_short_at_its_limit(autojump_clock, monkeypatch) -> None:
+    import raftlog.txn.shell as shell_module
+
+    node = FakeNode()
+    node.log[0] = [
+        fmt.record(
+            txn_id_on(0, CONFIG, f"id-{i}"),
+            fmt.TransactionLogValue(1000 + i, 0, 60_000, S.EMPTY, (), START_MS, -1),
+        )
+        for i in range(5)
+    ]
+    monkeypatch.setattr(shell_module, "MAX_LISTED_TRANSACTIONS", 3)
+    monkeypatch.setattr(shell_module, "LIST_STEP_TRANSACTIONS", 2)
+    async with trio.open_nursery() as nursery:
+        shell = await start_shell(nursery, node, partitions=(0,))
+        listed = await shell.list_transactions()
+        assert listed.error_code is ErrorCode.none
+        assert len(listed.transactions) == 3
+        nursery.cancel_scope.cancel()
+
+
 async def test_cancelled_caller_leaves_nothing_parked(autojump_clock) -> None:
     node = FakeNode()
     txn_id = txn_id_on(0, CONFIG)
