@@ -207,7 +207,14 @@ class GroupCoordinator:
         """
         if partition not in self._loading:
             raise AssertionError(f"complete_load({partition}) without begin_load")
-        replayed = fmt.replay(records)
+        self.install_load(partition, fmt.replay(records), now_ms)
+
+    def install_load(self, partition: int, replayed: fmt.ReplayedPartition, now_ms: int) -> None:
+        """Serve `partition` from its replayed entries (offsets_format.replay, a pure
+        function a driver may run off the event loop: decoding a large partition takes
+        seconds)."""
+        if partition not in self._loading:
+            raise AssertionError(f"install_load({partition}) without begin_load")
         base = self._next_position
         self._next_position += replayed.entries
         for group_id, value in replayed.groups.items():

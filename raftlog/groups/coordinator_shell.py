@@ -47,7 +47,7 @@ from raftlog.groups.messages import (
     SyncGroupResponse,
     TxnOffsetCommitRequest,
 )
-from raftlog.groups.offsets_format import LogEntry, Record
+from raftlog.groups.offsets_format import LogEntry, Record, replay
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,17 @@ class GroupCoordinatorShell:
         if self.coordinator.epoch_of(partition) != epoch:
             return  # resigned (or reloaded) while reading: this load is stale
         try:
-            self.coordinator.complete_load(partition, records, self._clock_ms())
+            # Decoding is pure and takes seconds for a large partition: in a worker thread,
+            # the event loop (Raft, fetches, every client) runs meanwhile.
+            replayed = await trio.to_thread.run_sync(replay, records)
         except CorruptRecordError as exc:
-            log.error("cannot load offsets partition %d, not serving it: %s", partition, exc)
-            self.resign(partition)
+            if self.coordinator.epoch_of(partition) == epoch:
+                log.error("cannot load offsets partition %d, not serving it: %s", partition, exc)
+                self.resign(partition)
+            return
+        if self.coordinator.epoch_of(partition) != epoch:
+            return  # resigned (or reloaded) while replaying: this load is stale
+        self.coordinator.install_load(partition, replayed, self._clock_ms())
         self._wakeup.set()
 
     def resign(self, partition: int) -> None:

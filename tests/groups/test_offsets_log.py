@@ -125,7 +125,9 @@ def test_next_sequence_is_what_the_producer_table_accepts() -> None:
     assert next_sequence(table.get(pid), 0) == 5
     append(build_txn_marker(producer_id=pid, producer_epoch=0, coordinator_epoch=0, commit=True))
     append(offsets_batch(0, 1))
-    # A new epoch (the producer was re-initialised) starts over at 0.
+    # The producer is re-initialised: the coordinator aborts its open transaction with the
+    # bumped epoch (only a marker ends a transaction), and the new epoch starts over at 0.
+    append(build_txn_marker(producer_id=pid, producer_epoch=1, coordinator_epoch=0, commit=False))
     assert next_sequence(table.get(pid), 1) == 0
     append(offsets_batch(1, 1))
     assert table.get(pid) is not None

@@ -262,3 +262,35 @@ async def test_txn_offsets_wait_for_complete_transaction(autojump_clock) -> None
         [replayed] = (await second.offset_fetch(stable)).topics[0].partitions
         assert (replayed.offset, replayed.error_code) == (50, ErrorCode.none)
         nursery.cancel_scope.cancel()
+
+
+async def test_loading_a_large_offsets_partition_lets_the_node_run() -> None:
+    """The offsets partition is decoded off the event loop: a task that only yields keeps
+    running while 20 000 records are replayed (in one event-loop step they take ~0.3 s)."""
+    from raftlog.groups.offsets_format import CommittedOffset, OffsetKey, offset_commit_record
+
+    log = FakeLog()
+    log.partitions[0] = [
+        offset_commit_record(OffsetKey(f"g-{i}", "t", 0), CommittedOffset(i, -1, "", 1))
+        for i in range(20_000)
+    ]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.lowlevel.checkpoint()
+        before = ticks
+        shell = await start_shell(nursery, log)
+        loading_ticks = ticks - before
+        fetched = await shell.offset_fetch(
+            OffsetFetchRequest("g-7", (OffsetFetchTopic("t", (0,)),))
+        )
+        nursery.cancel_scope.cancel()
+    assert loading_ticks > 10, loading_ticks
+    assert fetched.topics[0].partitions[0].offset == 7
