@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -180,24 +180,47 @@ class Event:
 class Nodes:
     """What an event loop needs of a cluster, whichever harness runs it."""
 
-    leader_of_partition_0: Callable[[], tuple[int, int]]  # (leader id, controller id)
-    whole: Callable[[], bool]  # every node up, unfenced, and in partition 0's ISR
+    # (leader id, controller id) of partition 0 once every node is up, unfenced, in its ISR
+    # and agrees on it (agreed_partition_0); None until then.
+    agreed: Callable[[], tuple[int, int] | None]
 
 
-def partition_0(describe: Callable[[], dict[str, Any]]) -> tuple[int, int, tuple[int, ...]]:
-    view = describe()
-    part = next(p for p in view["topics"][TOPIC] if p["partition"] == 0)
-    return part["leader_id"], view["controller_id"], tuple(part["isr"])
+def agreed_partition_0(views: list[dict[str, Any]], node_ids: set[int]) -> tuple[int, int] | None:
+    """(leader, controller) of partition 0 if every node's view lists every node as a live
+    broker and agrees on partition 0 (leader, leader epoch, a full ISR); else None. One
+    node's view is not enough: a node just healed or restarted may still hold a stale one
+    (it would name a leader that no longer leads, and the event would miss it)."""
+    seen = set()
+    for view in views:
+        if {b["node_id"] for b in view["brokers"]} != node_ids:
+            return None
+        part = next(p for p in view["topics"][TOPIC] if p["partition"] == 0)
+        if part["leader_id"] < 0 or set(part["isr"]) != node_ids:
+            return None
+        seen.add((part["leader_id"], part["leader_epoch"], view["controller_id"]))
+    if len(seen) != 1:
+        return None
+    ((leader, _epoch, controller),) = seen
+    return leader, controller
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float) -> T:
+    """The first truthy value of `probe()`, polled until the deadline."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # a node still starting refuses connections
-            if predicate():
-                return
+            value = probe()
+            if value:
+                return value
         time.sleep(0.1)
     raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+    wait_for(lambda: predicate() or None, what, timeout_s)
 
 
 def create_topic(bootstrap: str) -> None:
@@ -221,7 +244,7 @@ def run_events(
     events: list[Event] = []
     quiet_gaps: list[float] = []
     for _ in range(count):
-        wait_until(nodes.whole, "the cluster to be whole again", READY_TIMEOUT_S)
+        wait_for(nodes.agreed, "the cluster to be whole again", READY_TIMEOUT_S)
         quiet_from = time.monotonic()
         flowing_after = quiet_from + settle_s
         wait_until(
@@ -229,7 +252,9 @@ def run_events(
             "acks to flow",
             READY_TIMEOUT_S,
         )
-        leader, controller = nodes.leader_of_partition_0()
+        leader, controller = wait_for(
+            nodes.agreed, "the nodes to agree on the leader of partition 0", READY_TIMEOUT_S
+        )
         quiet_gaps.append(max_gap_s(producer.log.snapshot(), quiet_from, time.monotonic()))
         event = Event(kind, leader, leader == controller, time.monotonic())
         disrupt(leader)
@@ -255,28 +280,16 @@ def kill_events(
     with cluster:
         create_topic(cluster.bootstrap_servers)
 
-        def describe() -> dict[str, Any]:
-            return cluster.describe()
-
-        def leader() -> tuple[int, int]:
-            lead, controller, _ = partition_0(describe)
-            return lead, controller
-
-        def whole() -> bool:
+        def agreed() -> tuple[int, int] | None:
             running = {n.node_id for n in cluster.nodes.values() if n.running}
-            for node_id in running:
-                brokers = {b["node_id"] for b in cluster.describe(node_id)["brokers"]}
-                if not running <= brokers:
-                    return False
-            lead, _, isr = partition_0(describe)
-            return lead >= 0 and set(isr) == running
+            return agreed_partition_0([cluster.describe(i) for i in sorted(running)], running)
 
         with SteadyProducer(cluster.bootstrap_servers, rate, CLIENT_DEBUG[0]) as producer:
             started = time.monotonic()
             events, quiet = run_events(
                 "kill",
                 count,
-                Nodes(leader, whole),
+                Nodes(agreed),
                 producer,
                 cluster.kill,
                 cluster.start,
@@ -373,34 +386,19 @@ def isolation_events(
         }
         bootstrap = ",".join(addresses.values())
         name_of = {i: n for i, n in enumerate(NETNS_NODES, 1)}
-        # Ask a node that is not cut off: an isolated node's view goes stale.
-        isolated: set[int] = set()
 
-        def describe() -> dict[str, Any]:
-            node_id = next(i for i in addresses if i not in isolated)
-            return probe_metadata(addresses[node_id])
-
-        def leader() -> tuple[int, int]:
-            lead, controller, _ = partition_0(describe)
-            return lead, controller
-
-        def whole() -> bool:
-            for address in addresses.values():
-                if {b["node_id"] for b in probe_metadata(address)["brokers"]} != set(addresses):
-                    return False
-            lead, _, isr = partition_0(describe)
-            return lead >= 0 and set(isr) == set(addresses)
+        def agreed() -> tuple[int, int] | None:
+            views = [probe_metadata(address) for address in addresses.values()]
+            return agreed_partition_0(views, set(addresses))
 
         def isolate(node_id: int) -> None:
             victim = name_of[node_id]
             others = [n for n in NETNS_NODES if n != victim]
-            isolated.add(node_id)
             grudge = {victim: others, **{n: [victim] for n in others}}
             trio.run(net.apply_grudge, grudge)
 
         def heal(_node_id: int) -> None:
             trio.run(net.heal)
-            isolated.clear()
 
         wait_until(
             lambda: all(
@@ -416,7 +414,7 @@ def isolation_events(
             events, quiet = run_events(
                 "isolate",
                 count,
-                Nodes(leader, whole),
+                Nodes(agreed),
                 producer,
                 isolate,
                 heal,
