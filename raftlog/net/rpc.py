@@ -37,10 +37,16 @@ from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Ran
 from raftlog.errors import RemoteError
 from raftlog.net import tls
 from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge, frame
-from raftlog.net.limits import DEFAULT_LISTENER_LIMITS, ListenerGuard, ListenerLimits
+from raftlog.net.limits import (
+    DEFAULT_LISTENER_LIMITS,
+    ListenerGuard,
+    ListenerLimits,
+    RateLimitedLog,
+)
 from raftlog.security.principal import distinguished_name
 
 log = logging.getLogger("raftlog.rpc")
+_failed_calls = RateLimitedLog(log)
 
 KIND_CAST = 0
 KIND_REQUEST = 1
@@ -252,7 +258,17 @@ async def _serve_connection(
                 nursery.cancel_scope.cancel()
                 return
             except Exception as exc:  # a bad request must not kill the connection or the node
-                log.exception("rpc %s from %s (node %s) failed", method, peer, sender_id)
+                # One line, rate-limited: a peer that sends bad frames in a loop must not
+                # flood the log with tracebacks (the traceback is there at debug level).
+                _failed_calls.warning(
+                    "rpc %s from %s (node %s) failed: %s: %s",
+                    method,
+                    peer,
+                    sender_id,
+                    type(exc).__name__,
+                    exc,
+                )
+                log.debug("rpc %s from %s failed", method, peer, exc_info=True)
                 if kind != KIND_REQUEST:
                     return
                 # The type only: the message may hold internal state (epochs, ids, paths).
