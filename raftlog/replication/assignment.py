@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from raftlog.config_keys import log_overrides
+from raftlog.constants import METADATA_TOPIC
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.image import PartitionState as ImagePartitionState
 from raftlog.replication.core.partition import Partition, Transition
@@ -52,9 +53,6 @@ from raftlog.storage.log_dirs import (
 )
 
 log = logging.getLogger("raftlog.replication")
-
-# Topics the replica manager never touches (the metadata log has its own driver).
-INTERNAL_LOG_PREFIX = "__cluster_metadata"
 
 
 def stray_reason(
@@ -486,7 +484,8 @@ class ReplicaAssignment:
         log_manager = self.log_manager
         removed = []
         for key in sorted(log_manager.all_logs()):
-            if key[0].startswith(INTERNAL_LOG_PREFIX):
+            # The metadata log has its own driver: the replica manager never touches it.
+            if key[0].startswith(METADATA_TOPIC):
                 continue
             hosted = replicas.partitions.get(key)
             stored = hosted.topic_id if hosted is not None else log_manager.topic_id(*key)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftlog.constants import NO_AUTHORIZED_OPERATIONS
+from raftlog.constants import METADATA_TOPIC, NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
 from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_util import log
-
-METADATA_TOPIC = "__cluster_metadata"
 
 
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from raftlog.constants import NO_AUTHORIZED_OPERATIONS
+from raftlog.constants import METADATA_TOPIC, NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller.messages import NewTopic
@@ -19,7 +19,6 @@ from raftlog.net.kafka.backend import (
     TopicInfo,
 )
 from raftlog.net.kafka.context import RequestContext
-from raftlog.net.kafka.handlers_cluster import METADATA_TOPIC
 from raftlog.net.kafka.handlers_util import guarded, leader_dict, log, to_ms
 from raftlog.net.limits import RateLimitedLog
 from raftlog.security.acl import ResourceType
