@@ -30,7 +30,6 @@ from raftlog.groups.offsets_format import LogEntry, TxnEnd, TxnRecord
 from raftlog.groups.offsets_format import Record as OffsetsRecord
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.groups.settings import OFFSETS_TOPIC, GroupConfig
-from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
@@ -38,18 +37,19 @@ from raftlog.records import (
     BatchHeader,
     Record,
     build_batch,
-    iter_batches,
     iter_records,
     parse_txn_marker,
 )
 from raftlog.replication.core.producer_table import MAX_SEQUENCE, ProducerEntry
+from raftlog.replication.internal_topics import (
+    coordinator_location,
+    create_internal_topic,
+    read_partition,
+)
 from raftlog.replication.manager import ReplicaManager
 
 log = logging.getLogger("raftlog.groups")
 
-# Bytes read per step (on the event loop) when a new coordinator replays its offsets
-# partition: small enough that one step stays a few milliseconds of loop time.
-LOAD_READ_BYTES = 256 * 1024
 # How long a commit may wait for acks=all before the member is told to retry.
 OFFSETS_APPEND_TIMEOUT_MS = 10_000
 
@@ -100,19 +100,13 @@ class NodeGroupService:
 
     # ---------------------------------------------------------------- FindCoordinator
     async def coordinator_for(self, group_id: str) -> CoordinatorLocation:
-        image = self.metadata.image
-        topic = image.topic(OFFSETS_TOPIC)
-        if topic is None:
+        location = coordinator_location(
+            self.metadata.image, OFFSETS_TOPIC, lambda count: partition_for_group(group_id, count)
+        )
+        if location is None:
             self._create_offsets_topic()
             return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        state = topic.partitions.get(partition_for_group(group_id, len(topic.partitions)))
-        if state is None:
-            return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        broker = image.brokers.get(state.leader)
-        if broker is None or broker.fenced:
-            return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        host, port = broker.client_endpoint
-        return CoordinatorLocation(ErrorCode.none, state.leader, host, port)
+        return location
 
     def _create_offsets_topic(self) -> None:
         if self._creating or self._nursery is None:
@@ -122,29 +116,13 @@ class NodeGroupService:
 
     async def _create_offsets_topic_task(self) -> None:
         try:
-            live = len(self.metadata.image.unfenced_brokers())
-            replication_factor = max(1, min(self.config.offsets_topic_replication_factor, live))
-            request = cm.CreateTopics(
-                (
-                    cm.NewTopic(
-                        OFFSETS_TOPIC,
-                        self.num_partitions,
-                        replication_factor,
-                        configs={"cleanup.policy": "compact"},
-                    ),
-                )
+            await create_internal_topic(
+                self.controller.call,
+                self.metadata.image,
+                OFFSETS_TOPIC,
+                self.num_partitions,
+                self.config.offsets_topic_replication_factor,
             )
-            reply = await self.controller.call(request)
-            result = reply.results[0]
-            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
-                log.warning(
-                    "cannot create %s: %s %s",
-                    OFFSETS_TOPIC,
-                    result.error_code.name,
-                    result.error_message,
-                )
-        except KafkaError as exc:
-            log.warning("cannot create %s: %s", OFFSETS_TOPIC, exc)
         finally:
             self._creating = False
 
@@ -197,32 +175,9 @@ class NodeGroupService:
 
     async def _read_all(self, partition: int) -> list[LogEntry]:
         """Every entry of the partition, in log order: (key, value) records, TxnRecord for
-        records of transactional batches, TxnEnd for COMMIT/ABORT markers.
-
-        Read on the event loop, one bounded chunk at a time with a checkpoint between chunks:
-        the log's segment list and files change under appends, retention and compaction, all
-        of which run on the event loop, so a read there never sees a segment closed halfway
-        through, as a read in a worker thread could. A follower truncation cuts the log in a
-        worker thread; each chunk waits until no cut is under way (`log_cut`).
-        """
+        records of transactional batches, TxnEnd for COMMIT/ABORT markers."""
         hosted = self.replicas.replicas.partitions.get((OFFSETS_TOPIC, partition))
-        if hosted is None:
-            return []
-        partition_log = hosted.log
-        out: list[LogEntry] = []
-        await hosted.wait_for_log_cut()
-        offset = partition_log.log_start_offset
-        end = partition_log.log_end_offset
-        while offset < end:
-            await hosted.wait_for_log_cut()
-            data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
-            if not data:
-                break
-            for pos, header in iter_batches(data):
-                out.extend(batch_entries(data, pos, header))
-                offset = header.next_offset
-            await trio.lowlevel.checkpoint()
-        return out
+        return await read_partition(hosted, batch_entries)
 
 
 def next_sequence(entry: ProducerEntry | None, producer_epoch: int) -> int:

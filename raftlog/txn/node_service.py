@@ -43,8 +43,13 @@ from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, Contro
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
 from raftlog.net.rpc import PeerSet, RpcError
+from raftlog.records import BatchHeader, build_batch, iter_records
 from raftlog.records import Record as KafkaRecord
-from raftlog.records import build_batch, iter_batches, iter_records
+from raftlog.replication.internal_topics import (
+    coordinator_location,
+    create_internal_topic,
+    read_partition,
+)
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.txn_markers import TxnMarkerRequest
 from raftlog.txn import rpc_bodies as wire
@@ -71,8 +76,6 @@ from raftlog.txn.shell import TxnCoordinatorShell
 
 log = logging.getLogger("raftlog.txn")
 
-# Bytes read per step (on the event loop) when a new coordinator replays its partition.
-LOAD_READ_BYTES = 256 * 1024
 # How long a transition may wait for acks=all before its caller is told to retry.
 TXN_STATE_APPEND_TIMEOUT_MS = 10_000
 # A remote verification waits at most this long (the produce then fails retriably).
@@ -168,20 +171,15 @@ class NodeTxnService:
 
     # ---------------------------------------------------------------- FindCoordinator
     async def coordinator_for(self, transactional_id: str) -> CoordinatorLocation:
-        image: MetadataImage = self.metadata.image
-        topic = image.topic(TRANSACTION_STATE_TOPIC)
-        if topic is None:
+        location = coordinator_location(
+            self.metadata.image,
+            TRANSACTION_STATE_TOPIC,
+            lambda count: partition_for_transactional_id(transactional_id, count),
+        )
+        if location is None:
             self._create_topic()
             return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        partition = partition_for_transactional_id(transactional_id, len(topic.partitions))
-        state = topic.partitions.get(partition)
-        if state is None or state.leader == NO_LEADER:
-            return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        broker = image.brokers.get(state.leader)
-        if broker is None or broker.fenced:
-            return CoordinatorLocation(ErrorCode.coordinator_not_available)
-        host, port = broker.client_endpoint
-        return CoordinatorLocation(ErrorCode.none, state.leader, host, port)
+        return location
 
     def _create_topic(self) -> None:
         if self._creating or self._nursery is None:
@@ -191,33 +189,14 @@ class NodeTxnService:
 
     async def _create_topic_task(self) -> None:
         try:
-            live = len(self.metadata.image.unfenced_brokers())
-            # The factor is capped by the live brokers when the topic is created.
-            replication_factor = max(
-                1, min(self.config.transaction_state_log_replication_factor, live)
+            await create_internal_topic(
+                self.controller.call,
+                self.metadata.image,
+                TRANSACTION_STATE_TOPIC,
+                self.txn_config.transaction_state_log_num_partitions,
+                self.config.transaction_state_log_replication_factor,
+                self.config.transaction_state_log_min_isr,
             )
-            min_isr = min(self.config.transaction_state_log_min_isr, replication_factor)
-            request = cm.CreateTopics(
-                (
-                    cm.NewTopic(
-                        TRANSACTION_STATE_TOPIC,
-                        self.txn_config.transaction_state_log_num_partitions,
-                        replication_factor,
-                        configs={"cleanup.policy": "compact", "min.insync.replicas": str(min_isr)},
-                    ),
-                )
-            )
-            reply = await self.controller.call(request)
-            result = reply.results[0]
-            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
-                log.warning(
-                    "cannot create %s: %s %s",
-                    TRANSACTION_STATE_TOPIC,
-                    result.error_code.name,
-                    result.error_message,
-                )
-        except KafkaError as exc:
-            log.warning("cannot create %s: %s", TRANSACTION_STATE_TOPIC, exc)
         finally:
             self._creating = False
 
@@ -520,33 +499,15 @@ class NodeTxnService:
             raise KafkaError(result.error, result.error_message or "transaction state append")
 
     async def _read_all(self, partition: int) -> list[Record]:
-        """Every (key, value) of the partition, in log order, read on the event loop one
-        bounded chunk at a time (as groups/node_service.py reads `__consumer_offsets`, and
-        for the same reasons: the log changes only on the event loop, and a follower's cut
-        runs in a worker thread, which each chunk waits out)."""
+        """Every (key, value) of the partition, in log order (markers carry none)."""
         hosted = self.replicas.replicas.partitions.get((TRANSACTION_STATE_TOPIC, partition))
-        if hosted is None:
-            return []
-        partition_log = hosted.log
-        out: list[Record] = []
-        await hosted.wait_for_log_cut()
-        offset = partition_log.log_start_offset
-        end = partition_log.log_end_offset
-        while offset < end:
-            await hosted.wait_for_log_cut()
-            data = partition_log.read(offset, LOAD_READ_BYTES, max_offset=end).read_bytes()
-            if not data:
-                break
-            for pos, header in iter_batches(data):
-                if not header.is_control:
-                    out.extend(
-                        (record.key, record.value)
-                        for record in iter_records(data, pos)
-                        if record.key is not None
-                    )
-                offset = header.next_offset
-            await trio.lowlevel.checkpoint()
-        return out
+        return await read_partition(hosted, _state_records)
+
+
+def _state_records(data: bytes, pos: int, header: BatchHeader) -> list[Record]:
+    if header.is_control:
+        return []
+    return [(r.key, r.value) for r in iter_records(data, pos) if r.key is not None]
 
 
 async def start_node_txn_service(
