@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from rich.progress import (
@@ -235,8 +235,14 @@ def next_offset_after(records: bytes, offset: int) -> int:
     return offset
 
 
+class FetchCaller(Protocol):
+    """A BrokerConnection, or the benchmark's plain-socket SocketFetcher."""
+
+    async def call(self, api: str, values: dict[str, Any]) -> Any: ...
+
+
 async def fetch_slice(
-    connection: BrokerConnection, cursors: list[Cursor], target_bytes: int, advance: Any
+    connection: FetchCaller, cursors: list[Cursor], target_bytes: int, advance: Any
 ) -> int:
     """Fetch, as a Kafka consumer does from one broker (one request in flight naming every
     partition that still needs data), until each partition has received target_bytes of its
