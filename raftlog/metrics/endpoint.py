@@ -14,6 +14,8 @@ import logging
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from raftlog.errors import RemoteError
+
 log = logging.getLogger("raftlog.metrics")
 
 METRICS_PATH = "/metrics"
@@ -26,7 +28,7 @@ MAX_CONNECTIONS = 64
 _READ_CHUNK_BYTES = 4096
 
 
-class BadRequest(Exception):
+class BadRequest(RemoteError):
     """The bytes read are not an HTTP/1.x request head."""
 
 

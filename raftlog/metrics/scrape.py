@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from raftlog.errors import RemoteError
+
 # The exposition of a node with a few thousand partitions is well under this.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 5.0
@@ -33,7 +35,7 @@ STATUS_METRICS: dict[str, str] = {
 }
 
 
-class ScrapeError(Exception):
+class ScrapeError(RemoteError):
     """The node's metrics endpoint did not answer with an exposition."""
 
 
