@@ -182,6 +182,11 @@ class TxnCoordinator:
             raise AssertionError(f"load of partition {self.partition} after it finished")
         replayed = self._replayed
         for txn_id, value in fmt.decode_records(records):
+            if self.config.partition_for(txn_id) != self.partition:
+                # Not this partition's id: no client would be routed here for it, so its
+                # transaction could never be ended or timed out by anyone who asks.
+                self._load_repairs["records of other partitions' ids skipped"] += 1
+                continue
             if value is None:
                 replayed.pop(txn_id, None)
             else:

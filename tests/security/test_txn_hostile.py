@@ -8,6 +8,7 @@ then removed). The others pin what already holds.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -356,12 +357,15 @@ async def _ticks_while(n_records: int, what: str) -> int:
     """How often a task that only yields ran while the shell loaded `n_records` Empty
     transactions (what="load") or listed them (what="list"): 0 more for more records
     means the work ran in one event-loop step."""
-    from tests.txn.test_shell import START_MS, FakeNode, start_shell
+    from tests.txn.test_shell import CONFIG, START_MS, FakeNode, start_shell
 
     node = FakeNode()
+    # Ids the shell's config routes to partition 0 (a coordinator skips others' ids).
+    ids = (f"id-{n}" for n in itertools.count())
+    ours = itertools.islice((i for i in ids if CONFIG.partition_for(i) == 0), n_records)
     node.log[0] = [
-        fmt.record(f"id-{i}", TransactionLogValue(1000 + i, 0, 60_000, S.EMPTY, (), START_MS, -1))
-        for i in range(n_records)
+        fmt.record(txn_id, TransactionLogValue(1000 + i, 0, 60_000, S.EMPTY, (), START_MS, -1))
+        for i, txn_id in enumerate(ours)
     ]
     ticks = 0
 
@@ -459,3 +463,17 @@ async def test_kip360_recovery_with_a_guessed_producer_needs_write_on_the_id(env
         epoch,
         "Ongoing",
     )
+
+
+def test_a_loaded_id_of_another_partition_is_skipped() -> None:
+    """A CRC-correct record of an id that routes to another partition (a writer bug, damage,
+    a changed partition count) would leave an Ongoing transaction no client can reach: its
+    producer is sent to the other coordinator, and nothing here would ever time it out."""
+    from tests.txn.harness import txn_id_on
+
+    config = TxnConfig(transaction_state_log_num_partitions=2)
+    coordinator = TxnCoordinator(0, 1, config, allocate_producer_id=lambda: None)
+    stray, own = txn_id_on(1, config), txn_id_on(0, config)
+    ongoing = TransactionLogValue(7, 0, 60_000, S.ONGOING, (("orders", 0),), NOW_MS, NOW_MS)
+    coordinator.load([fmt.record(stray, ongoing), fmt.record(own, ongoing)], NOW_MS)
+    assert set(coordinator.transactions) == {own}
