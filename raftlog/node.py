@@ -36,6 +36,7 @@ from raftlog.errors import (
 from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
+from raftlog.metadata.controller.liveness import BrokerReachability
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
 from raftlog.metadata.raft.types import RoleChange
@@ -134,6 +135,8 @@ class Node:
         self.metadata: MetadataService | None = None
         self.quorum: QuorumDriver | None = None
         self.lifecycle: BrokerLifecycle | None = None
+        # A controller-only node's watch of brokers' listeners (a broker's lifecycle has one).
+        self.reachability: BrokerReachability | None = None
         self.controller_client: ControllerClient | None = None
         self.replicas: ReplicaManager | None = None
         self.backend: BrokerBackend | None = None
@@ -210,6 +213,11 @@ class Node:
                 await self._start_broker(nursery, flusher)
                 if fresh_data_dir and config.bootstrap_scram_credentials:
                     nursery.start_soon(self._seed_scram_users)
+            else:
+                # A broker's lifecycle runs it; a controller-only node still sees (and, when
+                # active, acts on) brokers whose listeners refuse it.
+                self.reachability = BrokerReachability(config.node_id, self.peers, self.metadata)
+                await nursery.start(self.reachability.run)
 
             log.info(
                 "node %d up: roles %s, internal %s:%d, client port %s, cluster %s",
