@@ -110,3 +110,35 @@ async def socket_sink() -> AsyncIterator[SocketSink]:
     finally:
         sender.close()
         receiver.close()
+
+
+def stream_acked_bytes_per_s(
+    producer: Any, topic: str, value: bytes, seconds: float, timeout_s: float
+) -> float:
+    """A confluent-kafka producer sending `value` to partition 0 of `topic` as fast as it can
+    for `seconds`: acknowledged bytes/s inside the window. Connects first (setup, a handshake,
+    taking a producer id are not throughput); raises on any delivery error."""
+    acked = 0
+    failed: list[Any] = []
+
+    def on_delivery(error: Any, message: Any) -> None:
+        nonlocal acked
+        if error is None:
+            acked += len(message.value())
+        else:
+            failed.append(error)
+
+    producer.list_topics(topic, timeout=timeout_s)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _ in range(1000):
+            try:
+                producer.produce(topic, value, partition=0, on_delivery=on_delivery)
+            except BufferError:
+                break
+        producer.poll(0.001)
+    in_window = acked
+    producer.flush(timeout_s)
+    if failed:
+        raise RuntimeError(f"{len(failed)} produce errors, first: {failed[0]}")
+    return in_window / seconds

@@ -36,7 +36,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from benchmarks.common import console, emit_result
+from benchmarks.common import console, emit_result, stream_acked_bytes_per_s
 from raftlog.constants import MIB
 from raftlog.net.tls import node_common_name
 
@@ -267,33 +267,9 @@ def produce_for(config: dict[str, Any], seconds: float) -> float:
             "queue.buffering.max.kbytes": 16 * 1024,
         }
     )
-    acked = 0
-    failed: list[Any] = []
-
-    def on_delivery(error: Any, message: Any) -> None:
-        nonlocal acked
-        if error is None:
-            acked += len(message.value())
-        else:
-            failed.append(error)
-
+    # (The connect includes the TLS and SASL handshakes: they are not throughput.)
     value = b"s" * VALUE_BYTES
-    # Connect and authenticate before the clock starts: a handshake is not throughput.
-    producer.list_topics(TOPIC, timeout=CLIENT_TIMEOUT_S)
-    started = time.monotonic()
-    deadline = started + seconds
-    while time.monotonic() < deadline:
-        for _ in range(1000):
-            try:
-                producer.produce(TOPIC, value, partition=0, on_delivery=on_delivery)
-            except BufferError:
-                break
-        producer.poll(0.001)
-    in_window = acked
-    producer.flush(CLIENT_TIMEOUT_S)
-    if failed:
-        raise RuntimeError(f"{len(failed)} produce errors, first: {failed[0]}")
-    return in_window / seconds
+    return stream_acked_bytes_per_s(producer, TOPIC, value, seconds, CLIENT_TIMEOUT_S)
 
 
 def fetch_all(config: dict[str, Any]) -> float:

@@ -31,7 +31,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from benchmarks.common import console, emit_result
+from benchmarks.common import console, emit_result, stream_acked_bytes_per_s
 from benchmarks.security import _mib, _ratio, alternate
 from raftlog.constants import KIB, MIB
 
@@ -74,33 +74,8 @@ def idempotent_produce_for(bootstrap: str, seconds: float, value_bytes: int) -> 
     from confluent_kafka import Producer
 
     producer = Producer(_producer_config(bootstrap))
-    acked = 0
-    failed: list[Any] = []
-
-    def on_delivery(error: Any, message: Any) -> None:
-        nonlocal acked
-        if error is None:
-            acked += len(message.value())
-        else:
-            failed.append(error)
-
     value = b"i" * value_bytes
-    # Connect and take a producer id before the clock starts: setup is not throughput.
-    producer.list_topics(PLAIN_TOPIC, timeout=CLIENT_TIMEOUT_S)
-    started = time.monotonic()
-    deadline = started + seconds
-    while time.monotonic() < deadline:
-        for _ in range(1000):
-            try:
-                producer.produce(PLAIN_TOPIC, value, partition=0, on_delivery=on_delivery)
-            except BufferError:
-                break
-        producer.poll(0.001)
-    in_window = acked
-    producer.flush(CLIENT_TIMEOUT_S)
-    if failed:
-        raise RuntimeError(f"{len(failed)} produce errors, first: {failed[0]}")
-    return in_window / seconds
+    return stream_acked_bytes_per_s(producer, PLAIN_TOPIC, value, seconds, CLIENT_TIMEOUT_S)
 
 
 def txn_produce_for(
