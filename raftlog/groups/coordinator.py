@@ -50,6 +50,7 @@ from raftlog.groups.messages import (
     LeaveMemberResult,
     ListedGroup,
     ListGroupsResponse,
+    OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetFetchRequest,
@@ -375,6 +376,23 @@ class GroupCoordinator:
         return LeaveGroupResponse(ErrorCode.none, tuple(results)), fx
 
     # ------------------------------------------------------------------ offsets
+    def _offsets_to_commit(
+        self, group_id: str, requested: list[tuple[str, OffsetCommitPartition]], now_ms: int
+    ) -> tuple[dict[tuple[str, int], ErrorCode], dict[OffsetKey, CommittedOffset]]:
+        """Each requested partition's answer, and the offsets to write: all but those whose
+        metadata is over offset_metadata_max_bytes (OFFSET_METADATA_TOO_LARGE)."""
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        offsets: dict[OffsetKey, CommittedOffset] = {}
+        for topic, p in requested:
+            metadata = p.metadata or ""
+            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                errors[(topic, p.partition)] = ErrorCode.offset_metadata_too_large
+                continue
+            errors[(topic, p.partition)] = ErrorCode.none
+            key = OffsetKey(group_id, topic, p.partition)
+            offsets[key] = CommittedOffset(p.offset, p.leader_epoch, metadata, now_ms)
+        return errors, offsets
+
     def offset_commit(self, token: Token, req: OffsetCommitRequest, now_ms: int) -> Effects:
         fx = Effects()
         requested = [(t.name, p) for t in req.topics for p in t.partitions]
@@ -388,16 +406,7 @@ class GroupCoordinator:
             )
             return fx
         group.touch(req.member_id, now_ms)
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        offsets: dict[OffsetKey, CommittedOffset] = {}
-        for topic, p in requested:
-            metadata = p.metadata or ""
-            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
-                errors[(topic, p.partition)] = ErrorCode.offset_metadata_too_large
-                continue
-            errors[(topic, p.partition)] = ErrorCode.none
-            key = OffsetKey(req.group_id, topic, p.partition)
-            offsets[key] = CommittedOffset(p.offset, p.leader_epoch, metadata, now_ms)
+        errors, offsets = self._offsets_to_commit(req.group_id, requested, now_ms)
         if not offsets:
             fx.replies.append((token, _commit_response(errors)))
             return fx
@@ -460,16 +469,7 @@ class GroupCoordinator:
             )
             return fx
         group.touch(req.member_id, now_ms)
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        offsets: dict[OffsetKey, CommittedOffset] = {}
-        for topic, p in requested:
-            metadata = p.metadata or ""
-            if len(metadata.encode()) > self.config.offset_metadata_max_bytes:
-                errors[(topic, p.partition)] = ErrorCode.offset_metadata_too_large
-                continue
-            errors[(topic, p.partition)] = ErrorCode.none
-            key = OffsetKey(req.group_id, topic, p.partition)
-            offsets[key] = CommittedOffset(p.offset, p.leader_epoch, metadata, now_ms)
+        errors, offsets = self._offsets_to_commit(req.group_id, requested, now_ms)
         if not offsets:
             fx.replies.append((token, _commit_response(errors)))
             return fx
