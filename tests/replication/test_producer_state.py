@@ -388,12 +388,18 @@ def test_rebuild_after_log_start_moves_past_the_snapshot(tmp_path: Path) -> None
 
 @dataclass
 class Client:
-    """An idempotent producer: up to 5 batches in flight, retried until answered."""
+    """An idempotent producer: batches retried until answered, none sent more than 5
+    batches after the oldest unanswered one (max.in.flight = 5: the broker keeps the last 5
+    batches of a producer to recognise retries)."""
 
     pid: int
     epoch: int = 0
     next_seq: int = 0
-    in_flight: list[tuple[int, bytes]] = field(default_factory=list)  # (seq, request)
+    sent_batches: int = 0
+    in_flight: list[tuple[int, bytes]] = field(default_factory=list)  # (batch number, request)
+
+    def may_send(self) -> bool:
+        return not self.in_flight or self.sent_batches - self.in_flight[0][0] < 5
 
 
 OPS = st.lists(
@@ -418,10 +424,11 @@ def test_retries_never_duplicate_records_in_the_log(ops: list, strict: bool) -> 
         acked: dict[bytes, int] = {}  # request -> base offset the broker answered
         for op, which, arg, lost in ops:
             client = clients[which]
-            if op == "send" and len(client.in_flight) < 5:
+            if op == "send" and client.may_send():
                 data = request(client.pid, client.epoch, client.next_seq, 1 + arg % 3)
                 client.next_seq += 1 + arg % 3
-                client.in_flight.append((client.next_seq, data))
+                client.in_flight.append((client.sent_batches, data))
+                client.sent_batches += 1
                 if not lost:
                     produce(plog, table, data)  # its answer is treated as lost: retried
             elif op == "retry" and client.in_flight:

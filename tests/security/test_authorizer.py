@@ -309,20 +309,21 @@ def many_bindings(count: int) -> list[AclBinding]:
 
 def test_ten_thousand_acls_build_and_answer_fast() -> None:
     bindings = many_bindings(10_000)
-    started = time.perf_counter()
+    started = time.process_time()
     authorizer = Authorizer(bindings)
-    build_s = time.perf_counter() - started
+    build_s = time.process_time() - started
     assert len(authorizer) == 10_000
     names = [f"topic-{i}" for i in range(0, 10_000, 4)] + [f"team{i}.x" for i in range(250)]
-    started = time.perf_counter()
+    started = time.process_time()
     allowed = 0
     for i in range(10_000):
         allowed += authorizer.authorize(
             f"User:u{i % 100}", "10.0.0.1", Op.READ, TOPIC, names[i % len(names)]
         )
-    answer_s = time.perf_counter() - started
+    answer_s = time.process_time() - started
     assert allowed > 0
-    # Loose bounds for a shared 2-core machine; typical is ~15 ms and ~20 ms.
+    # CPU time of this process, so other work on a shared 2-core machine does not count;
+    # loose bounds, typical is ~15 ms and ~20 ms.
     assert build_s < 0.5, build_s
     assert answer_s < 1.0, answer_s
 
