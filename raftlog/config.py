@@ -36,6 +36,8 @@ DAY_MS = 24 * HOUR_MS
 ROLES = ("controller", "broker")
 FLUSH_POLICIES = ("always", "interval")
 CLEANUP_POLICIES = ("delete", "compact")
+# A rack name travels in every Metadata answer: long names only cost every client.
+MAX_RACK_CHARS = 255
 
 
 def _key(
@@ -87,6 +89,11 @@ class NodeConfig:
         "",
         "Cluster id; empty means generated on first start. A data dir "
         "formatted for another cluster id refuses to start.",
+    )
+    broker_rack: str = _key(
+        "",
+        "Kafka's broker.rack: the rack (or zone) this broker is in; empty means none. Replica "
+        "placement spreads a partition's replicas over racks.",
     )
     # -- listeners
     client_listener: str = _key("127.0.0.1:9092", "HOST:PORT of the Kafka protocol listener.")
@@ -555,6 +562,10 @@ class NodeConfig:
                 f"hold the largest frame: at least {largest_frame_bytes + FRAME_SIZE_PREFIX_BYTES}"
                 f" (socket_request_max_bytes or internal_frame_max_bytes, plus its "
                 f"{FRAME_SIZE_PREFIX_BYTES}-byte size prefix)"
+            )
+        if len(self.broker_rack) > MAX_RACK_CHARS or not self.broker_rack.isprintable():
+            raise ConfigError(
+                f"{source}: broker_rack must be at most {MAX_RACK_CHARS} printable characters"
             )
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
             raise ConfigError(

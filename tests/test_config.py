@@ -34,6 +34,8 @@ def test_round_trip_through_toml(tmp_path):
         ({"roles": ["janitor"]}, "roles must be a non-empty subset"),
         ({"client_listener": "nohost"}, "client_listener: expected HOST:PORT"),
         ({"node_id": 5}, "node 5 has the controller role but is not in"),
+        ({"broker_rack": "rack\n1"}, "broker_rack must be at most 255 printable"),
+        ({"broker_rack": "r" * 256}, "broker_rack must be at most 255 printable"),
     ],
 )
 def test_bad_values_are_refused_clearly(values, message):
