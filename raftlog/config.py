@@ -27,7 +27,7 @@ from raftlog.config_listeners import (
     parse_sasl_mechanisms,
     parse_super_users,
 )
-from raftlog.constants import FRAME_SIZE_PREFIX_BYTES, GIB, MIB
+from raftlog.constants import FRAME_SIZE_PREFIX_BYTES, GIB, MAX_RACK_CHARS, MIB
 from raftlog.errors import ConfigError
 
 HOUR_MS = 3_600_000
@@ -36,8 +36,6 @@ DAY_MS = 24 * HOUR_MS
 ROLES = ("controller", "broker")
 FLUSH_POLICIES = ("always", "interval")
 CLEANUP_POLICIES = ("delete", "compact")
-# A rack name travels in every Metadata answer: long names only cost every client.
-MAX_RACK_CHARS = 255
 
 
 def _key(

@@ -30,3 +30,6 @@ NO_AUTHORIZED_OPERATIONS = -(2**31)
 # The metadata log's topic (KIP-500): a partition of it is never a client's or a
 # transaction's.
 METADATA_TOPIC = "__cluster_metadata"
+# Kafka's broker.rack, as long as raftlog lets it be: a rack name travels in every Metadata
+# answer, so a long one only costs every client.
+MAX_RACK_CHARS = 255

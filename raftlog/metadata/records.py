@@ -29,6 +29,7 @@ from raftlog.codec import (
     Size,
     unpack,
 )
+from raftlog.constants import MAX_RACK_CHARS
 from raftlog.errors import CorruptRecordError
 from raftlog.security.acl import (
     CONCRETE_OPERATIONS,
@@ -83,6 +84,7 @@ class RecordDecodeError(CorruptRecordError, DecodeError):
 
 TopicName = Annotated[str, MaxLen(249)]  # Kafka's limit, which the controller enforces
 BrokerEpoch = Offset  # a broker epoch is the metadata offset of its registration
+Rack = Annotated[str, MaxLen(MAX_RACK_CHARS)]
 PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]
 Replicas = tuple[NodeId, ...]
 # A broker's Kafka listener as registered: (name, advertised host, port, security protocol),
@@ -116,7 +118,7 @@ class RegisterBroker(Record):
     client_port: Port
     internal_host: str
     internal_port: Port
-    rack: str | None = None
+    rack: Rack | None = None
     # Every client listener the broker advertises; empty (an older broker) means the one
     # PLAINTEXT endpoint client_host:client_port.
     listeners: Annotated[BrokerListeners, Added()] = ()

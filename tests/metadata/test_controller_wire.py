@@ -49,6 +49,14 @@ def test_out_of_range_fields_are_refused():
         cm.CODEC.from_wire(cm.ControllerRequest, bad)
 
 
+def test_a_rack_longer_than_kafka_clients_need_is_refused_at_decode():
+    register = cm.RegisterBroker(1, uuid.uuid4(), "h", 1, "h", 2, "r" * 255, "cid")
+    assert cm.CODEC.decode(cm.ControllerRequest, cm.CODEC.encode(register)) == register
+    forged = cm.RegisterBroker(1, uuid.uuid4(), "h", 1, "h", 2, "r" * 256, "cid")
+    with pytest.raises(DecodeError, match=r"RegisterBroker\.rack"):
+        cm.CODEC.decode(cm.ControllerRequest, cm.CODEC.encode(forged))
+
+
 def test_garbage_is_a_decode_error():
     with pytest.raises(DecodeError):
         cm.CODEC.decode(cm.ControllerRequest, b"\xc1\xc1")

@@ -286,7 +286,7 @@ class BrokerLifecycle:
             client_port,
             internal_host,
             internal_port,
-            None,
+            self.config.broker_rack or None,
             self.metadata.cluster_id or None,
             listeners,
         )

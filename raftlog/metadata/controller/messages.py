@@ -29,7 +29,7 @@ from raftlog.codec import (
     Range,
 )
 from raftlog.errors import ErrorCode
-from raftlog.metadata.records import BrokerListeners, Record
+from raftlog.metadata.records import BrokerListeners, Rack, Record
 from raftlog.security.acl import AclBinding, AclBindingFilter
 
 NONE = ErrorCode.none
@@ -62,7 +62,7 @@ class RegisterBroker:
     client_port: Port
     internal_host: str
     internal_port: Port
-    rack: str | None = None
+    rack: Rack | None = None
     cluster_id: str | None = None  # None skips the check (tests, single-node bootstrap)
     # The broker's client listeners (records.BrokerListener); empty: client_host/port only.
     listeners: Annotated[BrokerListeners, Added()] = ()
