@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -113,11 +113,18 @@ async def socket_sink() -> AsyncIterator[SocketSink]:
 
 
 def stream_acked_bytes_per_s(
-    producer: Any, topic: str, value: bytes, seconds: float, timeout_s: float
+    producer: Any,
+    topic: str,
+    value: bytes,
+    seconds: float,
+    timeout_s: float,
+    partition: int = 0,
+    ready: Callable[[], None] | None = None,
 ) -> float:
-    """A confluent-kafka producer sending `value` to partition 0 of `topic` as fast as it can
+    """A confluent-kafka producer sending `value` to `partition` of `topic` as fast as it can
     for `seconds`: acknowledged bytes/s inside the window. Connects first (setup, a handshake,
-    taking a producer id are not throughput); raises on any delivery error."""
+    taking a producer id are not throughput), then calls `ready` (e.g. a barrier other
+    producers wait on too); raises on any delivery error."""
     acked = 0
     failed: list[Any] = []
 
@@ -129,11 +136,13 @@ def stream_acked_bytes_per_s(
             failed.append(error)
 
     producer.list_topics(topic, timeout=timeout_s)
+    if ready is not None:
+        ready()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for _ in range(1000):
             try:
-                producer.produce(topic, value, partition=0, on_delivery=on_delivery)
+                producer.produce(topic, value, partition=partition, on_delivery=on_delivery)
             except BufferError:
                 break
         producer.poll(0.001)

@@ -1,17 +1,21 @@
-"""Transactions benchmark: what transactions cost a producer, and read_committed a consumer.
+"""Transactions benchmark: what transactions cost producers, and read_committed a consumer.
 
     python -m benchmarks.transactions [--seconds 5] [--rounds 5] [--records-per-txn 100]
+                                      [--producers 4]
 
-One cluster of three real node processes (raftlog.testing.cluster), two RF 3
-single-partition topics (min.insync.replicas 2), confluent-kafka clients with the same
-settings on both sides of each pair:
+One cluster of three real node processes (raftlog.testing.cluster), two RF 3 topics of
+`--producers` partitions (min.insync.replicas 2), confluent-kafka clients with the same
+settings on both sides of each pair, each producer in its own process on its own partition:
 
-- produce throughput, acks=all, values of `--value-bytes` (1 KiB): a transactional producer
-  committing transactions of `--records-per-txn` records one after the other (begin, produce,
-  commit_transaction) / a plain idempotent producer streaming the same records
-  (txn_produce_ratio, target >= 0.5);
-- consumer fetch throughput over the same committed transactional data, from the start of the
-  topic to its end: isolation.level=read_committed / read_uncommitted
+- produce throughput, acks=all, values of `--value-bytes` (1 KiB), `--producers` producers at
+  once on each side: transactional producers, each committing transactions of
+  `--records-per-txn` records one after the other (begin, produce, commit_transaction) /
+  plain idempotent producers streaming the same records (txn_produce_ratio, target >= 0.5).
+  The same pair with one producer a side is measured too (txn_produce_ratio_one_producer):
+  one transactional producer waits for every step of every transaction, so that ratio is
+  bound by round trips, not by what a byte costs;
+- consumer fetch throughput over the same committed transactional data, every partition from
+  its start to its end: isolation.level=read_committed / read_uncommitted
   (read_committed_ratio, target >= 0.9).
 
 Each pair is measured in `--rounds` rounds, the two sides alternating which goes first, and a
@@ -23,9 +27,11 @@ and round}.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import queue
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,49 +62,69 @@ def _producer_config(bootstrap: str) -> dict[str, Any]:
     }
 
 
-def create_topics(bootstrap: str) -> None:
+def create_topics(bootstrap: str, partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topics = [
-        NewTopic(name, 1, 3, config={"min.insync.replicas": "2"})
+        NewTopic(name, partitions, 3, config={"min.insync.replicas": "2"})
         for name in (TXN_TOPIC, PLAIN_TOPIC)
     ]
     for future in admin.create_topics(topics).values():
         future.result(CLIENT_TIMEOUT_S)
 
 
-def idempotent_produce_for(bootstrap: str, seconds: float, value_bytes: int) -> float:
-    """One idempotent producer streaming values as fast as it can for `seconds`;
-    acknowledged bytes/s inside the window."""
+def idempotent_produce_for(
+    bootstrap: str, partition: int, seconds: float, value_bytes: int, ready: Callable[[], None]
+) -> tuple[float, int]:
+    """One idempotent producer streaming values to `partition` as fast as it can for
+    `seconds`, starting once `ready()` returns: (acknowledged bytes/s in the window, 0)."""
     from confluent_kafka import Producer
 
     producer = Producer(_producer_config(bootstrap))
     value = b"i" * value_bytes
-    return stream_acked_bytes_per_s(producer, PLAIN_TOPIC, value, seconds, CLIENT_TIMEOUT_S)
+    # A producer id and a connection to the partition's leader before the clock starts.
+    producer.produce(PLAIN_TOPIC, value, partition=partition)
+    producer.flush(CLIENT_TIMEOUT_S)
+    rate = stream_acked_bytes_per_s(
+        producer, PLAIN_TOPIC, value, seconds, CLIENT_TIMEOUT_S, partition, ready
+    )
+    return rate, 0
 
 
 def txn_produce_for(
-    bootstrap: str, seconds: float, value_bytes: int, records_per_txn: int, counts: list[int]
-) -> float:
-    """One transactional producer committing transactions of `records_per_txn` values one
-    after the other for `seconds` (the last one finishes); committed bytes/s. Appends the
-    number of committed transactions to `counts`."""
+    bootstrap: str,
+    partition: int,
+    seconds: float,
+    value_bytes: int,
+    records_per_txn: int,
+    ready: Callable[[], None],
+) -> tuple[float, int]:
+    """One transactional producer committing transactions of `records_per_txn` values to
+    `partition` one after the other for `seconds` (the last one finishes), starting once
+    `ready()` returns: (committed bytes/s in the window, committed transactions including
+    one before the window)."""
     from confluent_kafka import Producer
 
     producer = Producer(
         {
             **_producer_config(bootstrap),
-            "transactional.id": f"txn-bench-{time.monotonic_ns()}",
+            "transactional.id": f"txn-bench-{partition}-{time.monotonic_ns()}",
             "transaction.timeout.ms": 60_000,
         }
     )
     value = b"t" * value_bytes
-    # Find the coordinator and take a producer id before the clock starts.
+    # Find the coordinator, take a producer id and commit one transaction (connections to
+    # the partition's leader, the coordinator's to it) before the clock starts.
     producer.init_transactions(CLIENT_TIMEOUT_S)
     producer.list_topics(TXN_TOPIC, timeout=CLIENT_TIMEOUT_S)
+    producer.begin_transaction()
+    for _ in range(records_per_txn):
+        producer.produce(TXN_TOPIC, value, partition=partition)
+    producer.commit_transaction(CLIENT_TIMEOUT_S)
+    ready()
     committed = 0
-    transactions = 0
+    transactions = 1  # the warm-up's records are in the topic too
     started = time.monotonic()
     deadline = started + seconds
     while time.monotonic() < deadline:
@@ -106,7 +132,7 @@ def txn_produce_for(
         for _ in range(records_per_txn):
             while True:
                 try:
-                    producer.produce(TXN_TOPIC, value, partition=0)
+                    producer.produce(TXN_TOPIC, value, partition=partition)
                     break
                 except BufferError:
                     producer.poll(0.001)
@@ -114,13 +140,94 @@ def txn_produce_for(
         committed += records_per_txn * value_bytes
         transactions += 1
     elapsed = time.monotonic() - started
-    counts.append(transactions)
-    return committed / elapsed
+    return committed / elapsed, transactions
 
 
-def fetch_all(bootstrap: str, isolation_level: str, records: list[int]) -> float:
-    """One consumer reading TXN_TOPIC from its start to its end (at most FETCH_MAX_S) at
-    `isolation_level`; consumed value bytes/s. Appends the records read to `records`."""
+def _producer_process(
+    transactional: bool,
+    bootstrap: str,
+    partition: int,
+    seconds: float,
+    value_bytes: int,
+    records_per_txn: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """One producer of a side, in its own process (its own GIL, as separate applications
+    would run): puts (partition, bytes/s, transactions, error or None) on `results`."""
+    ready = lambda: barrier.wait(CLIENT_TIMEOUT_S)  # noqa: E731 - all start together
+    try:
+        if transactional:
+            rate, transactions = txn_produce_for(
+                bootstrap, partition, seconds, value_bytes, records_per_txn, ready
+            )
+        else:
+            rate, transactions = idempotent_produce_for(
+                bootstrap, partition, seconds, value_bytes, ready
+            )
+        results.put((partition, rate, transactions, None))
+    except BaseException as exc:
+        barrier.abort()  # the others stop waiting for this one
+        results.put((partition, 0.0, 0, repr(exc)))
+
+
+def produce_side(
+    transactional: bool,
+    bootstrap: str,
+    producers: int,
+    seconds: float,
+    value_bytes: int,
+    records_per_txn: int,
+    transactions: list[int],
+) -> float:
+    """`producers` producers of one side at once, producer i on partition i, each in its own
+    process, their windows starting together: the sum of their bytes/s. Appends the number of
+    committed transactions to `transactions` (transactional side)."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(producers)
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_producer_process,
+            args=(
+                transactional,
+                bootstrap,
+                partition,
+                seconds,
+                value_bytes,
+                records_per_txn,
+                barrier,
+                results,
+            ),
+            daemon=True,
+        )
+        for partition in range(producers)
+    ]
+    for process in processes:
+        process.start()
+    answers = []
+    try:
+        for _ in processes:
+            answers.append(results.get(timeout=seconds + 3 * CLIENT_TIMEOUT_S))
+    except queue.Empty:
+        raise RuntimeError(f"{producers - len(answers)} producers never answered") from None
+    finally:
+        for process in processes:
+            process.join(CLIENT_TIMEOUT_S)
+            if process.is_alive():
+                process.kill()
+    errors = [error for *_, error in answers if error is not None]
+    if errors:
+        raise RuntimeError(f"{len(errors)} producers failed, first: {errors[0]}")
+    if transactional:
+        transactions.append(sum(count for _, _, count, _ in answers))
+    return sum(rate for _, rate, _, _ in answers)
+
+
+def fetch_all(bootstrap: str, partitions: int, isolation_level: str, records: list[int]) -> float:
+    """One consumer reading every partition of TXN_TOPIC from its start to its end (at most
+    FETCH_MAX_S) at `isolation_level`; consumed value bytes/s. Appends the records read to
+    `records`."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
@@ -136,21 +243,21 @@ def fetch_all(bootstrap: str, isolation_level: str, records: list[int]) -> float
     )
     try:
         consumer.list_topics(TXN_TOPIC, timeout=CLIENT_TIMEOUT_S)
-        consumer.assign([TopicPartition(TXN_TOPIC, 0, OFFSET_BEGINNING)])
+        consumer.assign([TopicPartition(TXN_TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
         consumed = 0
         count = 0
-        at_end = False
+        at_end: set[int] = set()
         started = time.monotonic()
-        # The topic ends with a COMMIT marker, which no consumer returns: the end is the
-        # partition EOF event, not the offset of a last record.
-        while not at_end and time.monotonic() - started < FETCH_MAX_S:
+        # Each partition ends with a COMMIT marker, which no consumer returns: its end is its
+        # EOF event, not the offset of a last record.
+        while len(at_end) < partitions and time.monotonic() - started < FETCH_MAX_S:
             for message in consumer.consume(num_messages=10_000, timeout=0.5):
                 error = message.error()
                 if error is None:
                     consumed += len(message.value() or b"")
                     count += 1
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    at_end = True
+                    at_end.add(message.partition() or 0)
         elapsed = time.monotonic() - started
     finally:
         consumer.close()
@@ -158,10 +265,14 @@ def fetch_all(bootstrap: str, isolation_level: str, records: list[int]) -> float
     return consumed / elapsed if elapsed > 0 else 0.0
 
 
-def run(seconds: float, rounds: int, records_per_txn: int, value_bytes: int) -> dict[str, Any]:
+def run(
+    seconds: float, rounds: int, records_per_txn: int, value_bytes: int, producers: int
+) -> dict[str, Any]:
     from raftlog.testing.cluster import ProcessCluster
 
-    measurements = 2 * 2 * rounds
+    # The one-producer pair is left out when --producers is 1: it would be the same pair.
+    produce_pairs = (producers, 1) if producers > 1 else (producers,)
+    measurements = 2 * rounds * (len(produce_pairs) + 1)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with (
         tempfile.TemporaryDirectory(prefix="raftlog-txn-bench-") as tmp,
@@ -171,35 +282,45 @@ def run(seconds: float, rounds: int, records_per_txn: int, value_bytes: int) -> 
         with ProcessCluster(Path(tmp) / "cluster", 3) as cluster:
             bar.advance(setup)
             bootstrap = cluster.bootstrap_servers
-            create_topics(bootstrap)
+            create_topics(bootstrap, producers)
             task = bar.add_task("measuring", total=measurements)
 
             def advance(what: str) -> None:
                 bar.update(task, advance=1, description=f"measuring: {what}")
 
             transactions: list[int] = []
-            produce = alternate(
-                rounds,
-                {
-                    "produce transactional": lambda: txn_produce_for(
-                        bootstrap, seconds, value_bytes, records_per_txn, transactions
-                    ),
-                    "produce idempotent": lambda: idempotent_produce_for(
-                        bootstrap, seconds, value_bytes
-                    ),
-                },
-                advance,
-            )
+            produce: dict[int, dict[str, list[float]]] = {}
+            for count in produce_pairs:
+
+                def side(transactional: bool, count: int = count) -> Callable[[], float]:
+                    return lambda: produce_side(
+                        transactional,
+                        bootstrap,
+                        count,
+                        seconds,
+                        value_bytes,
+                        records_per_txn,
+                        transactions,
+                    )
+
+                produce[count] = alternate(
+                    rounds,
+                    {
+                        f"produce transactional x{count}": side(True),
+                        f"produce idempotent x{count}": side(False),
+                    },
+                    advance,
+                )
             committed_records: list[int] = []
             uncommitted_records: list[int] = []
             fetch = alternate(
                 rounds,
                 {
                     "fetch read_committed": lambda: fetch_all(
-                        bootstrap, "read_committed", committed_records
+                        bootstrap, producers, "read_committed", committed_records
                     ),
                     "fetch read_uncommitted": lambda: fetch_all(
-                        bootstrap, "read_uncommitted", uncommitted_records
+                        bootstrap, producers, "read_uncommitted", uncommitted_records
                     ),
                 },
                 advance,
@@ -212,19 +333,26 @@ def run(seconds: float, rounds: int, records_per_txn: int, value_bytes: int) -> 
     ):
         if any(count != expected for count in counts):
             raise RuntimeError(f"{name} read {counts} records, {expected} were committed")
+
+    def pair(count: int) -> tuple[list[float], list[float]]:
+        sides = produce[count]
+        return sides[f"produce transactional x{count}"], sides[f"produce idempotent x{count}"]
+
+    txn_side, idempotent_side = pair(producers)
     result: dict[str, Any] = {
-        "txn_produce_ratio": _ratio(
-            produce["produce transactional"], produce["produce idempotent"]
-        ),
+        "txn_produce_ratio": _ratio(txn_side, idempotent_side),
         "read_committed_ratio": _ratio(
             fetch["fetch read_committed"], fetch["fetch read_uncommitted"]
         ),
-        "txn_produce_mib_s": _mib(produce["produce transactional"]),
-        "idempotent_produce_mib_s": _mib(produce["produce idempotent"]),
+        "txn_produce_ratio_one_producer": _ratio(*pair(1)),
+        "producers": producers,
+        "txn_produce_mib_s": _mib(txn_side),
+        "idempotent_produce_mib_s": _mib(idempotent_side),
+        "txn_produce_one_producer_mib_s": _mib(pair(1)[0]),
+        "idempotent_produce_one_producer_mib_s": _mib(pair(1)[1]),
         "fetch_read_committed_mib_s": _mib(fetch["fetch read_committed"]),
         "fetch_read_uncommitted_mib_s": _mib(fetch["fetch read_uncommitted"]),
-        "transactions_per_round": transactions,
-        "transactions_per_s": [round(n / seconds, 1) for n in transactions],
+        "transactions_per_measurement": transactions,
         "fetched_records": expected,
         "records_per_txn": records_per_txn,
         "value_bytes": value_bytes,
@@ -244,12 +372,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--records-per-txn", type=int, default=100)
     parser.add_argument("--value-bytes", type=int, default=KIB)
+    parser.add_argument(
+        "--producers", type=int, default=4, help="producers at once on each produce side"
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be > 0 and --rounds >= 1")
     if not 1 <= args.records_per_txn <= 100_000 or not 1 <= args.value_bytes <= MIB:
         parser.error("--records-per-txn must be in 1..100000, --value-bytes in 1..1048576")
-    emit_result(run(args.seconds, args.rounds, args.records_per_txn, args.value_bytes))
+    if not 1 <= args.producers <= 64:
+        parser.error("--producers must be in 1..64")
+    emit_result(
+        run(args.seconds, args.rounds, args.records_per_txn, args.value_bytes, args.producers)
+    )
 
 
 if __name__ == "__main__":

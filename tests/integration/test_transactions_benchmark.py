@@ -1,5 +1,5 @@
-"""`python -m benchmarks.transactions` with tiny durations: a three-node cluster starts, both
-pairs are measured, and stdout ends with the one JSON object."""
+"""`python -m benchmarks.transactions` with tiny durations: a three-node cluster starts, every
+pair is measured (two producers a side, then one), and stdout ends with the one JSON object."""
 
 from __future__ import annotations
 
@@ -27,21 +27,28 @@ def test_transactions_benchmark_measures_every_side_and_prints_json_last() -> No
         "1",
         "--records-per-txn",
         "20",
+        "--producers",
+        "2",
     ]
     done = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False
     )
     assert done.returncode == 0, done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("txn_produce_ratio", "read_committed_ratio"):
+    for key in ("txn_produce_ratio", "txn_produce_ratio_one_producer", "read_committed_ratio"):
         assert result[key] > 0, (key, result)
     for key in (
         "txn_produce_mib_s",
         "idempotent_produce_mib_s",
+        "txn_produce_one_producer_mib_s",
+        "idempotent_produce_one_producer_mib_s",
         "fetch_read_committed_mib_s",
         "fetch_read_uncommitted_mib_s",
-        "transactions_per_round",
     ):
         assert len(result[key]) == 1 and result[key][0] > 0, (key, result)
-    assert result["records_per_txn"] == 20
-    assert result["fetched_records"] == 20 * result["transactions_per_round"][0]
+    assert result["producers"] == 2 and result["records_per_txn"] == 20
+    # Two measurements of the transactional side (two producers, then one), each counting a
+    # warm-up transaction per producer: every one of them is read back by both fetches.
+    transactions = result["transactions_per_measurement"]
+    assert len(transactions) == 2 and min(transactions) > 2, result
+    assert result["fetched_records"] == 20 * sum(transactions)
