@@ -54,11 +54,13 @@ from raftlog.txn.log_format import (
     NO_MARKER_TOPICS,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
+    TV_2,
     Record,
     TopicPartition,
     TransactionState,
 )
 from raftlog.txn.messages import (
+    END_TXN_TV2_SINCE,
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
     AddPartitionsTxnResult,
@@ -69,6 +71,7 @@ from raftlog.txn.messages import (
     InitProducerIdResult,
     ListTransactionsResult,
     TxnApi,
+    end_txn_transaction_version,
     for_version,
 )
 from raftlog.txn.settings import TxnConfig
@@ -484,7 +487,7 @@ class TxnCoordinator:
             return answer(ErrorCode.invalid_request)
         if txn.state not in IDLE_STATES and txn.state is not S.ONGOING:
             raise AssertionError(f"{txn!r}: AddPartitionsToTxn in {txn.state.name}")
-        transit = txn.prepare_add_partitions(wanted, now_ms)
+        transit = txn.prepare_add_partitions(wanted, now_ms, req.client_transaction_version)
         batch.remaining += 1
         pending = _Pending(
             req.transactional_id,
@@ -506,6 +509,10 @@ class TxnCoordinator:
         if code is not ErrorCode.none:
             return code
         txn = self.transactions.get(transactional_id)
+        if txn is not None and (producer_id, producer_epoch) == (txn.next_producer_id, 0):
+            # A TV2 end moved the producer to this id; the move is done with the Complete
+            # record, after the markers (KIP-890 part 2).
+            return ErrorCode.concurrent_transactions
         if txn is None or txn.producer_id != producer_id:
             return ErrorCode.invalid_producer_id_mapping
         if txn.producer_epoch != producer_epoch:
@@ -550,6 +557,9 @@ class TxnCoordinator:
     ) -> ErrorCode | None:
         if not _valid_transactional_id(req.transactional_id):
             return ErrorCode.invalid_request
+        version = end_txn_transaction_version(req.api_version)
+        if version >= TV_2:
+            return self._end_txn_tv2(fx, token, req, now_ms)
         code = self._check_producer(req.transactional_id, req.producer_id, req.producer_epoch)
         if code is not ErrorCode.none:
             return code
@@ -561,7 +571,7 @@ class TxnCoordinator:
         if state is S.ONGOING:
             pending = _Pending(
                 req.transactional_id,
-                txn.prepare_end(commit, now_ms),
+                txn.prepare_end(commit, now_ms, client_transaction_version=version),
                 _Why.END,
                 token=token,
                 api=TxnApi.END_TXN,
@@ -577,6 +587,67 @@ class TxnCoordinator:
         if state is (S.PREPARE_COMMIT if commit else S.PREPARE_ABORT):
             return ErrorCode.concurrent_transactions
         return ErrorCode.invalid_txn_state
+
+    def _end_txn_tv2(
+        self, fx: Effects, token: Token, req: EndTxnRequest, now_ms: int
+    ) -> ErrorCode | None:
+        """EndTxn v5+ (KIP-890 part 2): the Prepare record bumps the epoch, the answer
+        carries the producer id and epoch of the next transaction. A retry names the epoch
+        the transaction was ended with (one below the current): its outcome is answered
+        with the current id and epoch, never PRODUCER_FENCED."""
+        code = self._route(req.transactional_id)
+        if code is not ErrorCode.none:
+            return code
+        txn = self.transactions.get(req.transactional_id)
+        if txn is None:
+            return ErrorCode.invalid_producer_id_mapping
+        if txn.pending_in_progress:
+            return ErrorCode.concurrent_transactions
+        commit = req.committed
+        state = txn.state
+        if txn.ended_by(req.producer_id, req.producer_epoch):
+            if state is (S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT):
+                done = EndTxnResult(ErrorCode.none, *txn.client_producer())
+                fx.replies.append((token, done))
+                return None
+            if state is (S.PREPARE_COMMIT if commit else S.PREPARE_ABORT):
+                return ErrorCode.concurrent_transactions
+            return ErrorCode.invalid_txn_state
+        code = self._check_producer(req.transactional_id, req.producer_id, req.producer_epoch)
+        if code is not ErrorCode.none:
+            return code
+        if state in PREPARE_STATES:
+            # The client holds the epoch this end gave it and ends its next transaction
+            # while the markers of this one are still being written.
+            return ErrorCode.concurrent_transactions
+        if state is not S.ONGOING and commit:
+            return ErrorCode.invalid_txn_state  # nothing was added: nothing to commit
+        next_producer_id = NO_PRODUCER_ID
+        if txn.needs_new_producer_id():
+            allocated = self._allocate()
+            if allocated is None:
+                return ErrorCode.coordinator_load_in_progress
+            next_producer_id = allocated
+        if state is S.ONGOING:
+            transit = txn.prepare_end(
+                commit, now_ms, client_transaction_version=TV_2, next_producer_id=next_producer_id
+            )
+        else:
+            # An abort with nothing added (a TV2 client aborts after a failed first send):
+            # the epoch is bumped all the same, so nothing the client sent may land later.
+            transit = txn.prepare_empty_abort(now_ms, next_producer_id)
+        self._append(
+            fx,
+            _Pending(
+                req.transactional_id,
+                transit,
+                _Why.END,
+                token=token,
+                api=TxnApi.END_TXN,
+                api_version=req.api_version,
+            ),
+        )
+        return None
 
     # ------------------------------------------------------------------ completions
     def on_append_done(self, append_id: int, error_code: ErrorCode, now_ms: int) -> Effects:
@@ -616,7 +687,12 @@ class TxnCoordinator:
         elif why is _Why.ADD:
             self._finish_add(fx, pending, ErrorCode.none)
         elif why is _Why.END:
-            fx.replies.append((pending.token, EndTxnResult(ErrorCode.none)))
+            if txn.is_tv2 and pending.api_version >= END_TXN_TV2_SINCE:
+                producer_id, producer_epoch = txn.client_producer()
+                reply = EndTxnResult(ErrorCode.none, producer_id, producer_epoch)
+            else:
+                reply = EndTxnResult(ErrorCode.none)
+            fx.replies.append((pending.token, reply))
             self._advance(fx, txn, now_ms)
         elif why is _Why.TIMEOUT:
             self._advance(fx, txn, now_ms)

@@ -43,6 +43,11 @@ NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_TIMESTAMP = -1
 MAX_PRODUCER_EPOCH = 2**15 - 1
+# Kafka's transaction.version feature levels as ClientTransactionVersion stores them: 0 is
+# the protocol of KIP-98 (with KIP-890 part 1); 2 is KIP-890 part 2, an epoch bump at every
+# end of a transaction (EndTxn v5+, Produce v12+). Level 1 only gates broker-side features.
+TV_0 = 0
+TV_2 = 2
 # Kafka's limit for a string of the protocol (int16 length).
 MAX_TRANSACTIONAL_ID_BYTES = 2**15 - 1
 # Bounds on what a record may hold. A transaction's partition set is bounded where it grows

@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
-from raftlog.txn.log_format import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TopicPartition
+from raftlog.txn.log_format import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, TV_0, TV_2, TopicPartition
 
 
 class TxnApi(enum.Enum):
@@ -44,6 +44,17 @@ def for_version(code: ErrorCode, api: TxnApi, api_version: int) -> ErrorCode:
 
 # A request without a version is from the newest client.
 LATEST = 2**15 - 1
+# The first EndTxn version of KIP-890 part 2 (an epoch bump per end, answered with the new
+# producer id and epoch) and the first Produce version whose transactional batches add their
+# partition to the transaction (a TV2 client sends no AddPartitionsToTxn for them).
+END_TXN_TV2_SINCE = 5
+PRODUCE_TV2_SINCE = 12
+
+
+def end_txn_transaction_version(api_version: int) -> int:
+    """The transaction version an EndTxn of `api_version` speaks (Kafka's
+    TransactionVersion.transactionVersionForEndTxn)."""
+    return TV_2 if api_version >= END_TXN_TV2_SINCE else TV_0
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,8 @@ class AddPartitionsTxn:
     partitions: tuple[TopicPartition, ...]
     verify_only: bool = False
     api_version: int = LATEST
+    # TV2 when a partition leader adds a partition for a Produce v12+ batch (KIP-890 part 2).
+    client_transaction_version: int = TV_0
 
 
 @dataclass(frozen=True)
@@ -100,12 +113,18 @@ class EndTxnRequest:
     producer_id: int
     producer_epoch: int
     committed: bool
-    api_version: int = LATEST
+    # Unlike the other requests, no version means the newest before KIP-890 part 2: the
+    # epoch bump of TV2 is only for a client that negotiated it.
+    api_version: int = END_TXN_TV2_SINCE - 1
 
 
 @dataclass(frozen=True)
 class EndTxnResult:
     error_code: ErrorCode
+    # EndTxn v5+ (TV2): the producer id and epoch for the client's next transaction; only
+    # ever set with NONE (an error never tells a caller which epoch is current).
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
 
 
 @dataclass(frozen=True)

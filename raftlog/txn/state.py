@@ -10,6 +10,15 @@ coordinator, so records of one id are written one at a time, in order.
 An illegal transition is a bug of the coordinator, never a client's doing (requests are
 checked before anything is prepared): it raises IllegalTransitionError with the full state.
 
+KIP-890 part 2 (transaction version 2, `client_transaction_version` >= TV2): every end of a
+transaction bumps the producer epoch in its Prepare record, so the markers carry an epoch the
+producer's late batches of the ended transaction do not have, and each partition fences them.
+The epoch the producer ended with stays in `last_producer_epoch` (a retried EndTxn with it
+finds its answer); at the top of the epoch range (MAX_PRODUCER_EPOCH - 1) the Prepare record
+names a fresh producer id (`next_producer_id`) that the Complete record moves the producer to,
+at epoch 0. A record says all of this in Kafka's own TransactionLogValue v1 fields: one end
+bumps by exactly one, so the previous epoch is the stored one minus one (`from_value`).
+
 PrepareEpochFence is in the table because it is Kafka's state id, but raftlog never enters
 it: Kafka parks a fenced epoch there before writing PrepareAbort; here the bumped epoch is part
 of the PrepareAbort transit itself, so a failed append leaves no half-fenced epoch behind.
@@ -25,6 +34,8 @@ from raftlog.txn.log_format import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_TIMESTAMP,
+    TV_0,
+    TV_2,
     TopicPartition,
     TransactionLogValue,
     TransactionState,
@@ -37,7 +48,11 @@ VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
     S.EMPTY: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.ONGOING: frozenset({S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
     S.PREPARE_COMMIT: frozenset({S.ONGOING}),
-    S.PREPARE_ABORT: frozenset({S.ONGOING, S.PREPARE_EPOCH_FENCE}),
+    # From an idle state only a TV2 client's abort with nothing added (prepare_empty_abort),
+    # as in Kafka 4.0.
+    S.PREPARE_ABORT: frozenset(
+        {S.ONGOING, S.PREPARE_EPOCH_FENCE, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
+    ),
     S.COMPLETE_COMMIT: frozenset({S.PREPARE_COMMIT}),
     S.COMPLETE_ABORT: frozenset({S.PREPARE_ABORT}),
     S.DEAD: frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT}),
@@ -48,6 +63,8 @@ VALID_PREVIOUS_STATES: dict[TransactionState, frozenset[TransactionState]] = {
 PREPARE_STATES = frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT})
 # States with no transaction in progress: a new one may begin, the id may expire.
 IDLE_STATES = frozenset({S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT})
+# States a transaction's end leaves behind (a retried EndTxn finds one of them).
+ENDED_STATES = PREPARE_STATES | {S.COMPLETE_COMMIT, S.COMPLETE_ABORT}
 
 
 def is_epoch_exhausted(epoch: int) -> bool:
@@ -73,6 +90,10 @@ class TxnTransit:
     partitions: frozenset[TopicPartition]
     start_timestamp_ms: int
     last_update_timestamp_ms: int
+    # KIP-890 part 2: the id the producer moves to when this end overflows the epoch, and
+    # the transaction version of the client (TV2: an epoch bump per end).
+    next_producer_id: int = NO_PRODUCER_ID
+    client_transaction_version: int = TV_0
 
     def to_value(self) -> TransactionLogValue:
         return TransactionLogValue(
@@ -84,6 +105,8 @@ class TxnTransit:
             last_update_timestamp_ms=self.last_update_timestamp_ms,
             start_timestamp_ms=self.start_timestamp_ms,
             previous_producer_id=self.previous_producer_id,
+            next_producer_id=self.next_producer_id,
+            client_transaction_version=self.client_transaction_version,
         )
 
 
@@ -103,6 +126,8 @@ class TransactionMetadata:
         last_update_timestamp_ms: int = NO_TIMESTAMP,
         previous_producer_id: int = NO_PRODUCER_ID,
         last_producer_epoch: int = NO_PRODUCER_EPOCH,
+        next_producer_id: int = NO_PRODUCER_ID,
+        client_transaction_version: int = TV_0,
     ) -> None:
         self.transactional_id = transactional_id
         self.producer_id = producer_id
@@ -115,6 +140,8 @@ class TransactionMetadata:
         self.partitions: set[TopicPartition] = set(partitions)
         self.start_timestamp_ms = start_timestamp_ms
         self.last_update_timestamp_ms = last_update_timestamp_ms
+        self.next_producer_id = next_producer_id
+        self.client_transaction_version = client_transaction_version
         self.pending: TxnTransit | None = None
 
     @classmethod
@@ -137,6 +164,15 @@ class TransactionMetadata:
         """The state a coordinator resumes from its log. Loading is not a transition."""
         if value.state in (S.DEAD, S.PREPARE_EPOCH_FENCE):
             raise IllegalTransitionError(f"{transactional_id!r}: {value.state.name} is not loaded")
+        last_epoch = NO_PRODUCER_EPOCH
+        if value.client_transaction_version >= TV_2 and value.state in ENDED_STATES:
+            # The epoch the client ended with (a retried EndTxn names it): one below the
+            # stored one, or, once an overflow moved the producer to a new id at epoch 0,
+            # the top epoch of the previous id.
+            if value.state in PREPARE_STATES or value.producer_epoch > 0:
+                last_epoch = max(0, value.producer_epoch - 1)
+            elif value.previous_producer_id != NO_PRODUCER_ID:
+                last_epoch = MAX_PRODUCER_EPOCH - 1
         return cls(
             transactional_id,
             producer_id=value.producer_id,
@@ -147,6 +183,9 @@ class TransactionMetadata:
             start_timestamp_ms=value.start_timestamp_ms,
             last_update_timestamp_ms=value.last_update_timestamp_ms,
             previous_producer_id=value.previous_producer_id,
+            last_producer_epoch=last_epoch,
+            next_producer_id=value.next_producer_id,
+            client_transaction_version=value.client_transaction_version,
         )
 
     def __repr__(self) -> str:
@@ -155,6 +194,8 @@ class TransactionMetadata:
             f"producer_id={self.producer_id}, producer_epoch={self.producer_epoch}, "
             f"previous_producer_id={self.previous_producer_id}, "
             f"last_producer_epoch={self.last_producer_epoch}, "
+            f"next_producer_id={self.next_producer_id}, "
+            f"client_transaction_version={self.client_transaction_version}, "
             f"timeout_ms={self.transaction_timeout_ms}, partitions={sorted(self.partitions)}, "
             f"start_ms={self.start_timestamp_ms}, update_ms={self.last_update_timestamp_ms}, "
             f"pending={self.pending})"
@@ -175,7 +216,36 @@ class TransactionMetadata:
             partitions=frozenset(self.partitions),
             start_timestamp_ms=self.start_timestamp_ms,
             last_update_timestamp_ms=self.last_update_timestamp_ms,
+            next_producer_id=self.next_producer_id,
+            client_transaction_version=self.client_transaction_version,
         )
+
+    @property
+    def is_tv2(self) -> bool:
+        return self.client_transaction_version >= TV_2
+
+    def client_producer(self) -> tuple[int, int]:
+        """The producer id and epoch the client holds once its EndTxn is answered: the
+        next producer id at epoch 0 while an overflow moves it there."""
+        if self.next_producer_id != NO_PRODUCER_ID:
+            return self.next_producer_id, 0
+        return self.producer_id, self.producer_epoch
+
+    def ended_by(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether (producer id, epoch) is what the client held when it ended the
+        transaction this state is the end of (TV2 only): a retried EndTxn."""
+        if not self.is_tv2 or self.state not in ENDED_STATES:
+            return False
+        if self.last_producer_epoch == NO_PRODUCER_EPOCH:
+            return False
+        rotated = (
+            self.state not in PREPARE_STATES
+            and self.producer_epoch == 0
+            and self.previous_producer_id != NO_PRODUCER_ID
+            and self.last_producer_epoch >= MAX_PRODUCER_EPOCH - 1
+        )
+        ended_id = self.previous_producer_id if rotated else self.producer_id
+        return (producer_id, producer_epoch) == (ended_id, self.last_producer_epoch)
 
     # ------------------------------------------------------------------ the two steps
     def _check(self, target: TransactionState) -> None:
@@ -205,6 +275,8 @@ class TransactionMetadata:
         self.partitions = set(transit.partitions)
         self.start_timestamp_ms = transit.start_timestamp_ms
         self.last_update_timestamp_ms = transit.last_update_timestamp_ms
+        self.next_producer_id = transit.next_producer_id
+        self.client_transaction_version = transit.client_transaction_version
 
     def abort_pending(self) -> None:
         """The pending transit's record was not written: the state stays as it was."""
@@ -262,10 +334,21 @@ class TransactionMetadata:
         )
 
     def prepare_add_partitions(
-        self, partitions: frozenset[TopicPartition], now_ms: int
+        self,
+        partitions: frozenset[TopicPartition],
+        now_ms: int,
+        client_transaction_version: int = TV_0,
     ) -> TxnTransit:
-        """AddPartitionsToTxn / AddOffsetsToTxn: the transaction is (or becomes) Ongoing."""
-        start_ms = now_ms if self.state in IDLE_STATES else self.start_timestamp_ms
+        """AddPartitionsToTxn / AddOffsetsToTxn, or a TV2 produce's implicit add: the
+        transaction is (or becomes) Ongoing. A new transaction takes the version of the
+        request that begins it; an open one keeps the highest it has seen."""
+        beginning = self.state in IDLE_STATES
+        start_ms = now_ms if beginning else self.start_timestamp_ms
+        version = (
+            client_transaction_version
+            if beginning
+            else max(self.client_transaction_version, client_transaction_version)
+        )
         return self._prepare(
             replace(
                 self.snapshot(),
@@ -273,29 +356,88 @@ class TransactionMetadata:
                 partitions=frozenset(self.partitions | partitions),
                 start_timestamp_ms=start_ms,
                 last_update_timestamp_ms=now_ms,
+                next_producer_id=NO_PRODUCER_ID,
+                client_transaction_version=version,
             )
         )
 
-    def prepare_end(self, commit: bool, now_ms: int, *, fence_epoch: bool = False) -> TxnTransit:
+    def prepare_end(
+        self,
+        commit: bool,
+        now_ms: int,
+        *,
+        fence_epoch: bool = False,
+        client_transaction_version: int | None = None,
+        next_producer_id: int = NO_PRODUCER_ID,
+    ) -> TxnTransit:
         """EndTxn (or an abort by the coordinator): PrepareCommit / PrepareAbort.
 
         `fence_epoch` bumps the epoch with the abort (a timed-out transaction, or a new
         producer taking the id over), so markers carry it and the old producer is fenced on
         every partition; at the last epoch the abort goes on without a bump.
+
+        `client_transaction_version` is the EndTxn's (None: the coordinator ends it, the
+        transaction keeps its own). TV2 bumps the epoch at every end, once even when it also
+        fences, and remembers the epoch it ended with; `next_producer_id` is the fresh id a
+        TV2 end at the top of the epoch range moves the producer to (needs_new_producer_id).
         """
         if commit and fence_epoch:
             raise IllegalTransitionError(f"{self!r}: an epoch fence always aborts")
+        version = (
+            self.client_transaction_version
+            if client_transaction_version is None
+            else client_transaction_version
+        )
+        tv2 = version >= TV_2
+        if tv2 and client_transaction_version is not None:
+            if (next_producer_id != NO_PRODUCER_ID) != self.needs_new_producer_id():
+                raise IllegalTransitionError(
+                    f"{self!r}: next producer id {next_producer_id} at this epoch"
+                )
+        elif next_producer_id != NO_PRODUCER_ID:
+            raise IllegalTransitionError(f"{self!r}: a next producer id without a TV2 end")
         epoch = self.producer_epoch
-        if fence_epoch and epoch < MAX_PRODUCER_EPOCH:
+        last_epoch = self.last_producer_epoch
+        if (fence_epoch or tv2) and epoch < MAX_PRODUCER_EPOCH:
             epoch += 1
+        if tv2:
+            last_epoch = self.producer_epoch
         return self._prepare(
             replace(
                 self.snapshot(),
                 producer_epoch=epoch,
+                last_producer_epoch=last_epoch,
                 state=S.PREPARE_COMMIT if commit else S.PREPARE_ABORT,
                 last_update_timestamp_ms=now_ms,
+                next_producer_id=next_producer_id,
+                client_transaction_version=version,
             )
         )
+
+    def needs_new_producer_id(self) -> bool:
+        """A TV2 end here would pass the epochs a producer may hold (the top one fences)."""
+        return is_epoch_exhausted(self.producer_epoch)
+
+    def prepare_empty_abort(self, now_ms: int, next_producer_id: int) -> TxnTransit:
+        """A TV2 client aborts with no partition added (EndTxn v5 abort in an idle state):
+        PrepareAbort with no partitions and a bumped epoch, completed at once."""
+        if self.state not in IDLE_STATES:
+            raise IllegalTransitionError(f"{self!r}: an empty abort of an open transaction")
+        epoch = min(self.producer_epoch + 1, MAX_PRODUCER_EPOCH)
+        if (next_producer_id != NO_PRODUCER_ID) != self.needs_new_producer_id():
+            raise IllegalTransitionError(f"{self!r}: next producer id {next_producer_id}")
+        transit = replace(
+            self.snapshot(),
+            producer_epoch=epoch,
+            last_producer_epoch=self.producer_epoch,
+            state=S.PREPARE_ABORT,
+            partitions=frozenset(),
+            start_timestamp_ms=now_ms,
+            last_update_timestamp_ms=now_ms,
+            next_producer_id=next_producer_id,
+            client_transaction_version=TV_2,
+        )
+        return self._prepare(transit)
 
     def remove_partition(self, partition: TopicPartition) -> None:
         """The marker of `partition` is written (in memory only, as Kafka)."""
@@ -304,16 +446,27 @@ class TransactionMetadata:
         self.partitions.discard(partition)
 
     def prepare_complete(self, now_ms: int) -> TxnTransit:
-        """Every marker is written: CompleteCommit / CompleteAbort."""
+        """Every marker is written: CompleteCommit / CompleteAbort. A TV2 end that overflowed
+        the epoch moves the producer to its next producer id at epoch 0 here (the markers
+        went out under the old id)."""
         if self.partitions:
             raise IllegalTransitionError(f"{self!r}: complete with markers still owed")
         target = S.COMPLETE_COMMIT if self.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT
+        changes: dict[str, object] = {}
+        if self.next_producer_id != NO_PRODUCER_ID:
+            changes = {
+                "producer_id": self.next_producer_id,
+                "previous_producer_id": self.producer_id,
+                "producer_epoch": 0,
+                "next_producer_id": NO_PRODUCER_ID,
+            }
         return self._prepare(
             replace(
                 self.snapshot(),
                 state=target,
                 partitions=frozenset(),
                 last_update_timestamp_ms=now_ms,
+                **changes,  # type: ignore[arg-type]
             )
         )
 

@@ -18,11 +18,18 @@ from raftlog.txn.state import (
 S = TransactionState
 
 # Kafka's TransactionState.validPreviousStates, written out independently of state.py.
+# Kafka 4.0's, with KIP-890 part 2's abort of a TV2 transaction that added nothing.
 KAFKA_TABLE = {
     S.EMPTY: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
     S.ONGOING: {S.ONGOING, S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
     S.PREPARE_COMMIT: {S.ONGOING},
-    S.PREPARE_ABORT: {S.ONGOING, S.PREPARE_EPOCH_FENCE},
+    S.PREPARE_ABORT: {
+        S.ONGOING,
+        S.PREPARE_EPOCH_FENCE,
+        S.EMPTY,
+        S.COMPLETE_COMMIT,
+        S.COMPLETE_ABORT,
+    },
     S.COMPLETE_COMMIT: {S.PREPARE_COMMIT},
     S.COMPLETE_ABORT: {S.PREPARE_ABORT},
     S.DEAD: {S.EMPTY, S.COMPLETE_COMMIT, S.COMPLETE_ABORT},
