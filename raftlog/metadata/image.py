@@ -77,10 +77,29 @@ class PartitionState:
     leader: int
     leader_epoch: int = 0
     partition_epoch: int = 0
+    # A reassignment in progress (KIP-455): `replicas` is the target followed by the replicas
+    # leaving; these name the joining and the leaving ones. Both empty: none in progress.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     @property
     def offline(self) -> bool:
         return self.leader == NO_LEADER
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replicas the partition has once its reassignment completes (the replicas
+        when none is in progress)."""
+        return tuple(b for b in self.replicas if b not in self.removing_replicas)
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        """The replicas before the reassignment began: what cancelling it returns to."""
+        return tuple(b for b in self.replicas if b not in self.adding_replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +277,10 @@ class MetadataImage:
             assert p.isr, f"empty ISR {where}"
             assert p.leader == NO_LEADER or p.leader in p.isr, f"leader not in ISR {where}"
             assert p.leader_epoch >= 0 and p.partition_epoch >= 0, f"epochs {where}"
+            moving = set(p.adding_replicas) | set(p.removing_replicas)
+            assert moving <= set(p.replicas), f"reassigning replicas not within replicas {where}"
+            assert not set(p.adding_replicas) & set(p.removing_replicas), f"adding+removing {where}"
+            assert p.target_replicas, f"a reassignment that removes every replica {where}"
         for name, topic_id in self.topic_ids_by_name.items():
             assert self.topics_by_id[topic_id].name == name, f"name index broken for {name}"
         assert len(self.topic_ids_by_name) == len(self.topics_by_id), "topic indexes differ"
@@ -381,7 +404,13 @@ class _Builder:
             rec.topic_id,
             rec.partition,
             PartitionState(
-                rec.replicas, rec.isr, rec.leader, rec.leader_epoch, rec.partition_epoch
+                rec.replicas,
+                rec.isr,
+                rec.leader,
+                rec.leader_epoch,
+                rec.partition_epoch,
+                rec.adding_replicas,
+                rec.removing_replicas,
             ),
         )
 
@@ -400,6 +429,12 @@ class _Builder:
                 leader=leader,
                 leader_epoch=old.leader_epoch + 1 if leader_changed else old.leader_epoch,
                 partition_epoch=old.partition_epoch + 1,
+                adding_replicas=old.adding_replicas
+                if rec.adding_replicas is None
+                else rec.adding_replicas,
+                removing_replicas=old.removing_replicas
+                if rec.removing_replicas is None
+                else rec.removing_replicas,
             ),
         )
 

@@ -172,6 +172,12 @@ class Partition(Record):
     leader: NodeId
     leader_epoch: Epoch = 0
     partition_epoch: Epoch = 0
+    # A reassignment in progress (KIP-455, Kafka's PartitionRecord.addingReplicas and
+    # removingReplicas): `replicas` is then the target followed by the replicas leaving, and
+    # these say which members are joining and which leave once every target is in the ISR.
+    # Empty: no reassignment. Added fields, so a log written before them still replays.
+    adding_replicas: Annotated[Replicas, Added()] = ()
+    removing_replicas: Annotated[Replicas, Added()] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,9 @@ class PartitionChange(Record):
     leader: NodeId | None = None
     isr: Replicas | None = None
     replicas: Replicas | None = None
+    # The reassignment state (see Partition); None: unchanged, () clears it.
+    adding_replicas: Annotated[Replicas | None, Added()] = None
+    removing_replicas: Annotated[Replicas | None, Added()] = None
 
 
 @dataclass(frozen=True, slots=True)

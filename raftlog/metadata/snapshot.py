@@ -90,7 +90,15 @@ def image_records(image: MetadataImage) -> list[r.Record]:
         for index, p in sorted(topic.partitions.items()):
             out.append(
                 r.Partition(
-                    topic_id, index, p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch
+                    topic_id,
+                    index,
+                    p.replicas,
+                    p.isr,
+                    p.leader,
+                    p.leader_epoch,
+                    p.partition_epoch,
+                    p.adding_replicas,
+                    p.removing_replicas,
                 )
             )
     for (resource_type, resource_name), values in sorted(image.configs.items()):

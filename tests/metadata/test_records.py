@@ -128,7 +128,7 @@ def test_integer_quota_value_decodes_as_float():
         ([r.FenceBroker.TYPE_ID, 0, -2, 2], "FenceBroker.broker_id has an invalid value"),
         ([r.Topic.TYPE_ID, 0, "t", b"x" * 16], "Topic.topic_id has an invalid value"),
         ([r.Topic.TYPE_ID, 0, "t" * 250, None], "Topic.name has an invalid value"),
-        ([r.PartitionChange.TYPE_ID, 0], "PartitionChange has 7 items on the wire"),
+        ([r.PartitionChange.TYPE_ID, 0], "PartitionChange has 9 items on the wire"),
         ([r.PartitionChange.TYPE_ID, 0, None, -1, None, None, None], "PartitionChange.topic_id"),
         ([r.ProducerIds.TYPE_ID, 0, 1, 1, -5], "ProducerIds.next_producer_id"),
         ([r.FeatureLevel.TYPE_ID, 0, "metadata.version", 2**40], "FeatureLevel.level"),

@@ -39,6 +39,7 @@ from raftlog.metadata.controller.configs import alter_client_quotas, alter_confi
 from raftlog.metadata.controller.elections import (
     Batch,
     alter_partition,
+    elect_leaders,
     leave_changes,
     offline_changes,
     preferred_leader_changes,
@@ -50,6 +51,8 @@ from raftlog.metadata.controller.messages import (
     AlterClientQuotas,
     AlterConfigs,
     AlterPartition,
+    AlterPartitionReassignments,
+    AlterPartitionReply,
     AlterUserScramCredentials,
     BrokerHeartbeat,
     BrokerHeartbeatReply,
@@ -59,9 +62,14 @@ from raftlog.metadata.controller.messages import (
     CreateTopics,
     DeleteAcls,
     DeleteTopics,
+    ElectLeaders,
     IncrementalAlterConfigs,
     RegisterBroker,
     RegisterBrokerReply,
+)
+from raftlog.metadata.controller.reassignments import (
+    alter_partition_reassignments,
+    completion_changes,
 )
 from raftlog.metadata.controller.scram import alter_user_scram_credentials
 from raftlog.metadata.controller.topics import (
@@ -131,7 +139,7 @@ class Controller:
             CreateTopics: self._create_topics,
             DeleteTopics: lambda batch, req, now_ms: delete_topics(batch, req),
             CreatePartitions: self._create_partitions,
-            AlterPartition: lambda batch, req, now_ms: alter_partition(batch, req),
+            AlterPartition: self._alter_partition,
             AlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
             IncrementalAlterConfigs: lambda batch, req, now_ms: alter_configs(batch, req),
             AlterClientQuotas: lambda batch, req, now_ms: alter_client_quotas(batch, req),
@@ -140,6 +148,10 @@ class Controller:
             AlterUserScramCredentials: lambda batch, req, now_ms: alter_user_scram_credentials(
                 batch, req
             ),
+            AlterPartitionReassignments: lambda batch, req, now_ms: alter_partition_reassignments(
+                batch, req, self._unsafe
+            ),
+            ElectLeaders: lambda batch, req, now_ms: elect_leaders(batch, req, self._unsafe),
         }
 
     @classmethod
@@ -189,6 +201,8 @@ class Controller:
                 )
             )
             batch.add(*preferred_leader_changes(batch.image, self._unsafe))
+            # A reassignment whose last step waited for an eligible target leader.
+            batch.add(*completion_changes(batch.image, self._unsafe))
         self.image = batch.image
         return ControllerResult(tuple(batch.records), None)
 
@@ -402,6 +416,18 @@ class Controller:
         return AllocateProducerIdsReply(
             producer_id_start=start, producer_id_len=PRODUCER_ID_BLOCK_SIZE
         )
+
+    def _alter_partition(
+        self, batch: Batch, req: AlterPartition, now_ms: int
+    ) -> AlterPartitionReply:
+        """An ISR change; when it puts the last target replica of a reassignment in the ISR
+        the reassignment completes in a record of its own. The reply names the state after
+        the ISR change alone: the leader takes the completed one (new replicas, maybe a new
+        leader) from the metadata, never from a reply that carries no replicas."""
+        reply = alter_partition(batch, req)
+        if reply.error_code == ErrorCode.none:
+            batch.add(*completion_changes(batch.image, self._unsafe, (req.topic_id, req.partition)))
+        return reply
 
     # ---------------------------------------------------------------- topics
     def _create_topics(self, batch: Batch, req: CreateTopics, now_ms: int) -> Any:

@@ -30,7 +30,14 @@ from collections.abc import Callable, Iterable, Mapping
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
-from raftlog.metadata.controller.messages import AlterPartition, AlterPartitionReply
+from raftlog.metadata.controller.messages import (
+    ELECTION_PREFERRED,
+    AlterPartition,
+    AlterPartitionReply,
+    ElectLeaders,
+    ElectLeadersReply,
+    PartitionResult,
+)
 from raftlog.metadata.image import MetadataImage, PartitionState
 
 UNCLEAN_KEY = "unclean.leader.election.enable"
@@ -87,7 +94,7 @@ def eligible_fn(image: MetadataImage) -> Callable[[int], bool]:
     return eligible
 
 
-def _safe(
+def safe_fn(
     check: Callable[[int], bool], unsafe: UnsafeReplicas, topic_id: uuid.UUID, index: int
 ) -> Callable[[int], bool]:
     """`check` narrowed to brokers that did not report this partition unsafe."""
@@ -126,9 +133,12 @@ def elect(
         elif leader != NO_LEADER and leader in isr and alive(leader):
             pass  # a leader shutting down keeps leading until it stops if nobody can take over
         else:
-            live = [b for b in state.replicas if eligible(b)] if unclean else []
+            # A replica still joining in a reassignment was never in sync: it may hold
+            # nothing at all, so not even an unclean election picks it.
+            joined = [b for b in state.replicas if b not in state.adding_replicas]
+            live = [b for b in joined if eligible(b)] if unclean else []
             if unclean and not live and last_resort is not None:
-                live = [b for b in state.replicas if last_resort(b)]
+                live = [b for b in joined if last_resort(b)]
             leader = live[0] if live else NO_LEADER
             if live:
                 isr = (leader,)
@@ -159,10 +169,10 @@ def _changes(
                 topic.topic_id,
                 index,
                 state,
-                _safe(eligible, unsafe, topic.topic_id, index),
+                safe_fn(eligible, unsafe, topic.topic_id, index),
                 unclean,
                 drop,
-                _safe(alive, unsafe, topic.topic_id, index),
+                safe_fn(alive, unsafe, topic.topic_id, index),
                 eligible,
             )
             if change is not None:
@@ -223,10 +233,10 @@ def unsafe_changes(
             topic_id,
             index,
             state,
-            _safe(eligible, unsafe, topic_id, index),
+            safe_fn(eligible, unsafe, topic_id, index),
             unclean_allowed(image, topic.name, default_unclean),
             broker_id,
-            _safe(alive, unsafe, topic_id, index),
+            safe_fn(alive, unsafe, topic_id, index),
             eligible,
         )
         if change is None:
@@ -251,7 +261,7 @@ def preferred_leader_changes(
     changes = []
     for topic, index, state in image.iter_partitions():
         preferred = state.replicas[0]
-        safe = _safe(eligible, unsafe, topic.topic_id, index)
+        safe = safe_fn(eligible, unsafe, topic.topic_id, index)
         if state.leader != preferred and preferred in state.isr and safe(preferred):
             changes.append(r.PartitionChange(topic.topic_id, index, leader=preferred))
     return changes
@@ -321,3 +331,106 @@ def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
         isr=state.isr,
         partition_epoch=state.partition_epoch,
     )
+
+
+# ---------------------------------------------------------------- ElectLeaders
+class _ElectionRefused(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _preferred_change(
+    topic_id: uuid.UUID,
+    index: int,
+    state: PartitionState,
+    eligible: Callable[[int], bool],
+) -> r.PartitionChange:
+    preferred = state.replicas[0]
+    if state.leader == preferred:
+        raise _ElectionRefused(
+            ErrorCode.election_not_needed, f"the preferred replica {preferred} leads already"
+        )
+    if preferred not in state.isr or not eligible(preferred):
+        raise _ElectionRefused(
+            ErrorCode.preferred_leader_not_available,
+            f"the preferred replica {preferred} is not in the ISR, fenced, shutting down or "
+            f"unsafe to lead",
+        )
+    return r.PartitionChange(topic_id, index, leader=preferred)
+
+
+def _unclean_change(
+    topic_id: uuid.UUID,
+    index: int,
+    state: PartitionState,
+    eligible: Callable[[int], bool],
+    alive: Callable[[int], bool],
+) -> r.PartitionChange:
+    if state.leader != NO_LEADER and eligible(state.leader):
+        raise _ElectionRefused(
+            ErrorCode.election_not_needed, f"replica {state.leader} leads already"
+        )
+    in_sync = [b for b in state.replicas if b in state.isr and eligible(b)]
+    if in_sync:
+        # An in-sync replica can lead: that is a clean election, and loses nothing.
+        return r.PartitionChange(topic_id, index, leader=in_sync[0])
+    waiting = [b for b in state.isr if alive(b)]
+    if waiting:
+        raise _ElectionRefused(
+            ErrorCode.eligible_leaders_not_available,
+            f"in-sync replicas {waiting} are alive (shutting down): no unclean election",
+        )
+    # Joining replicas never were in sync, and unsafe ones reported lost or damaged
+    # records (`eligible` already refuses those): neither is a candidate.
+    candidates = [b for b in state.replicas if b not in state.adding_replicas and eligible(b)]
+    if not candidates:
+        raise _ElectionRefused(
+            ErrorCode.eligible_leaders_not_available,
+            "no live replica that is safe to lead",
+        )
+    leader = candidates[0]
+    log.warning(
+        "unclean election of replica %d (ISR was %s): records only the ISR held are lost",
+        leader,
+        list(state.isr),
+    )
+    return r.PartitionChange(topic_id, index, leader=leader, isr=(leader,))
+
+
+def elect_leaders(batch: Batch, req: ElectLeaders, unsafe: UnsafeReplicas) -> ElectLeadersReply:
+    """Kafka's ElectLeaders: PREFERRED moves leadership to the first replica when it is in
+    the ISR and eligible; UNCLEAN elects a replica outside the ISR only when no ISR member is
+    alive. Replicas their broker reports unsafe are never elected (elections rules above).
+    With no partitions named every partition is tried and the reply leaves out those that
+    needed no election."""
+    image = batch.image
+    every = req.partitions is None
+    wanted: list[tuple[str, int]]
+    if req.partitions is None:
+        wanted = sorted((t.name, i) for t, i, _ in image.iter_partitions())
+    else:
+        wanted = list(dict.fromkeys(req.partitions))  # once each, in the request's order
+    results = []
+    for name, index in wanted:
+        try:
+            topic = batch.image.topic(name)
+            state = None if topic is None or index < 0 else topic.partitions.get(index)
+            if topic is None or state is None:
+                raise _ElectionRefused(
+                    ErrorCode.unknown_topic_or_partition, f"no partition {name}-{index}"
+                )
+            eligible = safe_fn(eligible_fn(batch.image), unsafe, topic.topic_id, index)
+            if req.election_type == ELECTION_PREFERRED:
+                change = _preferred_change(topic.topic_id, index, state, eligible)
+            else:
+                alive = safe_fn(alive_fn(batch.image), unsafe, topic.topic_id, index)
+                change = _unclean_change(topic.topic_id, index, state, eligible, alive)
+        except _ElectionRefused as exc:
+            if not (every and exc.code == ErrorCode.election_not_needed):
+                results.append(PartitionResult(name, index, exc.code, exc.message))
+            continue
+        batch.add(change)
+        results.append(PartitionResult(name, index))
+    return ElectLeadersReply(tuple(results))

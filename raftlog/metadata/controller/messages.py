@@ -375,6 +375,75 @@ class AlterUserScramCredentialsReply:
     results: tuple[ScramUserResult, ...]
 
 
+# ---------------------------------------------------------------- reassignments, elections
+# One request moves or elects at most this many partitions (a cluster-wide plan of 100,000
+# partitions still fits in one; beyond that an operator splits it).
+MAX_PARTITIONS_PER_REQUEST = 100_000
+PartitionIndex32 = Annotated[int, Range(-(2**31), I32_MAX)]  # refused by the controller if < 0
+BrokerId32 = Annotated[int, Range(-(2**31), I32_MAX)]  # refused by the controller if unknown
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """Kafka's ReassignablePartition: the target replicas, or None to cancel."""
+
+    topic: Annotated[str, MaxLen(32767)]
+    partition: PartitionIndex32
+    replicas: Annotated[tuple[BrokerId32, ...], MaxLen(1024)] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReassignments:
+    """KIP-455's AlterPartitionReassignments. allow_replication_factor_change False (v1):
+    a target of another size than the current replicas is refused."""
+
+    partitions: Annotated[tuple[PartitionReassignment, ...], MaxLen(MAX_PARTITIONS_PER_REQUEST)]
+    allow_replication_factor_change: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's outcome, in the request's order (reassignments, elections)."""
+
+    topic: str
+    partition: Int32
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReassignmentsReply:
+    results: tuple[PartitionResult, ...]
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
+ELECTION_PREFERRED = 0  # Kafka's ElectionType.PREFERRED
+ELECTION_UNCLEAN = 1  # Kafka's ElectionType.UNCLEAN
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeaders:
+    """Kafka's ElectLeaders; partitions None: every partition (and the reply leaves out
+    those where no election was needed, as Kafka does)."""
+
+    election_type: Annotated[int, Range(ELECTION_PREFERRED, ELECTION_UNCLEAN)]
+    partitions: (
+        Annotated[
+            tuple[tuple[Annotated[str, MaxLen(32767)], PartitionIndex32], ...],
+            MaxLen(MAX_PARTITIONS_PER_REQUEST),
+        ]
+        | None
+    ) = None
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersReply:
+    results: tuple[PartitionResult, ...]
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
 ControllerRequest = (
     RegisterBroker
     | BrokerHeartbeat
@@ -389,6 +458,8 @@ ControllerRequest = (
     | CreateAcls
     | DeleteAcls
     | AlterUserScramCredentials
+    | AlterPartitionReassignments
+    | ElectLeaders
 )
 ControllerReply = (
     RegisterBrokerReply
@@ -403,6 +474,8 @@ ControllerReply = (
     | CreateAclsReply
     | DeleteAclsReply
     | AlterUserScramCredentialsReply
+    | AlterPartitionReassignmentsReply
+    | ElectLeadersReply
 )
 # Every class above without a layout of its own travels as a named extension.
 CODEC = Codec(error_code_ext=True, default_layout=NamedExt(CONTROLLER_EXT))

@@ -1,4 +1,7 @@
-"""CreateTopics, DeleteTopics, CreatePartitions: validation, placement, records."""
+"""CreateTopics, DeleteTopics, CreatePartitions: validation, placement, records.
+
+Placement (placement.py) spreads each partition's replicas over racks when brokers registered
+one (broker_rack), as Kafka does, and is round-robin over brokers otherwise."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from raftlog.metadata.controller.messages import (
     DeleteTopics,
     DeleteTopicsReply,
 )
+from raftlog.metadata.controller.placement import place_replicas as place_replicas
+from raftlog.metadata.controller.placement import placement
 
 # Kafka's topic name rules: 1..249 characters from [a-zA-Z0-9._-], not "." or "..".
 MAX_TOPIC_NAME_CHARS = 249
@@ -56,25 +61,6 @@ def check_topic_name(name: str) -> None:
 def _collision_key(name: str) -> str:
     # Kafka metric names turn '.' into '_', so "a.b" and "a_b" would collide there.
     return name.replace(".", "_")
-
-
-def place_replicas(
-    brokers: Sequence[int], num_partitions: int, replication_factor: int, start: int
-) -> list[tuple[int, ...]]:
-    """Rack-unaware round-robin: partition p is led by brokers[(start + p) % n], and the
-    follower offset shifts every n partitions so followers of one leader are spread too."""
-    n = len(brokers)
-    assignments = []
-    shift = start % n
-    for p in range(num_partitions):
-        if p > 0 and p % n == 0:
-            shift += 1
-        first = (start + p) % n
-        replicas = [brokers[first]]
-        for j in range(replication_factor - 1):
-            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
-        assignments.append(tuple(replicas))
-    return assignments
 
 
 def _check_assignments(
@@ -121,7 +107,8 @@ def _auto_assign(
             f"replication factor {replication_factor} is larger than the {len(live)} "
             f"available brokers",
         )
-    return place_replicas(live, count, replication_factor, start)
+    racks = {b: batch.image.brokers[b].rack for b in live}
+    return placement(live, racks, count, replication_factor, start)
 
 
 def _partition_records(
