@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SEEDS ?= 2000
 PYTEST_ARGS ?=
 
-.PHONY: cluster test test-all bench sim jepsen jepsen-txn lint sysdeps clean
+.PHONY: cluster test test-all bench sim jepsen jepsen-txn compat compatdeps lint sysdeps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,30 @@ jepsen: $(STAMP) sysdeps
 
 jepsen-txn: $(STAMP) sysdeps
 	$(PY) -m jepsen matrix --workload txn
+
+# What building librdkafka's test suite needs (`make compat` only): npm fetches it, a C/C++
+# toolchain and OpenSSL/zlib headers build it.
+compatdeps:
+	@missing=""; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v g++ >/dev/null || missing="$$missing g++"; \
+	command -v make >/dev/null || missing="$$missing make"; \
+	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
+	test -f /usr/include/openssl/ssl.h || missing="$$missing libssl-dev"; \
+	test -f /usr/include/zlib.h || missing="$$missing zlib1g-dev"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing system packages:$$missing (run as root or install them)"; \
+	  fi; \
+	fi
+
+# librdkafka's own broker-facing tests against local clusters; the table goes to
+# docs/compat.md. Long (about an hour): not part of `make test`.
+compat: $(STAMP) compatdeps
+	$(PY) -m compat run $(COMPAT_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,204 @@
+"""Run librdkafka's broker-facing tests against local raftlog clusters.
+
+Per scenario, one three-node cluster of real node processes with the settings of trivup's
+scenario files (tests/scenarios/*.json: auto-created topics of 4 partitions, replication
+factor 3; `noautocreate` turns auto-creation off). Each test number runs alone, with a
+deadline, in librdkafka's own test-runner (`TESTS=<number> test-runner -L -p1 -D`: broker
+tests only, one at a time, test topics deleted after). A node that exits while a test runs
+is reported with that test, and the next test gets a fresh cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from compat.source import Suite
+from compat.suite import Outcome, TestCase, needs_kafka_cli, parse_summary
+
+# The broker version the tests gate features on (TEST_BRKVER): raftlog speaks Kafka 3.9's
+# protocol versions or later.
+KAFKA_VERSION = "3.9.0"
+DEFAULT_DEADLINE_S = 600.0
+CLUSTER_NODES = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one broker-facing test came to."""
+
+    name: str
+    scenario: str
+    state: str  # passed, failed, timeout, skipped, needs-kafka-cli, node-exited
+    seconds: float
+    detail: str
+    log: str  # the run's output file, relative to the results directory
+
+
+def cluster_overrides(scenario: str) -> dict[str, object]:
+    """Node settings of trivup's scenario files, with a node's default timings (the test
+    cluster's fast ones fence brokers that a busy two-core machine slows down)."""
+    from raftlog.config import NodeConfig
+    from raftlog.testing.cluster import FAST_TIMINGS
+
+    defaults = NodeConfig()
+    return {
+        **{key: getattr(defaults, key) for key in FAST_TIMINGS},
+        "num_partitions": 4,
+        "default_replication_factor": 3,
+        "auto_create_topics_enable": scenario != "noautocreate",
+    }
+
+
+def _test_conf(path: Path, bootstrap: str, timeout_multiplier: float) -> Path:
+    path.write_text(
+        f"bootstrap.servers={bootstrap}\ntest.timeout.multiplier={timeout_multiplier:g}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _run_number(
+    suite: Suite,
+    number: str,
+    scenario: str,
+    conf: Path,
+    log_path: Path,
+    deadline_s: float,
+) -> tuple[str, bool]:
+    """Run one test number; (its output, whether it hit the deadline)."""
+    env = {
+        **os.environ,
+        "TESTS": number,
+        "TEST_SCENARIO": scenario,
+        "TEST_KAFKA_VERSION": KAFKA_VERSION,
+        "RDKAFKA_TEST_CONF": str(conf),
+        "LD_LIBRARY_PATH": ":".join(
+            filter(None, (suite.library_path, os.environ.get("LD_LIBRARY_PATH")))
+        ),
+    }
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(
+            [str(suite.test_runner), "-L", "-p1", "-D"],
+            cwd=suite.tests_dir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a deadline kills the runner and whatever it started
+        )
+        timed_out = False
+        try:
+            process.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return log_path.read_text(encoding="utf-8", errors="replace"), timed_out
+
+
+def judge(
+    cases: list[TestCase],
+    scenario: str,
+    outcomes: dict[str, Outcome],
+    timed_out: bool,
+    node_exited: str | None,
+    elapsed_s: float,
+    log: str,
+) -> list[Verdict]:
+    """One verdict per test of the number that belongs to `scenario`."""
+    verdicts = []
+    for case in cases:
+        outcome = outcomes.get(case.name)
+        if outcome is None:
+            state = "timeout" if timed_out else "failed"
+            detail = (
+                f"the runner was stopped at its {elapsed_s:.0f} s deadline"
+                if timed_out
+                else "the runner reported nothing for it (crashed?)"
+            )
+            seconds = elapsed_s
+        else:
+            # A failure report carries no duration: the run's own stands in for it.
+            seconds, detail = outcome.seconds or elapsed_s, outcome.detail
+            if outcome.state == "PASSED":
+                state = "passed"
+            elif outcome.state in ("SKIPPED", "DNS"):
+                state = "skipped"
+            elif outcome.state == "RUNNING":
+                state = "timeout"
+            elif needs_kafka_cli(detail):
+                state = "needs-kafka-cli"
+            else:
+                state = "failed"
+        if node_exited is not None and state != "passed":
+            state, detail = "node-exited", f"{node_exited}; {detail}"
+        verdicts.append(Verdict(case.name, scenario, state, seconds, detail, log))
+    return verdicts
+
+
+def run_scenario(
+    suite: Suite,
+    scenario: str,
+    cases: list[TestCase],
+    results_dir: Path,
+    *,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    timeout_multiplier: float = 1.0,
+    on_verdicts: Callable[[list[Verdict]], None] = lambda verdicts: None,
+) -> list[Verdict]:
+    """Every test number of `cases` in `scenario`, each against a healthy cluster."""
+    from raftlog.testing.cluster import ProcessCluster
+
+    numbers: dict[str, list[TestCase]] = {}
+    for case in cases:
+        if scenario in case.scenarios:
+            numbers.setdefault(case.number, []).append(case)
+    verdicts: list[Verdict] = []
+    results_dir.mkdir(parents=True, exist_ok=True)
+    cluster: ProcessCluster | None = None
+    with tempfile.TemporaryDirectory(prefix=f"raftlog-compat-{scenario}-") as tmp:
+        try:
+            for attempt, (number, group) in enumerate(numbers.items()):
+                if cluster is None:
+                    cluster = ProcessCluster(
+                        Path(tmp) / f"cluster-{attempt}",
+                        CLUSTER_NODES,
+                        overrides=cluster_overrides(scenario),
+                    )
+                    cluster.__enter__()
+                conf = _test_conf(
+                    Path(tmp) / "test.conf", cluster.bootstrap_servers, timeout_multiplier
+                )
+                log_name = f"{scenario}-{number}.log"
+                started = time.monotonic()
+                output, timed_out = _run_number(
+                    suite, number, scenario, conf, results_dir / log_name, deadline_s
+                )
+                elapsed_s = time.monotonic() - started
+                exited = [n for n, node in cluster.nodes.items() if not node.running]
+                node_exited = f"node(s) {exited} exited during the test" if exited else None
+                found = judge(
+                    group,
+                    scenario,
+                    parse_summary(output),
+                    timed_out,
+                    node_exited,
+                    elapsed_s,
+                    log_name,
+                )
+                verdicts.extend(found)
+                on_verdicts(found)
+                if exited:
+                    cluster.__exit__(None, None, None)
+                    cluster = None
+        finally:
+            if cluster is not None:
+                cluster.__exit__(None, None, None)
+    return verdicts

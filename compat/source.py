@@ -1,0 +1,161 @@
+"""librdkafka's source with its test suite: fetched from npm, checked, built once.
+
+The npm package @confluentinc/kafka-javascript ships librdkafka's whole source tree, tests
+included, under deps/librdkafka/. The version is pinned and the tarball is checked against
+the registry's sha512 integrity recorded here, so `make compat` builds the same suite every
+time and a changed upload is refused rather than run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftlog.errors import LocalError
+
+NPM_PACKAGE = "@confluentinc/kafka-javascript"
+NPM_VERSION = "1.10.1"
+# `npm view @confluentinc/kafka-javascript@1.10.1 dist.integrity`
+NPM_INTEGRITY = (
+    "sha512-"
+    "KVePUBn21EqCVP9mfxzEuM3SYJHHEF7X+iiC2e43QQgDSyEaksInmCGooT3w5q+cNAdkSCrK71j0ICfqoSqZLw=="
+)
+LIBRDKAFKA_VERSION = "2.15.1"
+# What the package holds librdkafka under.
+LIBRDKAFKA_SUBDIR = Path("package/deps/librdkafka")
+# Optional features the broker-facing tests do not need and this machine may lack the
+# development headers of (Kerberos, libcurl for OIDC); lz4 is built in.
+CONFIGURE_ARGS = ("--disable-gssapi", "--disable-curl", "--disable-lz4-ext")
+NPM_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 3600
+
+
+class CompatSetupError(LocalError):
+    """The suite could not be fetched, checked or built."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A built librdkafka source tree."""
+
+    root: Path  # deps/librdkafka
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.root / "tests"
+
+    @property
+    def test_runner(self) -> Path:
+        return self.tests_dir / "test-runner"
+
+    @property
+    def library_path(self) -> str:
+        """LD_LIBRARY_PATH for the test-runner: the libraries just built, never a system
+        librdkafka of another version."""
+        return f"{self.root / 'src'}:{self.root / 'src-cpp'}"
+
+
+def _integrity_of(path: Path) -> str:
+    digest = hashlib.sha512(path.read_bytes()).digest()
+    return "sha512-" + base64.b64encode(digest).decode()
+
+
+def fetch(work_dir: Path) -> Path:
+    """The pinned package's tarball in `work_dir` (fetched with `npm pack` unless present),
+    after its integrity is checked."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tarball = work_dir / f"confluentinc-kafka-javascript-{NPM_VERSION}.tgz"
+    if not tarball.exists():
+        if shutil.which("npm") is None:
+            raise CompatSetupError("npm is not installed: it fetches librdkafka's test suite")
+        done = subprocess.run(
+            ["npm", "pack", f"{NPM_PACKAGE}@{NPM_VERSION}", "--silent"],
+            cwd=work_dir,
+            capture_output=True,
+            text=True,
+            timeout=NPM_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0 or not tarball.exists():
+            raise CompatSetupError(
+                f"npm pack {NPM_PACKAGE}@{NPM_VERSION} failed: {done.stderr.strip()[-500:]}"
+            )
+    integrity = _integrity_of(tarball)
+    if integrity != NPM_INTEGRITY:
+        tarball.unlink()
+        raise CompatSetupError(
+            f"{tarball.name}: integrity {integrity} is not the pinned {NPM_INTEGRITY}; "
+            "the file was removed"
+        )
+    return tarball
+
+
+def extract(tarball: Path, work_dir: Path) -> Path:
+    """The librdkafka tree of the package, extracted once into `work_dir`."""
+    root = work_dir / f"kafka-javascript-{NPM_VERSION}" / LIBRDKAFKA_SUBDIR
+    if not (root / "configure").exists():
+        target = work_dir / f"kafka-javascript-{NPM_VERSION}"
+        shutil.rmtree(target, ignore_errors=True)
+        with tarfile.open(tarball) as archive:
+            # The 'data' filter refuses absolute paths, links out of the tree and devices.
+            archive.extractall(target, filter="data")
+        if not (root / "configure").exists():
+            raise CompatSetupError(f"{tarball.name} holds no {LIBRDKAFKA_SUBDIR}")
+    header = (root / "src" / "rdkafka.h").read_text(encoding="utf-8", errors="replace")
+    found = re.search(r"#define RD_KAFKA_VERSION\s+0x([0-9a-fA-F]{8})", header)
+    if found is None:
+        raise CompatSetupError("rdkafka.h names no RD_KAFKA_VERSION")
+    value = int(found.group(1), 16)
+    version = f"{value >> 24}.{(value >> 16) & 0xFF}.{(value >> 8) & 0xFF}"
+    if version != LIBRDKAFKA_VERSION:
+        raise CompatSetupError(f"the package holds librdkafka {version}, not {LIBRDKAFKA_VERSION}")
+    # The configure script and its helpers lose their mode bits in the npm tarball.
+    for script in [root / "configure", *(root / "mklove").rglob("*.sh"), *root.glob("lds-gen.*")]:
+        script.chmod(script.stat().st_mode | 0o111)
+    return root
+
+
+def build(root: Path, log_path: Path) -> Suite:
+    """configure, the library and the test-runner (skipped when already built); the
+    compiler's output goes to `log_path`."""
+    suite = Suite(root)
+    if suite.test_runner.exists():
+        return suite
+    jobs = str(os.cpu_count() or 1)
+    steps = [
+        ["./configure", *CONFIGURE_ARGS],
+        ["make", "-j", jobs, "libs"],
+        ["make", "-C", "tests", "-j", jobs, "build"],
+    ]
+    with log_path.open("w", encoding="utf-8") as log_file:
+        for step in steps:
+            log_file.write(f"$ {' '.join(step)}\n")
+            log_file.flush()
+            done = subprocess.run(
+                step,
+                cwd=root,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
+            )
+            if done.returncode != 0:
+                raise CompatSetupError(
+                    f"`{' '.join(step)}` failed (exit {done.returncode}); see {log_path}"
+                )
+    if not suite.test_runner.exists():
+        raise CompatSetupError(f"the build made no {suite.test_runner}; see {log_path}")
+    return suite
+
+
+def prepare(work_dir: Path) -> Suite:
+    """Fetch, check, extract and build: the suite ready to run."""
+    root = extract(fetch(work_dir), work_dir)
+    return build(root, work_dir / "build.log")

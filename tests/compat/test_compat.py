@@ -1,0 +1,188 @@
+"""The librdkafka suite runner's parts that need no build: reading the test table and the
+runner's output, verdicts, the expected-failures list, the table, and the checks on what is
+fetched."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from compat import report, source
+from compat.runner import Verdict, judge
+from compat.suite import Outcome, broker_facing, parse_summary, read_tests
+
+TEST_C = """
+static int show_summary = 1;
+struct test tests[] = {
+    _TEST(0000_unittests,
+          TEST_F_LOCAL,
+          _THRES(.ucpu = 100.0, .scpu = 10.0)),
+    _TEST(0001_multiobj, 0),
+    _TEST(0028_long_topicnames,
+          TEST_F_KNOWN_ISSUE,
+          TEST_BRKVER(0, 9, 0, 0),
+          .extra = "https://github.com/confluentinc/librdkafka/issues/529"),
+    _TEST(0045_subscribe_update, 0, TEST_BRKVER(0, 9, 0, 0)),
+    _TEST(0045_subscribe_update_topic_remove,
+          0,
+          TEST_BRKVER(0, 9, 0, 0),
+          .scenario = "noautocreate"),
+    _TEST(0055_producer_latency, TEST_F_KNOWN_ISSUE_WIN32),
+    _TEST(0103_transactions, 0, TEST_BRKVER(0, 11, 0, 0), .scenario = "default,ak23"),
+    _TEST(0104_only_old, 0, .scenario = "ak23"),
+    _TEST(8001_fetch_from_follower_mock_manual, TEST_F_MANUAL),
+    {NULL}};
+"""
+
+# Colours as the runner prints them; a failing test aborts the runner before its summary.
+FAILED_OUTPUT = """\x1b[36m[0030_offset_commit          /  1.581s] TEST FAILURE
+\x1b[0m\x1b[31m### Test "0030_offset_commit (do_nonexist_commit:497)" failed at \
+0030-offset_commit.c:479:nonexist_offset_commit_cb() at Thu Nov 26 02:30:39 2026: ###
+Test assertion failed: "err == UNKNOWN_TOPIC_OR_PART": expected unknown topic, not Success
+\x1b[0m\x1b[31m### Test "<MAIN>" failed at test.c:1950:test_wait_exit() at Thu Nov 26 2026: ###
+"""
+SUMMARY_OUTPUT = """TEST 20261126023034 (bare, scenario default) SUMMARY
+#==================================================================#
+|\x1b[32m <MAIN>                                   |     PASSED |   2.000s \x1b[0m|
+|\x1b[32m 0045_subscribe_update                    |     PASSED |   1.131s \x1b[0m|
+|\x1b[33m 0045_subscribe_update_mock               |    SKIPPED |   0.000s \x1b[0m|
+|\x1b[31m 0045_resubscribe_with_regex              |     FAILED |   9.500s \x1b[0m| \
+test_kafka_topics: KAFKA_PATH and ZK_ADDRESS must be set
+#==================================================================#
+"""
+
+
+def test_the_table_is_read_with_flags_and_scenarios(tmp_path: Path) -> None:
+    (tmp_path / "test.c").write_text(TEST_C)
+    cases = {c.name: c for c in read_tests(tmp_path)}
+    assert len(cases) == 9
+    assert cases["0000_unittests"].local
+    assert cases["0028_long_topicnames"].known_issue
+    assert not cases["0055_producer_latency"].known_issue  # a Windows-only issue
+    assert cases["0045_subscribe_update_topic_remove"].scenarios == ("noautocreate",)
+    assert cases["0103_transactions"].scenarios == ("default", "ak23")
+    assert cases["8001_fetch_from_follower_mock_manual"].manual
+    facing = [c.name for c in broker_facing(list(cases.values()))]
+    assert facing == [
+        "0001_multiobj",
+        "0028_long_topicnames",
+        "0045_subscribe_update",
+        "0045_subscribe_update_topic_remove",
+        "0055_producer_latency",
+        "0103_transactions",
+    ]
+
+
+def test_a_file_without_a_table_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "test.c").write_text("int main(void) { return 0; }\n")
+    with pytest.raises(ValueError, match="no tests"):
+        read_tests(tmp_path)
+
+
+def test_summary_rows_and_failure_reports_are_read() -> None:
+    summary = parse_summary(SUMMARY_OUTPUT)
+    assert summary["0045_subscribe_update"] == Outcome("0045_subscribe_update", "PASSED", 1.131, "")
+    assert summary["0045_subscribe_update_mock"].state == "SKIPPED"
+    assert "KAFKA_PATH" in summary["0045_resubscribe_with_regex"].detail
+    failed = parse_summary(FAILED_OUTPUT)
+    assert list(failed) == ["0030_offset_commit"]  # <MAIN> is the runner, not a test
+    outcome = failed["0030_offset_commit"]
+    assert outcome.state == "FAILED"
+    assert "expected unknown topic, not Success" in outcome.detail
+    assert "0030-offset_commit.c:479:nonexist_offset_commit_cb" in outcome.detail
+
+
+def _cases(tmp_path: Path) -> list:
+    (tmp_path / "test.c").write_text(
+        "struct test tests[] = {\n"
+        "    _TEST(0045_subscribe_update, 0),\n"
+        "    _TEST(0045_resubscribe_with_regex, 0),\n"
+        "    _TEST(0045_subscribe_many_updates, 0),\n"
+        "    {NULL}};\n"
+    )
+    return read_tests(tmp_path)
+
+
+def test_verdicts(tmp_path: Path) -> None:
+    cases = _cases(tmp_path)
+    outcomes = parse_summary(SUMMARY_OUTPUT)
+    states = {
+        v.name: v.state for v in judge(cases, "default", outcomes, False, None, 30.0, "x.log")
+    }
+    assert states == {
+        "0045_subscribe_update": "passed",
+        "0045_resubscribe_with_regex": "needs-kafka-cli",
+        "0045_subscribe_many_updates": "failed",  # never reported: the runner crashed
+    }
+    timed_out = judge(cases, "default", {}, True, None, 600.0, "x.log")
+    assert {v.state for v in timed_out} == {"timeout"}
+    assert "600 s deadline" in timed_out[0].detail
+    exited = judge(cases, "default", outcomes, False, "node(s) [2] exited", 30.0, "x.log")
+    assert [v.state for v in exited] == ["passed", "node-exited", "node-exited"]
+
+
+def _verdict(name: str, state: str) -> Verdict:
+    return Verdict(name, "default", state, 1.0, f"detail of {name}", "x.log")
+
+
+def test_summary_counts_only_what_a_broker_decides(tmp_path: Path) -> None:
+    expected = {"0030_offset_commit": report.Expected("unknown topic commit succeeds", 17)}
+    verdicts = [
+        _verdict("0001_multiobj", "passed"),
+        _verdict("0030_offset_commit", "failed"),
+        _verdict("0011_produce_batch", "timeout"),
+        _verdict("0045_resubscribe_with_regex", "needs-kafka-cli"),
+        _verdict("0028_long_topicnames", "skipped"),
+    ]
+    summary = report.summarize(verdicts, expected)
+    assert (summary["passed"], summary["counted"], summary["pass_rate"]) == (1, 3, 0.3333)
+    assert summary["unexpected_failures"] == ["0011_produce_batch"]
+    assert summary["unexpected_passes"] == []
+    fixed = report.summarize([_verdict("0030_offset_commit", "passed")], expected)
+    assert fixed["unexpected_passes"] == ["0030_offset_commit"]
+    markdown = report.table(verdicts, expected, "header")
+    assert "expected: unknown topic commit succeeds (#17)" in markdown
+    assert "| `0011_produce_batch` | default | **timeout** |" in markdown
+    doc = tmp_path / "compat.md"
+    doc.write_text("# Compatibility\n\nprose\n")
+    report.write_doc(doc, markdown)
+    report.write_doc(doc, "second")
+    text = doc.read_text()
+    assert text.count(report.DOC_BEGIN) == 1 and "second" in text and "header" not in text
+    assert text.startswith("# Compatibility\n\nprose\n")
+
+
+def test_the_expected_failures_list_is_checked(tmp_path: Path) -> None:
+    path = tmp_path / "expected.toml"
+    path.write_text('[tests."0030_offset_commit"]\nissue = 17\n')
+    with pytest.raises(ValueError, match="needs a reason"):
+        report.load_expected(path)
+    path.write_text('[tests."0030_offset_commit"]\nreason = "r"\nissue = "seventeen"\n')
+    with pytest.raises(ValueError, match="issue number"):
+        report.load_expected(path)
+    # The list in the repository is well formed.
+    for entry in report.load_expected().values():
+        assert entry.reason
+
+
+def test_a_tarball_that_is_not_the_pinned_one_is_refused_and_removed(tmp_path: Path) -> None:
+    tarball = tmp_path / f"confluentinc-kafka-javascript-{source.NPM_VERSION}.tgz"
+    tarball.write_bytes(b"not the package")
+    with pytest.raises(source.CompatSetupError, match="is not the pinned"):
+        source.fetch(tmp_path)
+    assert not tarball.exists()
+
+
+def test_extraction_refuses_paths_out_of_the_tree(tmp_path: Path) -> None:
+    tarball = tmp_path / "evil.tgz"
+    with tarfile.open(tarball, "w:gz") as archive:
+        data = b"owned"
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    with pytest.raises(tarfile.OutsideDestinationError):
+        source.extract(tarball, tmp_path / "work")
+    assert not (tmp_path / "escaped.txt").exists()
