@@ -41,11 +41,18 @@ log = logging.getLogger("raftlog.replication")
 PRODUCER_SNAPSHOT_INTERVAL_MS = 60_000
 
 
+# Kafka's top producer epoch; a marker at it can never be followed by a newer one.
+_TOP_PRODUCER_EPOCH = 2**15 - 1
+
+
 @dataclass(eq=False)
 class VerificationGuard:
     """Compared by identity: a marker replaces a producer's guard with none."""
 
     holders: int = 0
+    # The newest epoch of a marker for the producer that landed while the guard was held
+    # (-1: none).
+    max_marker_epoch: int = -1
 
 
 class VerificationGuards:
@@ -60,10 +67,21 @@ class VerificationGuards:
     append goes ahead only if the guard it started with still stands. Concurrent batches of
     one producer share a guard; it lives only while some verification holds it, so the
     table is bounded by the produce requests in flight.
+
+    KIP-890 part 2 (a Produce v12+ batch the coordinator adds to the transaction): every end
+    of a TV2 transaction bumps the epoch, and its markers carry the bumped one. The
+    coordinator adds a partition only after the producer's previous transaction completed,
+    so a marker of that transaction, at the batch's own epoch, may land while the add is
+    awaited and ends nothing the batch belongs to (`stands_after_add`); a marker of a newer
+    epoch, or at the top epoch (where a TV2 end moves to a new producer id without a bump),
+    ended the batch's own transaction and voids the add as it voids a verification.
     """
 
     def __init__(self) -> None:
         self._guards: dict[int, VerificationGuard] = {}
+        # Guards a marker dropped while verifications still held them: later markers of the
+        # producer must reach them too. Bounded like _guards (removed at the last finish).
+        self._dropped: dict[int, list[VerificationGuard]] = {}
 
     def start(self, producer_id: int) -> VerificationGuard:
         guard = self._guards.get(producer_id)
@@ -75,17 +93,41 @@ class VerificationGuards:
     def holds(self, producer_id: int, guard: VerificationGuard) -> bool:
         return self._guards.get(producer_id) is guard
 
+    def stands_after_add(
+        self, producer_id: int, guard: VerificationGuard, batch_epoch: int
+    ) -> bool:
+        """Whether a batch of `batch_epoch` that the coordinator added (KIP-890 part 2) may
+        still open a transaction (see the class docstring)."""
+        if self.holds(producer_id, guard):
+            return True
+        marker_epoch = guard.max_marker_epoch
+        return marker_epoch <= batch_epoch and marker_epoch < _TOP_PRODUCER_EPOCH
+
     def finish(self, producer_id: int, guard: VerificationGuard) -> None:
         guard.holders -= 1
-        if guard.holders == 0 and self._guards.get(producer_id) is guard:
+        if guard.holders > 0:
+            return
+        if self._guards.get(producer_id) is guard:
             del self._guards[producer_id]
+            return
+        dropped = self._dropped.get(producer_id)
+        if dropped is not None and guard in dropped:
+            dropped.remove(guard)
+            if not dropped:
+                del self._dropped[producer_id]
 
-    def end_transaction(self, producer_id: int) -> None:
-        """A marker for the producer landed: verifications in flight no longer count."""
-        self._guards.pop(producer_id, None)
+    def end_transaction(self, producer_id: int, marker_epoch: int = _TOP_PRODUCER_EPOCH) -> None:
+        """A marker (of `marker_epoch`) for the producer landed: verifications in flight no
+        longer count."""
+        for held in self._dropped.get(producer_id, ()):
+            held.max_marker_epoch = max(held.max_marker_epoch, marker_epoch)
+        guard = self._guards.pop(producer_id, None)
+        if guard is not None:
+            guard.max_marker_epoch = max(guard.max_marker_epoch, marker_epoch)
+            self._dropped.setdefault(producer_id, []).append(guard)
 
     def __len__(self) -> int:
-        return len(self._guards)
+        return len(self._guards) + sum(len(held) for held in self._dropped.values())
 
 
 class ProducerStateHolder:

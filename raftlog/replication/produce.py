@@ -22,6 +22,12 @@ transaction), so a late or retried produce cannot open a transaction the coordin
 know, and a later marker cannot silently commit it. The default allows everything (no
 coordinator yet). The question is asked before the check-append-update sequence, never inside
 it, so the sequence rules keep their no-await guarantee.
+
+KIP-890 part 2: a client of transaction version 2 sends no AddPartitionsToTxn for the
+partitions it produces to; its Produce v12+ request (`producer.transaction_version` >= 2)
+makes the question an add (`TxnProduce.add_partition`): the coordinator adds the partition
+to the producer's transaction and answers once that is replicated, and only then is the batch
+appended. A request below v12 keeps part 1's verification.
 """
 
 from __future__ import annotations
@@ -64,7 +70,13 @@ class TxnProduce:
     producer_epoch: int
     topic: str
     partition: int
+    # KIP-890 part 2: add the partition to the transaction (a Produce v12+ batch), not only
+    # verify that it is there.
+    add_partition: bool = False
 
+
+# The first transaction version whose produce adds its partition (KIP-890 part 2).
+_TV2 = 2
 
 VerifyTransaction = Callable[[TxnProduce], Awaitable[ErrorCode]]
 
@@ -104,17 +116,27 @@ class ProducePath:
         hosted: HostedPartition,
         topic: str,
         partition: int,
+        add_partition: bool = False,
     ) -> ProduceResult | None:
         """Ask the coordinator about each producer whose batch would open a transaction
         (KIP-890); None when every one may. A marker for a producer that lands while it is
-        asked voids the answer (idempotence.VerificationGuards): the caller appends with no
-        await after this returns, so no marker can slip in between."""
+        asked voids the answer (idempotence.VerificationGuards; for an add only a marker
+        that ends the batch's own transaction does): the caller appends with no await after
+        this returns, so no marker can slip in between."""
         guards = hosted.producers.verifications
         held = [(producer_id, guards.start(producer_id)) for producer_id, _ in opening]
+        epochs = dict(opening)
         try:
             for producer_id, producer_epoch in opening:
                 verdict = await self.verify_transaction(
-                    TxnProduce(transactional_id, producer_id, producer_epoch, topic, partition)
+                    TxnProduce(
+                        transactional_id,
+                        producer_id,
+                        producer_epoch,
+                        topic,
+                        partition,
+                        add_partition,
+                    )
                 )
                 if verdict != ErrorCode.none:
                     return ProduceResult(
@@ -123,7 +145,11 @@ class ProducePath:
                         f"with {topic}-{partition} in it",
                     )
             for producer_id, guard in held:
-                if not guards.holds(producer_id, guard):
+                if add_partition:
+                    stands = guards.stands_after_add(producer_id, guard, epochs[producer_id])
+                else:
+                    stands = guards.holds(producer_id, guard)
+                if not stands:
                     return ProduceResult(
                         ErrorCode.invalid_txn_state,
                         error_message=f"producer {producer_id}'s transaction on "
@@ -194,7 +220,12 @@ class ProducePath:
         opening = _opening_transactions(hosted.producers.table, headers)
         if opening:
             refused = await self._verify_opening(
-                getattr(producer, "transactional_id", None), opening, hosted, topic, partition
+                getattr(producer, "transactional_id", None),
+                opening,
+                hosted,
+                topic,
+                partition,
+                add_partition=getattr(producer, "transaction_version", 0) >= _TV2,
             )
             if refused is not None:
                 return refused

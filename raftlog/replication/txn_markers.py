@@ -136,8 +136,9 @@ class TxnMarkerPath:
         if check.verdict is Verdict.ERROR:
             log.info("%s-%d: marker refused: %s", topic, partition, check.message)
             return check.error
-        # The transaction ends here: a verification still in flight was about it (KIP-890).
-        hosted.producers.verifications.end_transaction(marker.producer_id)
+        # The transaction ends here: a verification still in flight was about it (KIP-890;
+        # the epoch tells a TV2 add whether its own transaction is the one ending).
+        hosted.producers.verifications.end_transaction(marker.producer_id, marker.producer_epoch)
         if check.verdict is Verdict.DUPLICATE:
             required_offset = check.duplicate_offset + 1
         else:

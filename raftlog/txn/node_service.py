@@ -42,6 +42,7 @@ from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metadata.service import MetadataService
+from raftlog.net.limits import RateLimitedLog
 from raftlog.net.rpc import PeerSet, RpcError
 from raftlog.records import BatchHeader, build_batch, iter_records
 from raftlog.records import Record as KafkaRecord
@@ -75,11 +76,16 @@ from raftlog.txn.settings import TxnConfig, partition_for_transactional_id
 from raftlog.txn.shell import TxnCoordinatorShell
 
 log = logging.getLogger("raftlog.txn")
+# A peer that sends bad bodies in a loop gets one line per interval.
+_bad_requests = RateLimitedLog(log)
 
 # How long a transition may wait for acks=all before its caller is told to retry.
 TXN_STATE_APPEND_TIMEOUT_MS = 10_000
 # A remote verification waits at most this long (the produce then fails retriably).
 VERIFY_RPC_TIMEOUT_S = 10.0
+# A KIP-890 part 2 add: a record append (acks=all) plus up to the shell's wait for the
+# producer's previous transaction to complete.
+ADD_RPC_TIMEOUT_S = 30.0
 # On top of the leader's own wait for acks=all (request_timeout_ms) before a marker call to
 # another broker is given up and retried.
 MARKER_RPC_SLACK_S = 5.0
@@ -260,12 +266,16 @@ class NodeTxnService:
 
     # ---------------------------------------------------------------- KIP-890 part 1
     async def verify(self, request: Any) -> ErrorCode:
-        """ProducePath.verify_transaction: `request` is a replication.produce.TxnProduce."""
+        """ProducePath.verify_transaction: `request` is a replication.produce.TxnProduce.
+        Its `add_partition` (a Produce v12+ batch, KIP-890 part 2) asks the coordinator to
+        add the partition to the transaction rather than only check it is there; the answer
+        then comes once the coordinator's Ongoing record is replicated."""
         transactional_id: str | None = request.transactional_id
         if not transactional_id:
             # A transactional batch whose request names no transactional id cannot be
             # checked against any coordinator: it cannot open a transaction.
             return ErrorCode.invalid_txn_state
+        mode = wire.ADD_PARTITION if getattr(request, "add_partition", False) else wire.VERIFY_ONLY
         args = (
             transactional_id,
             request.producer_id,
@@ -277,10 +287,25 @@ class NodeTxnService:
         if leader is None:
             code = ErrorCode.coordinator_not_available
         elif leader == self.node_id:
-            code = self.shell.verify(*args)
+            code = await self._ask_local(mode, *args)
         else:
-            code = await self._verify_remotely(leader, args)
+            code = await self._verify_remotely(leader, args, mode)
         return _VERIFY_ERRORS_FOR_PRODUCE.get(code, code)
+
+    async def _ask_local(
+        self,
+        mode: int,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> ErrorCode:
+        if mode == wire.ADD_PARTITION:
+            return await self.shell.add_partition_for_produce(
+                transactional_id, producer_id, producer_epoch, topic, partition
+            )
+        return self.shell.verify(transactional_id, producer_id, producer_epoch, topic, partition)
 
     def _txn_state_leader(self, transactional_id: str) -> int | None:
         image: MetadataImage = self.metadata.image
@@ -294,15 +319,18 @@ class NodeTxnService:
         return state.leader
 
     async def _verify_remotely(
-        self, leader: int, args: tuple[str, int, int, str, int]
+        self, leader: int, args: tuple[str, int, int, str, int], mode: int = wire.VERIFY_ONLY
     ) -> ErrorCode:
         try:
-            body = wire.verify_request(*args)
+            body = wire.verify_request(*args, mode=mode)
         except DecodeError:
             return ErrorCode.invalid_request  # a value no peer would accept
+        # An add waits for an acks=all append, and for the end of the producer's previous
+        # transaction (CONCURRENT_TRANSACTIONS, retried by the coordinator's shell).
+        timeout_s = VERIFY_RPC_TIMEOUT_S if mode == wire.VERIFY_ONLY else ADD_RPC_TIMEOUT_S
         try:
             answer = await self._peer(leader).call(
-                wire.TXN_VERIFY_METHOD, body, timeout_s=VERIFY_RPC_TIMEOUT_S
+                wire.TXN_VERIFY_METHOD, body, timeout_s=timeout_s
             )
             return wire.decode_verify_response(answer)
         except (RpcError, KafkaError, DecodeError) as exc:
@@ -311,10 +339,16 @@ class NodeTxnService:
 
     async def handle_verify(self, sender_id: int, body: Any) -> Any:
         """The coordinator's side of "txn.verify"; answers the coordinator's own code (the
-        asking leader maps it for its producer)."""
+        asking leader maps it for its producer). A body out of range is answered
+        INVALID_REQUEST, with one rate-limited line that names the sender, not the values."""
         self._check_broker(sender_id)
-        request = wire.decode_verify_request(body)
-        code = self.shell.verify(
+        try:
+            request = wire.decode_verify_request(body)
+        except DecodeError as exc:
+            _bad_requests.warning("txn.verify from node %d refused: %s", sender_id, exc)
+            return wire.verify_response(ErrorCode.invalid_request)
+        code = await self._ask_local(
+            request.mode,
             request.transactional_id,
             request.producer_id,
             request.producer_epoch,

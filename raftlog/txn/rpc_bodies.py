@@ -5,7 +5,11 @@
   one error code per partition.
 - "txn.verify" (partition leader -> coordinator): KIP-890 part 1, may this producer's
   transactional batch open a transaction on this partition (Kafka sends AddPartitionsToTxn
-  with verify_only); answered with one error code.
+  with verify_only); answered with one error code. With `mode` ADD (KIP-890 part 2, for a
+  Produce v12+ batch: a TV2 client sends no AddPartitionsToTxn for its data partitions) the
+  coordinator adds the partition to the producer's transaction instead, and answers once
+  the Ongoing record is replicated. A peer that does not know `mode` ignores it (a Map
+  layout skips unknown keys) and only verifies, which refuses a partition not yet added.
 
 Declared through raftlog.codec, so every field is type- and range-checked at decode: a peer
 may be damaged or hostile, and a bad body is refused (DecodeError) before anything is written.
@@ -24,6 +28,9 @@ from raftlog.txn.log_format import MAX_PRODUCER_EPOCH, MAX_TRANSACTIONAL_ID_BYTE
 
 TXN_MARKERS_METHOD = "txn.markers"
 TXN_VERIFY_METHOD = "txn.verify"
+# TxnVerifyRequest.mode: what the asking partition leader wants of the coordinator.
+VERIFY_ONLY = 0  # KIP-890 part 1: is the partition in the ongoing transaction?
+ADD_PARTITION = 1  # KIP-890 part 2: add it (a Produce v12+ batch)
 # Kafka's longest topic name.
 MAX_TOPIC_NAME_CHARS = 249
 # Partitions one marker call may name (the leader's own bound on one marker is the same).
@@ -97,6 +104,7 @@ class TxnVerifyRequest:
     producer_epoch: ProducerEpoch
     topic: TopicName
     partition: PartitionIndex
+    mode: Annotated[int, Range(VERIFY_ONLY, ADD_PARTITION)] = VERIFY_ONLY
 
     def __post_init__(self) -> None:
         _check_topic(self.topic)
@@ -146,10 +154,15 @@ def decode_markers_response(body: Any) -> dict[TopicPartition, ErrorCode]:
 
 
 def verify_request(
-    transactional_id: str, producer_id: int, producer_epoch: int, topic: str, partition: int
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    topic: str,
+    partition: int,
+    mode: int = VERIFY_ONLY,
 ) -> Any:
     return CODEC.to_wire(
-        TxnVerifyRequest(transactional_id, producer_id, producer_epoch, topic, partition)
+        TxnVerifyRequest(transactional_id, producer_id, producer_epoch, topic, partition, mode)
     )
 
 

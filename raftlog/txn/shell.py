@@ -43,7 +43,7 @@ from raftlog.net.limits import RateLimitedLog
 from raftlog.txn import describe
 from raftlog.txn.coordinator import TxnCoordinator
 from raftlog.txn.effects import Append, Effects, Token, WriteMarkers
-from raftlog.txn.log_format import Record, TopicPartition
+from raftlog.txn.log_format import TV_2, Record, TopicPartition
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
@@ -335,6 +335,27 @@ class TxnCoordinatorShell:
             slot, lambda token, now: coordinator.end_txn(token, req, now)
         )
         return result
+
+    async def add_partition_for_produce(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> ErrorCode:
+        """KIP-890 part 2: a Produce v12+ batch would open a transaction on
+        `topic`-`partition`; add the partition to the producer's transaction (a TV2 client
+        sends no AddPartitionsToTxn for it). NONE once the Ongoing record is replicated."""
+        request = AddPartitionsTxn(
+            transactional_id,
+            producer_id,
+            producer_epoch,
+            ((topic, partition),),
+            client_transaction_version=TV_2,
+        )
+        [result] = await self.add_partitions_to_txn([request])
+        return result.errors[(topic, partition)]
 
     def verify(
         self,

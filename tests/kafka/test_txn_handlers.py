@@ -288,9 +288,9 @@ def test_registered_versions_and_rules() -> None:
         assert table[api_key] == span
         # Every API says what it checks (authz.API_RULES is the one list of checks).
         assert authz.API_RULES[codec.api_name(api_key)], api_key
-    # v5 of EndTxn (KIP-890 part 2) is not claimed: the coordinator bumps no epoch per
-    # transaction.
-    assert TXN_VERSION_TABLE[ApiKey.END_TXN] == (0, 4)
+    # EndTxn v5 is KIP-890 part 2 (an epoch bump per transaction); Produce v12 with it.
+    assert TXN_VERSION_TABLE[ApiKey.END_TXN] == (0, 5)
+    assert table[ApiKey.PRODUCE][1] == 12
 
 
 # ---------------------------------------------------------------- a transaction per version
@@ -336,8 +336,9 @@ async def test_abort_and_fencing_per_end_txn_version(env: Env, version: int) -> 
     assert await env.end("tx-end", pid, old_epoch, commit=False, version=version) == E.none
     await wait_until("aborted", lambda: env.service.state_of("tx-end") == "CompleteAbort")
     assert not env.backend.markers_written[-1].commit
-    # A new producer with the same id fences the old one.
-    assert (await env.init("tx-end")).producer_epoch == old_epoch + 1
+    # A new producer with the same id fences the old one (after v5's own bump at the end).
+    bumps = 2 if version >= 5 else 1
+    assert (await env.init("tx-end")).producer_epoch == old_epoch + bumps
     fenced = E.producer_fenced if version >= 2 else E.invalid_producer_epoch
     assert await env.end("tx-end", pid, old_epoch, version=version) == fenced
 

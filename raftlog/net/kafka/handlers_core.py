@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -36,6 +37,44 @@ _internal_topic_refusals = RateLimitedLog(log)
 
 
 # ------------------------------------------------------------------------------ ApiVersions
+# Kafka's `transaction.version` feature (KIP-890 part 2, KIP-1022): levels 0..2 supported,
+# finalized at 2. A client that reads the finalized level (Kafka's Java client from 4.0) may
+# then end transactions with EndTxn v5 (an epoch bump per transaction) and let Produce v12
+# add its partitions; clients that do not know the feature (librdkafka, kafka-python,
+# aiokafka) ignore these tagged fields and keep the protocol they speak.
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+TRANSACTION_VERSION_SUPPORTED = (0, 2)
+TRANSACTION_VERSION_FINALIZED = 2
+# The finalized levels never change at run time (no UpdateFeatures): one epoch for ever.
+FINALIZED_FEATURES_EPOCH = 0
+# ApiVersions v4 is the first whose clients accept a supported range starting at 0 (Kafka
+# leaves such features out of v3 answers, KAFKA-17011).
+_FEATURES_FROM_ZERO_SINCE = 4
+
+
+def feature_fields(api_version: int) -> dict[str, Any]:
+    """The ApiVersions v3+ tagged feature fields (empty below v3, which has none)."""
+    if api_version < 3:
+        return {}
+    low, high = TRANSACTION_VERSION_SUPPORTED
+    supported = (
+        [{"name": TRANSACTION_VERSION_FEATURE, "min_version": low, "max_version": high}]
+        if low > 0 or api_version >= _FEATURES_FROM_ZERO_SINCE
+        else []
+    )
+    return {
+        "supported_features": supported,
+        "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+        "finalized_features": [
+            {
+                "name": TRANSACTION_VERSION_FEATURE,
+                "max_version_level": TRANSACTION_VERSION_FINALIZED,
+                "min_version_level": TRANSACTION_VERSION_FINALIZED,
+            }
+        ],
+    }
+
+
 async def handle_api_versions(ctx: RequestContext, request: Any) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
@@ -43,6 +82,7 @@ async def handle_api_versions(ctx: RequestContext, request: Any) -> dict[str, An
             {"api_key": key, "min_version": lo, "max_version": hi} for key, lo, hi in ctx.api_table
         ],
         "throttle_time": 0,
+        **feature_fields(ctx.api_version),
     }
 
 
@@ -200,10 +240,30 @@ async def _auto_create(ctx: RequestContext, names: Sequence[str]) -> dict[str, E
 
 
 # ------------------------------------------------------------------------------ Produce
+# KIP-890 part 2: a transactional Produce v12+ is from a client of transaction version 2,
+# whose batches add their partitions to the transaction (replication/produce.py).
+PRODUCE_TV2_SINCE = 12
+
+
+@dataclass(frozen=True)
+class TxnProducerInfo(ProducerInfo):
+    """A Produce's sender, with the transaction version its request version speaks."""
+
+    transaction_version: int = 0
+
+
 async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
     acks = request.acks
     timeout_ms = to_ms(request.timeout)
-    producer = ProducerInfo(client_id=ctx.client_id, transactional_id=request.transactional_id)
+    producer: ProducerInfo = ProducerInfo(
+        client_id=ctx.client_id, transactional_id=request.transactional_id
+    )
+    if request.transactional_id is not None and ctx.api_version >= PRODUCE_TV2_SINCE:
+        producer = TxnProducerInfo(
+            client_id=ctx.client_id,
+            transactional_id=request.transactional_id,
+            transaction_version=2,
+        )
     jobs: list[tuple[str, int, bytes | None]] = [
         (topic.name, p.index, p.records)
         for topic in request.topic_data

@@ -60,6 +60,7 @@ from raftlog.txn.log_format import (
     NO_PRODUCER_ID,
 )
 from raftlog.txn.messages import (
+    END_TXN_TV2_SINCE,
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
     AddPartitionsTxnResult,
@@ -76,28 +77,39 @@ from raftlog.txn.service import TxnService
 
 log = logging.getLogger("raftlog.kafka")
 _oversized = RateLimitedLog(log)
+_bad_producers = RateLimitedLog(log)
 
 
 # api key -> (min version, max version). Why each maximum:
 # - InitProducerId v5 (TRANSACTION_ABORTABLE) and v6 (KIP-939 two-phase commit): not yet;
 # - AddPartitionsToTxn v4 batches transactions and verifies (KIP-890 part 1, sent by brokers);
 #   v5 is part 2's;
+# - AddPartitionsToTxn v5 only tells the broker the client knows TRANSACTION_ABORTABLE
+#   (a TV2 client sends no AddPartitionsToTxn for its data partitions: Produce v12 adds them);
 # - AddOffsetsToTxn v4 and EndTxn v4 only tell the broker the client knows
 #   TRANSACTION_ABORTABLE, which the coordinator never answers; EndTxn v5 is KIP-890 part 2
-#   (an epoch bump per transaction, answered with the new epoch), which the coordinator does
-#   not do;
-# - WriteTxnMarkers v2 carries the transaction version of KIP-890 part 2;
+#   (an epoch bump per transaction, answered with the new producer id and epoch), offered
+#   with the `transaction.version` feature finalized at 2 (handlers_core.feature_fields);
+# - Produce v11 only tells the broker the client knows TRANSACTION_ABORTABLE, v12 is KIP-890
+#   part 2 (a transactional batch adds its partition to the transaction); v13 addresses
+#   topics by id, which produce does not yet (PRODUCE_VERSIONS, registered here because
+#   v11-12 are the transaction layer's);
+# - WriteTxnMarkers v2 carries the transaction version of KIP-890 part 2 (only the
+#   coordinator's own markers need it here, and they travel over the internal RPC);
 # - ListTransactions v2 filters by a transactional id regular expression (KIP-1152): not yet.
 TXN_VERSION_TABLE: dict[int, tuple[int, int]] = {
     ApiKey.INIT_PRODUCER_ID: (0, 4),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 4),
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
-    ApiKey.END_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 5),
     ApiKey.WRITE_TXN_MARKERS: (1, 1),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
 }
+
+# Produce's range with KIP-890 part 2 (see above); the lower bound is the node's own.
+PRODUCE_MAX_VERSION = 12
 
 MAX_IDS_PER_REQUEST = 10_000
 MAX_TRANSACTIONS_PER_REQUEST = 10_000
@@ -128,6 +140,15 @@ def register_txn_apis(registry: ApiRegistry, service: TxnService) -> None:
     }
     for api_key, (lo, hi) in TXN_VERSION_TABLE.items():
         registry.register(api_key, lo, hi, table[api_key])
+    produce = registry.get(ApiKey.PRODUCE)
+    if produce is not None:
+        # Produce v11-12 mean something only where a coordinator answers the implicit add.
+        registry.register(
+            ApiKey.PRODUCE,
+            produce.min_version,
+            max(produce.max_version, PRODUCE_MAX_VERSION),
+            produce.handler,
+        )
 
 
 class TxnHandlers:
@@ -368,17 +389,31 @@ class TxnHandlers:
     # ------------------------------------------------------------------ EndTxn
     async def end_txn(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         version = ctx.api_version
-        code = await self._end_txn(ctx, request)
-        return {"error_code": for_version(code, TxnApi.END_TXN, version)}
+        result = await self._end_txn(ctx, request)
+        response: dict[str, Any] = {
+            "error_code": for_version(result.error_code, TxnApi.END_TXN, version)
+        }
+        if version >= END_TXN_TV2_SINCE:
+            # The id and epoch of the producer's next transaction, only with success: an
+            # error answer names no epoch (a forged EndTxn learns nothing from it).
+            ok = result.error_code == ErrorCode.none
+            response["producer_id"] = result.producer_id if ok else NO_PRODUCER_ID
+            response["producer_epoch"] = result.producer_epoch if ok else NO_PRODUCER_EPOCH
+        return response
 
-    async def _end_txn(self, ctx: RequestContext, request: Any) -> ErrorCode:
+    async def _end_txn(self, ctx: RequestContext, request: Any) -> EndTxnResult:
         transactional_id = request.transactional_id
         if not valid_transactional_id(transactional_id):
-            return ErrorCode.invalid_request
+            return EndTxnResult(ErrorCode.invalid_request)
         if not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id):
-            return authz.WRITE_TRANSACTIONAL_ID.error
+            return EndTxnResult(authz.WRITE_TRANSACTIONAL_ID.error)
         if not valid_producer(request.producer_id, request.producer_epoch):
-            return ErrorCode.invalid_request
+            _bad_producers.warning(
+                "EndTxn v%d from client %r refused: producer id or epoch out of range",
+                ctx.api_version,
+                ctx.client_id,
+            )
+            return EndTxnResult(ErrorCode.invalid_request)
         req = EndTxnRequest(
             transactional_id=transactional_id,
             producer_id=int(request.producer_id),
@@ -391,7 +426,7 @@ class TxnHandlers:
             lambda: self.service.end_txn(req),
             lambda code, _msg: EndTxnResult(code),
         )
-        return result.error_code
+        return result
 
     # ------------------------------------------------------------------ admin
     async def describe_transactions(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
