@@ -1,4 +1,4 @@
-"""`raftlog topics create|list|describe|alter|add-partitions|delete`."""
+"""`raftlog topics create|list|describe|alter|add-partitions|delete|reassign|elect-leaders`."""
 
 from __future__ import annotations
 
@@ -203,3 +203,14 @@ def delete(name: str, opts: Options) -> None:
 
     run_async(opts, go)
     opts.out.message(f"Deleted topic {name}", {"deleted": name})
+
+
+# Moving partitions and leaders: their own module, in the topics group as in Kafka's tools.
+def _add_reassignment_commands() -> None:
+    from raftlog_cli.reassign import elect_leaders, reassign
+
+    topics_group.add_command(reassign)
+    topics_group.add_command(elect_leaders)
+
+
+_add_reassignment_commands()

@@ -1,5 +1,5 @@
 """Admin operations on a Cluster: topics, configs, cluster and quorum, client quotas, offsets
-(ACLs and SCRAM users: admin_security.py).
+(ACLs and SCRAM users: admin_security.py; reassignments, leader elections: admin_reassign.py).
 
 Every method returns plain Python values (dicts, dataclasses) rather than kio entities, so
 the CLI renders them without knowing the protocol. Per-item errors (one topic of several)
@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raftlog.client.admin_reassign import ReassignmentAdminMixin
 from raftlog.client.admin_security import SecurityAdminMixin
 from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
 from raftlog.client.protocol import IsolationLevel, error_of
@@ -66,9 +67,10 @@ class ListedOffset:
     leader_epoch: int
 
 
-class Admin(SecurityAdminMixin):
+class Admin(SecurityAdminMixin, ReassignmentAdminMixin):
     """Admin client over a Cluster (see raftlog.client.open_cluster); the ACL and SCRAM
-    methods are in raftlog.client.admin_security."""
+    methods are in raftlog.client.admin_security, reassignments and leader elections in
+    raftlog.client.admin_reassign."""
 
     def __init__(self, cluster: Cluster, *, timeout_ms: int = DEFAULT_ADMIN_TIMEOUT_MS) -> None:
         self.cluster = cluster

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 
 from kio.schema.index import api_key_map, schema_name_map
 
-from raftlog.net.kafka import handlers_admin, handlers_cluster, handlers_core, handlers_fetch
+from raftlog.net.kafka import (
+    authz,
+    handlers_admin,
+    handlers_cluster,
+    handlers_core,
+    handlers_fetch,
+    handlers_reassign,
+)
 from raftlog.net.kafka.context import Handler
 
 _KEY_BY_NAME = {name: key for key, name in api_key_map.items()}
@@ -59,6 +66,9 @@ class ApiKey(enum.IntEnum):
     LIST_TRANSACTIONS = _KEY_BY_NAME["list_transactions"]
     DESCRIBE_PRODUCERS = _KEY_BY_NAME["describe_producers"]
     TXN_OFFSET_COMMIT = _KEY_BY_NAME["txn_offset_commit"]
+    ALTER_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["alter_partition_reassignments"]
+    LIST_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["list_partition_reassignments"]
+    ELECT_LEADERS = _KEY_BY_NAME["elect_leaders"]
 
 
 # api key -> (min version, max version, handler). Why each range: docs/protocol.md.
@@ -91,6 +101,32 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     # v5+ (KIP-890/939 transactions) not implemented.
     ApiKey.INIT_PRODUCER_ID: (0, 4, handlers_core.handle_init_producer_id),
 }
+
+# Moving partitions and leaders (handlers_reassign.py): every version kio models. v1 of
+# AlterPartitionReassignments adds allow_replication_factor_change; ElectLeaders v0 has no
+# election type (preferred), v1 adds it, v2 is its flexible form.
+REASSIGNMENT_APIS: dict[int, tuple[int, int, Handler]] = {
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (
+        0,
+        1,
+        handlers_reassign.handle_alter_partition_reassignments,
+    ),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (
+        0,
+        0,
+        handlers_reassign.handle_list_partition_reassignments,
+    ),
+    ApiKey.ELECT_LEADERS: (0, 2, handlers_reassign.handle_elect_leaders),
+}
+# A served API must say what it checks in authz.API_RULES (the one list of checks, and a test
+# holds every served API to it): these are served once it names them.
+VERSION_TABLE.update(
+    {
+        api_key: spec
+        for api_key, spec in REASSIGNMENT_APIS.items()
+        if api_key_map[api_key] in authz.API_RULES
+    }
+)
 
 
 @dataclass(frozen=True)
