@@ -24,6 +24,7 @@ import msgpack
 
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.executor import execute_ready_sync
+from raftlog.metadata.raft.membership import MembershipRefused
 from raftlog.metadata.raft.messages import Entry, Message, Vote, VoteResponse, message_from_wire
 from raftlog.metadata.raft.types import (
     NotLeader,
@@ -33,6 +34,7 @@ from raftlog.metadata.raft.types import (
     Snapshot,
     SnapshotRejected,
 )
+from raftlog.metadata.raft.voters import NO_DIRECTORY_ID, RAFT_LISTENER_NAME, Endpoint, Voter
 from tests.sim.invariants import Invariant, StepEffects, all_invariants
 
 # Short timeouts keep simulated time cheap; their ratios are the production ones.
@@ -130,6 +132,7 @@ class Simulation:
         self.invariants: list[Invariant] = all_invariants()
         self.step = StepEffects()
         self.reads_answered = 0
+        self.voter_changes: dict[str, int] = {"add": 0, "remove": 0, "refused": 0}
         self._read_tokens = 0
         self.messages_delivered = 0
         self.events = 0
@@ -324,12 +327,38 @@ class Simulation:
         data = msgpack.packb([end_offset, self.committed_hash[end_offset]])
         core.snapshot_written(end_offset=end_offset, epoch=epoch, data=data)
         disk = node.disk
-        disk.snapshot = Snapshot(end_offset, epoch, data)
+        disk.snapshot = core.snapshot  # with the voter set in force at its end (KIP-853)
         cut = end_offset - disk.log_start
         if cut > 0:
             del disk.log[:cut]
             disk.log_start = end_offset
         disk.durable_end = max(disk.durable_end, end_offset)
+        self._drive(node)
+        self._end_step()
+        return True
+
+    def change_voters(
+        self, node_id: int, *, add: int | None = None, remove: int | None = None
+    ) -> bool:
+        """Ask node_id (normally the leader) to add or remove one voter; True if it appended
+        the change (which commits, or is truncated away, like any entry)."""
+        node = self.nodes[node_id]
+        core = node.core
+        if core is None:
+            return False
+        try:
+            if add is not None:
+                # The simulator addresses nodes by id; the endpoint only has to exist.
+                endpoint = Endpoint(RAFT_LISTENER_NAME, f"node{add}", 9000 + add)
+                core.add_voter(now_ms=self.now_ms, voter=Voter(add, NO_DIRECTORY_ID, (endpoint,)))
+            elif remove is not None:
+                core.remove_voter(now_ms=self.now_ms, voter_id=remove)
+            else:
+                return False
+        except (NotLeader, MembershipRefused):
+            self.voter_changes["refused"] += 1
+            return False
+        self.voter_changes["add" if add is not None else "remove"] += 1
         self._drive(node)
         self._end_step()
         return True

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from raftlog.metadata.raft.membership import voters_of
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.roles import Leader
 from raftlog.metadata.raft.types import Snapshot
+from raftlog.metadata.raft.voters import VoterSet, is_voters_record
 
 if TYPE_CHECKING:
     from tests.sim.cluster import Node, Simulation
@@ -124,6 +126,8 @@ class CommittedPayloadsUnique(Invariant):
     def check(self, sim: Simulation, step: StepEffects) -> None:
         no_op = sim.config.leader_change_payload
         for entry in sim.committed[self.checked_end :]:
+            if is_voters_record(entry.data):
+                continue  # a voter set may come back (remove a node, add it again)
             if entry.data != no_op and entry.data in self.offset_of:
                 self.fail(sim, f"payload {entry.data!r} committed twice")
             self.offset_of[entry.data] = entry.offset
@@ -197,6 +201,53 @@ class DeadlinesAdvance(Invariant):
                 )
 
 
+class VoterSetAgreed(Invariant):
+    """KIP-853: every node's voter set for its committed prefix is the one the committed log
+    says (the bootstrap set, then each committed VotersRecord); a leader is a voter unless the
+    change removing it is still uncommitted; and no log holds more than one voter change past
+    what is committed (one change at a time)."""
+
+    def __init__(self) -> None:
+        self.checked_end = 0
+        self.changes: list[tuple[int, VoterSet]] = []  # committed VotersRecords by offset
+
+    def truth_at(self, sim: Simulation, end_offset: int) -> VoterSet:
+        voters = VoterSet.of_ids(sim.voter_ids)
+        for offset, record in self.changes:
+            if offset < end_offset:
+                voters = record
+        return voters
+
+    def check(self, sim: Simulation, step: StepEffects) -> None:
+        for entry in sim.committed[self.checked_end :]:
+            record = voters_of(entry)
+            if record is not None:
+                self.changes.append((entry.offset, record))
+        self.checked_end = len(sim.committed)
+        committed = sim.committed
+        for node in live_nodes(sim):
+            core = node.core
+            assert core is not None
+            hw = core.high_watermark
+            if core.voters_at(hw).ids != self.truth_at(sim, hw).ids:
+                self.fail(
+                    sim,
+                    f"node {node.node_id} has voters {sorted(core.voters_at(hw).ids)} at its "
+                    f"HW {hw}, the committed log says {sorted(self.truth_at(sim, hw).ids)}",
+                )
+            leading = isinstance(core.role, Leader)
+            if leading and not core.is_voter and not core.voter_change_pending:
+                self.fail(sim, f"node {node.node_id} leads without being a voter")
+            pending = [
+                e.offset
+                for e in core.entries()
+                if is_voters_record(e.data)
+                and (e.offset >= len(committed) or committed[e.offset] != e)
+            ]
+            if len(pending) > 1:
+                self.fail(sim, f"node {node.node_id} holds uncommitted voter changes at {pending}")
+
+
 def all_invariants() -> list[Invariant]:
     """Fresh instances, in checking order: AppliesInOrder comes before the checks that
     index the committed log by the offsets applied."""
@@ -212,4 +263,5 @@ def all_invariants() -> list[Invariant]:
         SnapshotsHoldCommittedPrefix(),
         ReadsLinearizable(),
         DeadlinesAdvance(),
+        VoterSetAgreed(),
     ]

@@ -3,6 +3,9 @@
 run_seed(seed) builds a 3- or 5-voter cluster plus one observer, runs 90 simulated seconds (by
 default) of client writes under network faults, crashes and snapshots, then heals everything and
 requires a leader that commits a new write on every node within a bound (liveness).
+run_seed(seed, membership=True) starts 3 voters in a pool of 5 nodes and, under the same faults,
+asks the leader now and then to add an observer or remove a voter (possibly itself), one change
+at a time (KIP-853); the invariants check that the voter sets agree.
 """
 
 from __future__ import annotations
@@ -21,10 +24,15 @@ def run_seed(
     seed: int,
     duration_ms: int = DEFAULT_DURATION_MS,
     liveness_bound_ms: int = LIVENESS_BOUND_MS,
+    *,
+    membership: bool = False,
 ) -> Simulation:
     pick = seed % 4
     voters = 5 if pick == 3 else 3
-    sim = Simulation(seed, voters=voters, observers=1)
+    if membership:
+        sim = Simulation(seed, voters=3, observers=2)
+    else:
+        sim = Simulation(seed, voters=voters, observers=1)
     rng = sim.rng
     net = sim.network
     net.max_delay_ms = rng.choice([5, 20, 60])
@@ -41,9 +49,11 @@ def run_seed(
     next_client = rng.randint(0, client_gap_ms)
     next_fault = rng.randint(fault_gap_ms // 2, fault_gap_ms)
     next_snapshot = rng.randint(0, snapshot_gap_ms)
+    change_gap_ms = rng.choice([300, 1000, 3000])
+    next_change = rng.randint(0, change_gap_ms) if membership else 1 << 62
     while True:
         next_restart = min(restarts.values(), default=1 << 62)
-        t = min(next_client, next_fault, next_snapshot, next_restart)
+        t = min(next_client, next_fault, next_snapshot, next_restart, next_change)
         if t >= duration_ms:
             break
         sim.run_until(t)
@@ -61,6 +71,9 @@ def run_seed(
         if t == next_fault:
             next_fault = t + rng.randint(fault_gap_ms // 2, 2 * fault_gap_ms)
             _inject_fault(sim, restarts)
+        if t == next_change:
+            next_change = t + rng.randint(1, 2 * change_gap_ms)
+            _change_voters(sim)
     sim.run_until(duration_ms)
     check_liveness(sim, liveness_bound_ms)
     return sim
@@ -78,6 +91,23 @@ def _client_write(sim: Simulation, count: int) -> None:
         sim.read(node_id)
     else:
         sim.propose(node_id, count)
+
+
+def _change_voters(sim: Simulation) -> None:
+    """The operator adds a node of the pool that is not a voter, or removes a voter (the
+    leader too), through whichever node leads now; a refusal (a change pending, the new
+    voter not caught up, no commit in the leader's epoch yet) is fine."""
+    leaders = sim.leaders()
+    if not leaders:
+        return
+    leader = leaders[0]
+    rng = sim.rng
+    voters = sorted(sim.core(leader).voters)
+    others = sorted(set(sim.nodes) - set(voters))
+    if others and (len(voters) < 3 or rng.random() < 0.5):
+        sim.change_voters(leader, add=rng.choice(others))
+    elif len(voters) > 1:
+        sim.change_voters(leader, remove=rng.choice(voters))
 
 
 def _inject_fault(sim: Simulation, restarts: dict[int, int]) -> None:

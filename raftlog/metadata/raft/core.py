@@ -21,7 +21,9 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from raftlog.codec import DecodeError
 from raftlog.metadata.raft.elections import Elections
+from raftlog.metadata.raft.membership import Membership, voters_of
 from raftlog.metadata.raft.messages import (
     BeginQuorumEpoch,
     BeginQuorumEpochResponse,
@@ -38,7 +40,7 @@ from raftlog.metadata.raft.messages import (
     VoteResponse,
 )
 from raftlog.metadata.raft.replication import Replication
-from raftlog.metadata.raft.roles import Follower, Leader, Resigned, Role
+from raftlog.metadata.raft.roles import Follower, Leader, Resigned, Role, Unattached
 from raftlog.metadata.raft.types import (
     NotLeader,
     Overloaded,
@@ -50,6 +52,7 @@ from raftlog.metadata.raft.types import (
     Snapshot,
     SnapshotCheck,
 )
+from raftlog.metadata.raft.voters import VoterSet
 
 __all__ = ["RaftCore"]
 
@@ -66,14 +69,16 @@ def _has_negative(message: Fetch | FetchSnapshot) -> bool:
     return min(message.position, message.max_bytes, snap.end_offset, snap.epoch) < 0
 
 
-class RaftCore(Replication):
-    """One node's Raft state machine. Voter iff node_id in voters; otherwise an observer."""
+class RaftCore(Membership):
+    """One node's Raft state machine. Voter iff node_id is in its voter set (the latest
+    VotersRecord in its log, else its snapshot's, else the bootstrap `voters`); otherwise an
+    observer."""
 
     def __init__(
         self,
         *,
         node_id: int,
-        voters: frozenset[int],
+        voters: frozenset[int] | VoterSet,
         config: RaftConfig,
         persisted: QuorumState,
         entries: Sequence[Entry] = (),
@@ -82,24 +87,37 @@ class RaftCore(Replication):
         now_ms: int = 0,
         snapshot_check: SnapshotCheck | None = None,
     ) -> None:
-        """`snapshot_check` vets every snapshot downloaded from the leader before anything of
-        it is installed; None accepts every snapshot (the simulator's byte-level digests)."""
+        """`voters` is the bootstrap voter set (the static config), used until the log or the
+        snapshot holds a VotersRecord. `snapshot_check` vets every snapshot downloaded from the
+        leader before anything of it is installed; None accepts every snapshot (the
+        simulator's byte-level digests)."""
         if not voters:
             raise ValueError("voters must not be empty")
+        bootstrap = voters if isinstance(voters, VoterSet) else VoterSet.of_ids(voters)
+        if not bootstrap.voters:
+            raise ValueError("voters must not be empty")
         self.node_id = node_id
-        self.voters = frozenset(voters)
-        self.is_voter = node_id in self.voters
         self.config = config
         self._rng = rng
         self._snapshot = snapshot
         self._log_start = snapshot.end_offset if snapshot else 0
         self._log: list[Entry] = []
+        self._now_ms = now_ms
+        self._role = Unattached(0, now_ms)  # replaced below, once the log is loaded
+        self._init_voters(bootstrap, snapshot.voters if snapshot else None)
         for e in entries:
             if e.offset < self._log_start:
                 continue  # the driver may hand over a prefix the snapshot already covers
             if e.offset != self._log_start + len(self._log):
                 raise ValueError(f"node {node_id}: log from disk has a gap at {e!r}")
             self._log.append(e)
+            try:
+                voter_record = voters_of(e)
+            except DecodeError as exc:
+                raise ValueError(f"node {node_id}: bad VotersRecord on disk at {e!r}") from exc
+            if voter_record is not None:
+                self._voter_records.append((e.offset, voter_record))
+        self._refresh_voters()
         self._flushed = self.log_end  # whatever the driver loaded from disk is durable
         self.high_watermark = self._log_start  # a snapshot only ever holds committed entries
         self._applied = self._log_start
@@ -120,8 +138,10 @@ class RaftCore(Replication):
         self._reads: list[tuple[object, int, set[int]]] = []  # token, sequence, confirmed by
         self._read_sequence = 0  # leader: read_index() calls this epoch; follower: last seen
         self._begin_resend_ms = 0
-        self._now_ms = now_ms  # the latest time any input carried (flushed() carries none)
-        self._role: Role = self._initial_role(persisted, now_ms)
+        self._leader_since_ms = now_ms
+        self._served_blob: tuple[Snapshot, bytes] | None = None
+        # the latest time any input carried (flushed() carries none)
+        self._role = self._initial_role(persisted, now_ms)
         self._reported: RoleChange | None = None
         self._report_role()
         if isinstance(self._role, Follower):
@@ -270,9 +290,11 @@ class RaftCore(Replication):
         actual = self._log[end_offset - 1 - self._log_start].epoch
         if actual != epoch:
             raise ValueError(f"node {self.node_id}: snapshot epoch {epoch} != entry's {actual}")
+        voters = self.voters_at(end_offset)
         del self._log[: end_offset - self._log_start]
-        self._snapshot = Snapshot(end_offset, epoch, bytes(data))
+        self._snapshot = Snapshot(end_offset, epoch, bytes(data), voters)
         self._log_start = end_offset
+        self._track_snapshot(end_offset, voters)
 
     def resign(self, *, now_ms: int) -> None:
         """Graceful shutdown: hand leadership over (EndQuorumEpoch) before stopping."""
@@ -325,6 +347,7 @@ class RaftCore(Replication):
             self._acked = {}
             self._last_fetch_ms = {}
             self._sent_hw = {}
+            self._observer_fetch = {}
         # Any real transition (a new epoch or leader) voids the fetch in flight: its answer
         # would come from the old leader, so fetch from the new one at once.
         self._fetch_inflight_deadline_ms = None
@@ -339,6 +362,7 @@ class RaftCore(Replication):
         # Grace period for check-quorum: count everyone as heard from at election time.
         self._leader_since_ms = now_ms
         self._last_fetch_ms = {}
+        self._observer_fetch = {}
         self._begin_resend_ms = now_ms + self.config.fetch_max_wait_ms
         for v in others:
             self._send(v, BeginQuorumEpoch(epoch, self.node_id))
@@ -351,6 +375,7 @@ class RaftCore(Replication):
     def _append(self, entries: list[Entry]) -> None:
         self._log.extend(entries)
         self._ready.entries.extend(entries)
+        self._track_appended(entries)
 
     def _truncate(self, offset: int) -> None:
         assert offset >= self.high_watermark, (self.node_id, offset, self.high_watermark)
@@ -361,6 +386,7 @@ class RaftCore(Replication):
         ready = self._ready
         ready.truncate_to = offset if ready.truncate_to is None else min(ready.truncate_to, offset)
         ready.entries = [e for e in ready.entries if e.offset < offset]
+        self._track_truncated(offset)
 
     def _end_offset_for_epoch(self, epoch: int) -> tuple[int, int] | None:
         """(largest epoch <= epoch in this log, its end offset); None if inside the snapshot."""

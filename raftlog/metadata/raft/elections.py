@@ -240,8 +240,21 @@ class Elections:
     # --- election messages
 
     def _on_vote(self, now_ms: int, from_id: int, msg: Vote) -> None:
-        log_ok = (msg.last_epoch, msg.last_offset) >= (self.last_epoch, self.log_end)
-        eligible = self.is_voter and msg.candidate_id in self.voters and log_ok
+        candidate_log = (msg.last_epoch, msg.last_offset)
+        log_ok = candidate_log >= (self.last_epoch, self.log_end)
+        # Whether this node is a voter in its own latest voter set does not matter (the Raft
+        # dissertation, 4.1: a server answers without consulting its own configuration): its
+        # log may hold an uncommitted change removing it that the winner will truncate, and
+        # the candidate's majority is counted in the candidate's voter set. A candidate that
+        # is not a voter here is refused unless its log is strictly ahead of ours (it may
+        # know of a change adding it that has not reached us): a removed voter, whose log
+        # lacks the change removing it, cannot force elections on those that have it, and
+        # pre-vote keeps it from disturbing a quorum that hears its leader (KIP-996).
+        known = msg.candidate_id in self.voters or candidate_log > (
+            self.last_epoch,
+            self.log_end,
+        )
+        eligible = known and log_ok
         if msg.pre_vote:
             if msg.candidate_epoch - 1 > self.epoch and msg.candidate_id in self.voters:
                 # The candidate already *is* in a newer epoch (it won a pre-vote there once, its
@@ -262,7 +275,7 @@ class Elections:
             # forged) vote request cannot force an election on a healthy quorum.
             self._send(from_id, VoteResponse(False, self.epoch, self.leader_id, False))
             return
-        if msg.candidate_epoch > self.epoch and msg.candidate_id in self.voters and self.is_voter:
+        if msg.candidate_epoch > self.epoch and known:
             self._become(Unattached(msg.candidate_epoch, self._election_deadline(now_ms)))
         role = self._role
         granted = False

@@ -23,6 +23,7 @@ from raftlog.constants import MIB
 from raftlog.errors import LocalError
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import QuorumState, Snapshot, SnapshotCheck
+from raftlog.metadata.raft.voters import decode_voters_record, encode_voters_record
 from raftlog.records import Record, build_batch, iter_batches, iter_records
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from raftlog.storage.config import LogConfig
@@ -129,8 +130,13 @@ class MetadataLogStore:
             reason: str | None
             try:
                 payload = read_checkpoint(path, "metadata-snapshot")
-                snapshot = Snapshot(payload["end_offset"], payload["epoch"], payload["data"])
-            except (CheckpointError, KeyError, TypeError) as exc:
+                # KIP-853: the voter set at the snapshot's end (absent: the bootstrap set).
+                voters_bytes = payload.get("voters")
+                voters = None if voters_bytes is None else decode_voters_record(voters_bytes)
+                snapshot = Snapshot(
+                    payload["end_offset"], payload["epoch"], payload["data"], voters
+                )
+            except (CheckpointError, DecodeError, KeyError, TypeError) as exc:
                 reason = f"unreadable: {exc}"
             else:
                 if snapshot.end_offset < log_start:
@@ -154,11 +160,14 @@ class MetadataLogStore:
         not load at the next start.
         """
         name = f"{snapshot.end_offset:020d}-{snapshot.epoch:010d}{SNAPSHOT_SUFFIX}"
-        write_checkpoint(
-            self.directory / name,
-            "metadata-snapshot",
-            {"end_offset": snapshot.end_offset, "epoch": snapshot.epoch, "data": snapshot.data},
-        )
+        payload: dict[str, object] = {
+            "end_offset": snapshot.end_offset,
+            "epoch": snapshot.epoch,
+            "data": snapshot.data,
+        }
+        if snapshot.voters is not None:
+            payload["voters"] = encode_voters_record(snapshot.voters)
+        write_checkpoint(self.directory / name, "metadata-snapshot", payload)
         # Zero-padded end offset, then epoch: names sort by age.
         for old in self._snapshot_paths()[:-KEEP_SNAPSHOT_COUNT]:
             old.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from raftlog.codec import DecodeError
 from raftlog.metadata.raft.elections import Elections
 from raftlog.metadata.raft.majority import has_majority, quorum_heard_ms, quorum_value
 from raftlog.metadata.raft.messages import (
@@ -36,6 +37,7 @@ from raftlog.metadata.raft.types import (
     SnapshotCheck,
     SnapshotRejected,
 )
+from raftlog.metadata.raft.voters import VoterSet, unwrap_snapshot, wrap_snapshot
 
 __all__ = ["Replication"]
 
@@ -69,6 +71,9 @@ class Replication(Elections):
     _read_sequence: int
     _begin_resend_ms: int
     _leader_since_ms: int
+    _served_blob: tuple[Snapshot, bytes] | None
+    _bootstrap_voters: VoterSet
+    _observer_fetch: dict[int, tuple[int, int]]
 
     # --- provided by RaftCore
     def _append(self, entries: list[Entry]) -> None:
@@ -79,6 +84,27 @@ class Replication(Elections):
 
     def _end_offset_for_epoch(self, epoch: int) -> tuple[int, int] | None:
         raise NotImplementedError
+
+    def _after_commit(self, now_ms: int | None) -> None:
+        raise NotImplementedError
+
+    def _check_entries_from_leader(self, entries: tuple[Entry, ...]) -> str | None:
+        raise NotImplementedError
+
+    def _track_snapshot(self, end_offset: int, snapshot_voters: VoterSet | None) -> None:
+        raise NotImplementedError
+
+    def _snapshot_blob(self) -> bytes:
+        """The snapshot as it is served: its voter set and the state machine's bytes."""
+        snapshot = self._snapshot
+        assert snapshot is not None
+        cached = self._served_blob
+        if cached is None or cached[0] is not snapshot:
+            # A snapshot of the bootstrap set travels as the state machine's bytes alone, as
+            # before dynamic membership: every node starts from that same set.
+            voters = None if snapshot.voters == self._bootstrap_voters else snapshot.voters
+            cached = self._served_blob = (snapshot, wrap_snapshot(voters, snapshot.data))
+        return cached[1]
 
     # ----------------------------------------------------------------- leader side
 
@@ -122,6 +148,7 @@ class Replication(Elections):
         self.high_watermark = candidate
         self._wake_parked(now_ms)
         self._answer_reads()
+        self._after_commit(now_ms)
 
     def _wake_parked(self, now_ms: int | None) -> None:
         for replica, (fetch, _) in list(self._parked.items()):
@@ -214,6 +241,9 @@ class Replication(Elections):
         # has is flushed: fetch_offset is a durable acknowledgement.
         if is_voter:
             self._acked[replica] = msg.fetch_offset
+        else:
+            # An observer's progress: AddRaftVoter only adds one that has caught up.
+            self._observer_fetch[replica] = (msg.fetch_offset, now_ms)
         has_news = msg.fetch_offset < self.log_end or self._sent_hw.get(replica, -1) < (
             self.high_watermark
         )
@@ -253,7 +283,8 @@ class Replication(Elections):
         if from_id in self._acked:
             self._last_fetch_ms[from_id] = now_ms
         size = min(max(msg.max_bytes, 1), self.config.snapshot_chunk_bytes)
-        chunk = snapshot.data[msg.position : msg.position + size]
+        blob = self._snapshot_blob()
+        chunk = blob[msg.position : msg.position + size]
         self._send(
             from_id,
             FetchSnapshotResponse(
@@ -262,7 +293,7 @@ class Replication(Elections):
                 msg.snapshot_id,
                 msg.position,
                 chunk,
-                len(snapshot.data),
+                len(blob),
             ),
         )
 
@@ -346,6 +377,9 @@ class Replication(Elections):
             if e.offset != expected or not last_epoch <= e.epoch <= msg.epoch:
                 raise ProtocolViolation(f"node {self.node_id}: bad entry {e!r} from {from_id}")
             expected, last_epoch = expected + 1, e.epoch
+        bad_entries = self._check_entries_from_leader(msg.entries)
+        if bad_entries is not None:
+            raise ProtocolViolation(f"node {self.node_id}: {bad_entries} from {from_id}")
         self._fetch_inflight_deadline_ms = None
         self._read_sequence = max(self._read_sequence, msg.read_sequence)
         if not role.leader_resigned:
@@ -412,9 +446,17 @@ class Replication(Elections):
         )
         buffer.extend(msg.chunk)
         if len(buffer) >= msg.size:
-            snapshot = Snapshot(snap_id.end_offset, snap_id.epoch, bytes(buffer))
+            refusal: str | None
+            try:
+                voters, data = unwrap_snapshot(bytes(buffer))
+            except DecodeError as exc:
+                voters, data, refusal = None, b"", f"its voter set does not decode: {exc}"
+            else:
+                refusal = None
+            snapshot = Snapshot(snap_id.end_offset, snap_id.epoch, data, voters)
             check = self._snapshot_check
-            refusal = check(snapshot) if check is not None else None
+            if refusal is None and check is not None:
+                refusal = check(snapshot)
             if refusal is None:
                 self._snapshot_refusals = 0
                 self._install_snapshot(snapshot)
@@ -460,3 +502,4 @@ class Replication(Elections):
         ready.truncate_to = None
         ready.entries = []
         ready.committed = []
+        self._track_snapshot(snapshot.end_offset, snapshot.voters)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from raftlog.errors import LocalError, RemoteError
 from raftlog.metadata.raft.messages import Entry, Message
+from raftlog.metadata.raft.voters import VoterSet
 
 __all__ = [
     "NotLeader",
@@ -60,7 +61,11 @@ class Snapshot:
 
     end_offset: int
     epoch: int  # epoch of entry end_offset - 1 (0 for an empty prefix)
-    data: bytes
+    data: bytes  # the state machine's bytes
+    # The voter set in force at end_offset (KIP-853: a snapshot carries it); None: the
+    # bootstrap set (a snapshot from before dynamic membership). Left out of equality: it is
+    # a function of the log below end_offset, so it never tells two snapshots of one log apart.
+    voters: VoterSet | None = field(default=None, compare=False)
 
 
 # Vets a snapshot before this node makes it durable: None if the state machine can apply
