@@ -208,6 +208,10 @@ async def test_produce_v12_adds_the_partition_and_end_txn_v5_bumps_the_epoch(
         late = await leader.request(_produce(pid, epoch, 1, b"late"))
         (partition,) = late.responses[0].partition_responses
         assert partition.error_code == ErrorCode.invalid_producer_epoch
+        # A forged batch of an epoch the coordinator never gave out adds nothing.
+        forged = await leader.request(_produce(pid, 30_000, 0, b"forged"))
+        (partition,) = forged.responses[0].partition_responses
+        assert partition.error_code == ErrorCode.invalid_producer_epoch
         # The next transaction, at the bumped epoch, starts its sequences over.
         await wait_until(
             "the next transaction",
