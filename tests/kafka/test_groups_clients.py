@@ -368,3 +368,48 @@ async def test_aiokafka_group(gb: GroupBroker) -> None:
     assert is_split(*r["split"]), r["split"]
     assert r["first"] == {p: (o, expected_value(p, o)) for p, o in COMMITTED.items()}
     assert r["committed"] == COMMITTED
+
+
+# ------------------------------------------------------------------------------ unknown topics
+def _confluent_commit_unknown(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(CLIENT_DEADLINE_S)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    wanted = [
+        TopicPartition(topic, 0, 3),
+        TopicPartition(topic, 7, 3),  # the topic has one partition
+        TopicPartition("no-such-topic", 0, 3),
+    ]
+    try:
+        answered = consumer.commit(offsets=wanted, asynchronous=False)
+    except KafkaException as exc:
+        # Some librdkafka versions raise the first partition error instead of listing them.
+        answered = exc.args[0]
+    committed = consumer.committed([TopicPartition(topic, 0)], timeout=CLIENT_DEADLINE_S)
+    consumer.close()
+    if not isinstance(answered, list):
+        return {"raised": str(answered), "committed": committed[0].offset}
+    errors = {(tp.topic, tp.partition): tp.error.name() if tp.error else None for tp in answered}
+    return {"errors": errors, "committed": committed[0].offset}
+
+
+async def test_an_offset_commit_for_a_partition_that_does_not_exist_is_refused(
+    gb: GroupBroker,
+) -> None:
+    """Kafka answers UNKNOWN_TOPIC_OR_PARTITION per missing partition and commits the rest
+    (librdkafka's test 0030 checks it)."""
+    topic = "ck-commit-known"
+    r = await in_thread(lambda: _confluent_commit_unknown(gb.bootstrap, topic, "ck-unknown"))
+    assert r["committed"] == 3, r
+    if "raised" in r:
+        assert "UNKNOWN_TOPIC_OR_PART" in r["raised"], r
+    else:
+        assert r["errors"] == {
+            (topic, 0): None,
+            (topic, 7): "UNKNOWN_TOPIC_OR_PART",
+            ("no-such-topic", 0): "UNKNOWN_TOPIC_OR_PART",
+        }, r

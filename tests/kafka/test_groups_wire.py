@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from raftlog.groups.service import CoordinatorLocation, InProcessGroupService
 from raftlog.groups.settings import GroupConfig
 from raftlog.kio_private import field_shape
+from raftlog.metadata.controller.messages import NewTopic
 from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.codec import request_class, zero_response
 from raftlog.net.kafka.handlers_groups import GROUP_VERSION_TABLE, register_group_apis
@@ -54,6 +55,9 @@ async def start_group_broker(
     broker = await start_broker(nursery, data_dir, registry)
     # FindCoordinator must name the broker clients know from Metadata.
     service.node_id, service.port = broker.backend.node_id, broker.port
+    # The topic the wire tests commit offsets of: a commit for a topic the cluster does not
+    # have is refused (UNKNOWN_TOPIC_OR_PARTITION), as Kafka does.
+    await broker.backend.create_topics([NewTopic("t", 4)], 1000, False)
     return GroupBroker(broker, service)
 
 

@@ -34,7 +34,7 @@ from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_txn_offsets import register_txn_offset_commit
 from raftlog.net.kafka.handlers_txn_partitions import valid_transactional_id
-from raftlog.net.kafka.handlers_util import to_ms
+from raftlog.net.kafka.handlers_util import partition_counts, to_ms
 from raftlog.security.acl import ResourceType
 
 if TYPE_CHECKING:
@@ -316,21 +316,22 @@ class GroupHandlers:
         refused: tuple[m.TopicErrors, ...] = ()
         if ctx.authorizer is not None:
             req, refused = _authorized_commit(ctx, req)
+        req, unknown = _existing_commit(ctx, req)
+        refused += unknown
         # v2-4 carry a retention time; offsets do not expire yet (docs/groups.md).
         if req.topics or not refused:
             resp = await self.service.shell.offset_commit(req)
         else:
             resp = m.OffsetCommitResponse(())
+        # One entry per topic, as Kafka answers, whichever check answered its partitions.
+        answered: dict[str, list[dict[str, Any]]] = {}
+        for t in refused + resp.topics:
+            answered.setdefault(t.name, []).extend(
+                {"partition_index": p.partition, "error_code": p.error_code} for p in t.partitions
+            )
         return {
             "topics": [
-                {
-                    "name": t.name,
-                    "partitions": [
-                        {"partition_index": p.partition, "error_code": p.error_code}
-                        for p in t.partitions
-                    ],
-                }
-                for t in refused + resp.topics
+                {"name": name, "partitions": partitions} for name, partitions in answered.items()
             ]
         }
 
@@ -560,6 +561,30 @@ def _authorized_commit(
         dataclasses.replace(req, topics=tuple(t for t in req.topics if t.name in readable)),
         tuple(refused(t, authz.READ_TOPIC.error) for t in req.topics if t.name not in readable),
     )
+
+
+def _existing_commit(
+    ctx: RequestContext, req: m.OffsetCommitRequest
+) -> tuple[m.OffsetCommitRequest, tuple[m.TopicErrors, ...]]:
+    """Kafka answers UNKNOWN_TOPIC_OR_PARTITION for a partition the cluster does not have and
+    commits the rest: offsets of a topic that does not exist would otherwise be stored for
+    ever and handed back to a consumer of a topic created later under that name."""
+    counts = partition_counts(ctx, (t.name for t in req.topics))
+    kept: list[m.OffsetCommitTopic] = []
+    unknown: list[m.TopicErrors] = []
+    for topic in req.topics:
+        count = counts.get(topic.name, 0)
+        known = tuple(p for p in topic.partitions if 0 <= p.partition < count)
+        missing = tuple(
+            m.PartitionError(p.partition, ErrorCode.unknown_topic_or_partition)
+            for p in topic.partitions
+            if not 0 <= p.partition < count
+        )
+        if known:
+            kept.append(m.OffsetCommitTopic(topic.name, known))
+        if missing:
+            unknown.append(m.TopicErrors(topic.name, missing))
+    return dataclasses.replace(req, topics=tuple(kept)), tuple(unknown)
 
 
 def _described_dict(

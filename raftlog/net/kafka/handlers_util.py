@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raftlog.errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from raftlog.net.kafka.context import RequestContext
 
 log = logging.getLogger("raftlog.kafka")
 
@@ -44,3 +47,12 @@ def leader_dict(leader: Any) -> dict[str, int]:
     if leader is None:
         return {"leader_id": -1, "leader_epoch": -1}
     return {"leader_id": leader.leader_id, "leader_epoch": leader.leader_epoch}
+
+
+def partition_counts(ctx: RequestContext, names: Iterable[str]) -> dict[str, int]:
+    """topic -> partition count for the named topics that exist, from the node's metadata
+    image."""
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return {}
+    return {t.name: len(t.partitions) for t in ctx.backend.topics(wanted)}
