@@ -5,7 +5,9 @@ what is simulated and which invariants are checked).
 RAFTLOG_SIM_SEED=<n> replays one seed (RAFTLOG_SIM_TRACE=1 prints its trace);
 RAFTLOG_TXN_COORDINATOR_SIM_SEEDS=<count> sets how many run (default 40; the issue's 500
 take about a minute); RAFTLOG_SIM_SLOW_VERIFY=<probability> holds up that share of the
-KIP-890 verification answers (default 0: see KNOWN_VERIFY_RACE).
+KIP-890 verification answers (default 0: see KNOWN_VERIFY_RACE);
+RAFTLOG_SIM_TV2=<probability> sets the share of transaction version 2 clients (KIP-890 part
+2; default TV2_CLIENT_PROBABILITY).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tests.sim.txn_coordinator_sim import (
     HANGING_TXN,
     KNOWN_VERIFY_RACE,
     PARTIAL_TXN,
+    TV2_CLIENT_PROBABILITY,
     run_seed,
 )
 
@@ -42,8 +45,9 @@ def test_transactions_stay_atomic_under_faults() -> None:
     stats: Counter[str] = Counter()
     seeds = _seeds()
     slow_verify = float(os.environ.get("RAFTLOG_SIM_SLOW_VERIFY", "0"))
+    tv2 = float(os.environ.get("RAFTLOG_SIM_TV2", TV2_CLIENT_PROBABILITY))
     for seed in seeds:
-        world = run_seed(seed, slow_verify)
+        world = run_seed(seed, slow_verify, tv2)
         outcomes.update(t.outcome for t in world.txns.values())
         stats.update(world.stats)
     assert outcomes["commit"] > 0 and outcomes["abort"] > 0
@@ -54,12 +58,29 @@ def test_transactions_stay_atomic_under_faults() -> None:
         assert stats["verify_refused_producer_fenced"] > 0
         assert stats["zombie_sends"] > 0
         assert stats["stalls"] > 0
+        if tv2 > 0:
+            assert stats["tv2_ends"] > 0 and stats["tv0_clients"] + stats["tv2_clients"] > 0
 
 
-def _first_violation(limit: int) -> InvariantViolation:
+def test_transaction_version_2_clients_stay_atomic_under_faults() -> None:
+    """Every client speaks KIP-890 part 2: implicit adds at the partition leaders, an epoch
+    bump at every end; the same invariants hold, and the bump fences late batches."""
+    stats: Counter[str] = Counter()
+    outcomes: Counter[str | None] = Counter()
+    for seed in range(DEFAULT_SEEDS // 2):
+        world = run_seed(seed, tv2_probability=1.0)
+        stats.update(world.stats)
+        outcomes.update(t.outcome for t in world.txns.values())
+    assert stats["tv0_clients"] == 0 and stats["tv2_ends"] > 0
+    assert outcomes["commit"] > 0 and outcomes["abort"] > 0
+    assert stats["loaded_prepare"] > 0
+    assert stats["verify_refused_producer_fenced"] > 0  # stale epochs refused at the add
+
+
+def _first_violation(limit: int, tv2_probability: float = 0.0) -> InvariantViolation:
     for seed in range(limit):
         try:
-            run_seed(seed)
+            run_seed(seed, tv2_probability=tv2_probability)
         except InvariantViolation as exc:
             return exc
     raise AssertionError(f"no seed in {limit} found the planted bug")
@@ -90,7 +111,7 @@ def test_a_held_verification_answer_cannot_open_a_transaction() -> None:
     path's verification guard (replication/idempotence.py) refuses the late batch, which
     would otherwise open a transaction no coordinator ends (found by this simulator)."""
     seed, slow_verify = KNOWN_VERIFY_RACE
-    world = run_seed(seed, slow_verify)
+    world = run_seed(seed, slow_verify, tv2_probability=0.0)
     assert world.stats["verify_voided_by_marker"] > 0
 
 

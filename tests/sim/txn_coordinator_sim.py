@@ -46,6 +46,16 @@ At the end (faults healed, clients stopped): on every leader LSO == HW (no hangi
 transaction), every acknowledged record of every committed transaction is visible, all of a
 transaction's records or none are visible, and the coordinator holds no transaction open.
 
+KIP-890 part 2: with `tv2_probability` (default TV2_CLIENT_PROBABILITY) a client instance
+speaks transaction version 2: it sends no AddPartitionsToTxn, its first batch on a partition
+makes the partition leader ask the coordinator to add the partition (AddPartitionsTxn with
+client_transaction_version 2, answered once the Ongoing record is replicated; the leader holds
+the verification guard meanwhile and checks it with `stands_after_add`), it ends with EndTxn
+v5 and carries on with the producer id and epoch that answer names (sequences restart), and a
+produce whose outcome is unknown is fenced by the abort's own bump (no InitProducerId). The
+invariants are the same for both kinds of client; TV2_FENCED_LATE counts the late batches of
+an ended epoch that a partition refused.
+
 RAFTLOG_SIM_TRACE=1 prints the transaction-level trace (client calls, coordinator records,
 markers, faults) while a seed runs.
 """
@@ -72,7 +82,7 @@ from raftlog.replication.idempotence import VerificationGuard, VerificationGuard
 from raftlog.txn import log_format as fmt
 from raftlog.txn.coordinator import TxnCoordinator
 from raftlog.txn.effects import Append, Effects, WriteMarkers
-from raftlog.txn.log_format import Record, TopicPartition
+from raftlog.txn.log_format import TV_2, Record, TopicPartition
 from raftlog.txn.messages import (
     AddPartitionsTxn,
     AddPartitionsTxnResult,
@@ -122,6 +132,9 @@ TRACE_LINES = 40
 # the guard the late batch opened a transaction no coordinator knows of and the LSO stayed
 # below it for good. (seed, slow_verify_probability) that shows it:
 KNOWN_VERIFY_RACE = (380, 0.3)
+# The share of client instances of transaction version 2 (KIP-890 part 2). The seeds above
+# and the planted-bug tests were found with none (tv2_probability=0).
+TV2_CLIENT_PROBABILITY = 0.5
 
 # Violation kinds.
 LSO_ABOVE_HW = "lso_above_hw"
@@ -136,6 +149,18 @@ HANGING_TXN = "hanging_transaction"
 # A read_committed reader sees what it must not.
 FENCED_VISIBLE_KINDS = frozenset({ZOMBIE_VISIBLE, ABORTED_VISIBLE})
 COORDINATOR_STUCK = "coordinator_not_idle"
+# A stat, not a violation: a TV2 client's batch refused for an epoch an end bumped past.
+TV2_FENCED_LATE = "tv2_late_batch_fenced"
+
+
+@dataclass(frozen=True)
+class AddToken:
+    """The token of a TV2 add a partition leader asked for: its answer goes back to it."""
+
+    part: DataPartitionSim
+    coordinator_node: int
+    leader_node: int
+    rest: tuple[Any, ...]
 
 
 # ------------------------------------------------------------------------------ payloads
@@ -331,19 +356,26 @@ class DataPartitionSim(_SharedClockSim):
         if entry is None or entry.current_txn_first_offset < 0:
             # It would open a transaction here: ask the coordinator first (KIP-890 part 1),
             # holding the producer's guard while the answer travels.
+            # A TV2 client's batch (Produce v12) asks for an add instead (part 2).
             guards = self.guards.setdefault(broker.broker_id, VerificationGuards())
             self.held[(broker.broker_id, id(client), rid)] = guards.start(parsed.pid)
             self.world.verify(self, broker, leader.leader_epoch, client, rid, payload)
             return None
         return self.append_produce(broker, leader.leader_epoch, client, rid, payload)
 
-    def verification_stands(self, broker_id: int, client: TxnClient, rid: int, pid: int) -> bool:
-        """Release the guard this verification held; False if a marker dropped it."""
+    def verification_stands(
+        self, broker_id: int, client: TxnClient, rid: int, pid: int, epoch: int
+    ) -> bool:
+        """Release the guard this verification (or TV2 add) held; False if a marker
+        dropped it (for an add: a marker that ended the batch's own transaction)."""
         guard = self.held.pop((broker_id, id(client), rid), None)
         if guard is None:
             return False
         guards = self.guards[broker_id]
-        stands = guards.holds(pid, guard)
+        if client.tv2:
+            stands = guards.stands_after_add(pid, guard, epoch)
+        else:
+            stands = guards.holds(pid, guard)
         guards.finish(pid, guard)
         return stands
 
@@ -358,6 +390,8 @@ class DataPartitionSim(_SharedClockSim):
         check = state.table.check_headers([header_of(broker.log.log_end_offset, parsed)])
         if check.verdict is Verdict.ERROR:
             self.world.stats[f"produce_refused_{check.error.name}"] += 1
+            if client.tv2 and check.error == ErrorCode.invalid_producer_epoch:
+                self.world.stats[TV2_FENCED_LATE] += 1
             return self.world.reply(client, rid, check.error)
         floor = -1  # a retry's original may sit before writes acked since
         if check.verdict is Verdict.DUPLICATE:
@@ -397,7 +431,7 @@ class DataPartitionSim(_SharedClockSim):
             self.world.trace(f"{self.key} refuses marker {send.label}: {check.error.name}")
             return self.world.marker_answer(send, self.key, check.error)
         self.guards.setdefault(broker.broker_id, VerificationGuards()).end_transaction(
-            marker.producer_id
+            marker.producer_id, marker.producer_epoch
         )
         payload = marker_payload(marker, send.coordinator_epoch)
         floor = -1
@@ -485,8 +519,14 @@ class MarkerSend:
 
 # ------------------------------------------------------------------------------ the world
 class TxnWorld:
-    def __init__(self, seed: int, slow_verify_probability: float = 0.0) -> None:
+    def __init__(
+        self,
+        seed: int,
+        slow_verify_probability: float = 0.0,
+        tv2_probability: float = TV2_CLIENT_PROBABILITY,
+    ) -> None:
         self.seed = seed
+        self.tv2_probability = tv2_probability
         # How often a verification answer is held up (LONG_DELAY_MS); off by default, as it
         # opens the race of KNOWN_VERIFY_RACE.
         self.slow_verify_probability = slow_verify_probability
@@ -640,6 +680,20 @@ class TxnWorld:
         coordinator = self.coordinators.get(node_id)
         parsed = parse(payload)
         assert parsed.txn is not None
+        client = rest[1]
+        if coordinator is not None and client.tv2:
+            request = AddPartitionsTxn(
+                parsed.txn[0],
+                parsed.pid,
+                parsed.epoch,
+                (part.key,),
+                client_transaction_version=TV_2,
+            )
+            token = AddToken(part, node_id, leader_node, rest)
+            self.trace(f"coordinator on {node_id} adds {part.key} for {payload}")
+            fx = coordinator.add_partitions_to_txn(token, [request], self.now_ms)
+            self.apply(node_id, coordinator, fx)
+            return
         if coordinator is None:
             code = ErrorCode.not_coordinator
         else:
@@ -650,9 +704,24 @@ class TxnWorld:
         slow = self.slow_verify_probability
         self.node_send(node_id, leader_node, self._verified, part, code, *rest, slow=slow)
 
+    def _added(self, token: AddToken, result: object) -> None:
+        code = error_of(result)
+        self.trace(f"coordinator on {token.coordinator_node} added {token.part.key}: {code.name}")
+        slow = self.slow_verify_probability
+        self.node_send(
+            token.coordinator_node,
+            token.leader_node,
+            self._verified,
+            token.part,
+            code,
+            *token.rest,
+            slow=slow,
+        )
+
     def _verified(self, node_id: int, part: DataPartitionSim, code: ErrorCode, *rest) -> None:
         leader_epoch, client, rid, payload = rest
-        stands = part.verification_stands(node_id, client, rid, parse(payload).pid)
+        parsed = parse(payload)
+        stands = part.verification_stands(node_id, client, rid, parsed.pid, parsed.epoch)
         if code == ErrorCode.none and not stands:
             self.stats["verify_voided_by_marker"] += 1
             self.trace(f"{part.key} refuses {payload}: a marker voided its verification")
@@ -731,6 +800,9 @@ class TxnWorld:
 
     def apply(self, node_id: int, coordinator: TxnCoordinator, fx: Effects) -> None:
         for token, result in fx.replies:
+            if isinstance(token, AddToken):
+                self._added(token, result)
+                continue
             client, rid = token  # type: ignore[misc]
             self.reply(client, rid, result)
         for append in fx.appends:
@@ -811,7 +883,9 @@ class TxnWorld:
 
     # ------------------------------------------------------------------ clients
     def start_client(self, transactional_id: str, instance: int) -> TxnClient:
-        client = TxnClient(self, transactional_id, instance)
+        tv2 = self.tv2_probability > 0 and self.rng.random() < self.tv2_probability
+        client = TxnClient(self, transactional_id, instance, tv2)
+        self.stats["tv2_clients" if tv2 else "tv0_clients"] += 1
         self.clients[transactional_id] = client
         client.start()
         return client
@@ -1079,8 +1153,12 @@ class TxnClient:
     of retriable errors, abort (and an epoch bump, KIP-360) when a produce's outcome is
     unknown. Once fenced it is a zombie: a few more batches, then silence."""
 
-    def __init__(self, world: TxnWorld, transactional_id: str, instance: int) -> None:
+    def __init__(
+        self, world: TxnWorld, transactional_id: str, instance: int, tv2: bool = False
+    ) -> None:
         self.world = world
+        # KIP-890 part 2: no AddPartitionsToTxn, EndTxn v5 (an epoch bump per end).
+        self.tv2 = tv2
         self.transactional_id = transactional_id
         self.instance = instance
         self.producer_id = -1
@@ -1099,7 +1177,7 @@ class TxnClient:
         self.fenced = False  # it was told
 
     def __repr__(self) -> str:
-        return f"{self.transactional_id}#{self.instance}"
+        return f"{self.transactional_id}#{self.instance}{'/tv2' if self.tv2 else ''}"
 
     def later(self, handler: Callable[..., None], *args: Any) -> None:
         self.world.at(self.world.rng.randint(*RETRY_BACKOFF_MS), handler, *args)
@@ -1165,7 +1243,11 @@ class TxnClient:
         self.batches = partitions + [rng.choice(partitions) for _ in range(rng.randint(0, 2))]
         rng.shuffle(self.batches)
         self.added = set()
-        if rng.random() < 0.5:
+        if self.tv2:
+            # Produce v12 adds each partition at the leader (KIP-890 part 2).
+            self.added = set(DATA_PARTITIONS)
+            self.produce_next()
+        elif rng.random() < 0.5:
             self.add(tuple(sorted(partitions)))  # all at once
         else:
             self.produce_next()  # each partition just before its first batch, as Kafka's
@@ -1236,23 +1318,37 @@ class TxnClient:
             self.abort(bump=True)  # its outcome is unknown: a new epoch fences it
 
     def abort(self, bump: bool) -> None:
-        self.bump_after_end = bump
+        # TV2: the abort's own epoch bump fences what is in flight.
+        self.bump_after_end = bump and not self.tv2
         self.end(False)
 
     def end(self, commit: bool) -> None:
         if self.fenced:
             return
-        req = EndTxnRequest(self.transactional_id, self.producer_id, self.producer_epoch, commit)
+        version = 5 if self.tv2 else 4
+        req = EndTxnRequest(
+            self.transactional_id, self.producer_id, self.producer_epoch, commit, version
+        )
         assert self.txn is not None
         self._coordinator(
-            f"EndTxn({self.txn.key}, {'commit' if commit else 'abort'})",
+            f"EndTxn v{version}({self.txn.key}, {'commit' if commit else 'abort'}, "
+            f"pid {self.producer_id} e{self.producer_epoch})",
             lambda c, token: c.end_txn(token, req, self.world.now_ms),
-            lambda result: self._on_end(commit, error_of(result)),
+            lambda result: self._on_end(commit, result),
         )
 
-    def _on_end(self, commit: bool, code: ErrorCode) -> None:
+    def _on_end(self, commit: bool, result: object) -> None:
         txn = self.txn
         assert txn is not None
+        code = error_of(result)
+        if code == ErrorCode.none and self.tv2:
+            assert isinstance(result, EndTxnResult)
+            assert result.producer_id >= 0 and result.producer_epoch >= 0, result
+            if result.producer_epoch == 0:
+                self.world.stats["tv2_producer_id_rotations"] += 1
+            self.world.stats["tv2_ends"] += 1
+            self.producer_id, self.producer_epoch = result.producer_id, result.producer_epoch
+            self.sequences = {}  # a new epoch starts its sequences over
         if code == ErrorCode.none:
             txn.outcome = "commit" if commit else "abort"
             self.world.on_outcome(txn)
@@ -1295,9 +1391,13 @@ class TxnClient:
         self.later(self._zombie_send)
 
 
-def run_seed(seed: int, slow_verify_probability: float = 0.0) -> TxnWorld:
+def run_seed(
+    seed: int,
+    slow_verify_probability: float = 0.0,
+    tv2_probability: float = TV2_CLIENT_PROBABILITY,
+) -> TxnWorld:
     """Run one seed; any failure names the seed."""
-    world = TxnWorld(seed, slow_verify_probability)
+    world = TxnWorld(seed, slow_verify_probability, tv2_probability)
     try:
         world.run()
     except InvariantViolation:
