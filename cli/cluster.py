@@ -236,7 +236,9 @@ def up(
         return
 
     async def foreground() -> dict[int, str]:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # SIGHUP: the terminal closed. The nodes run in their own sessions (Ctrl-C must not
+        # reach them before the controlled shutdown), so nothing else would stop them.
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
             async for _ in signals:
                 break
         click.echo("Stopping the cluster...", err=True)
