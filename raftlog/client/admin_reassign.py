@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftlog.client.cluster import Cluster, raise_for
+from raftlog.client.connection import call_negotiated
 from raftlog.client.protocol import error_of
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, KafkaError
 
 __all__ = [
     "MAX_PLAN_PARTITIONS",
@@ -31,6 +32,13 @@ __all__ = [
     "parse_topics_to_move",
     "plan_json",
 ]
+
+# api name -> (min, max) version this module speaks: every version kio models.
+REASSIGNMENT_API_VERSIONS: dict[str, tuple[int, int]] = {
+    "alter_partition_reassignments": (0, 1),
+    "list_partition_reassignments": (0, 0),
+    "elect_leaders": (0, 2),
+}
 
 TopicPartition = tuple[str, int]
 Plan = dict[TopicPartition, tuple[int, ...] | None]
@@ -197,8 +205,17 @@ class ReassignmentAdminMixin:
     cluster: Cluster
     timeout_ms: int
 
-    async def _controller_call(self, api: str, values: dict[str, Any]) -> Any:
-        raise NotImplementedError  # Admin's, with its retries
+    async def _reassign_call(self, api: str, values: dict[str, Any]) -> Any:
+        """`api` at the controller (any broker forwards), retried as Admin's calls are."""
+
+        async def attempt() -> Any:
+            connection = await self.cluster.controller()
+            response = await call_negotiated(connection, api, values, REASSIGNMENT_API_VERSIONS)
+            if error_of(getattr(response, "error_code", 0)) == ErrorCode.not_controller:
+                raise KafkaError(ErrorCode.not_controller, api)
+            return response
+
+        return await self.cluster.retrying(attempt)
 
     async def alter_partition_reassignments(
         self,
@@ -221,7 +238,7 @@ class ReassignmentAdminMixin:
             "allow_replication_factor_change": allow_replication_factor_change,
             "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
         }
-        response = await self._controller_call("alter_partition_reassignments", values)
+        response = await self._reassign_call("alter_partition_reassignments", values)
         raise_for(response.error_code, "alter_partition_reassignments", response.error_message)
         return _results(response.responses, "name", "partition_index")
 
@@ -236,7 +253,7 @@ class ReassignmentAdminMixin:
                 by_topic.setdefault(topic, []).append(partition)
             topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
         values = {"timeout": self.timeout_ms, "topics": topics}
-        response = await self._controller_call("list_partition_reassignments", values)
+        response = await self._reassign_call("list_partition_reassignments", values)
         raise_for(response.error_code, "list_partition_reassignments", response.error_message)
         out = {}
         for topic in response.topics:
@@ -269,7 +286,7 @@ class ReassignmentAdminMixin:
             "topic_partitions": topic_partitions,
             "timeout": self.timeout_ms,
         }
-        response = await self._controller_call("elect_leaders", values)
+        response = await self._reassign_call("elect_leaders", values)
         raise_for(getattr(response, "error_code", ErrorCode.none), "elect_leaders")
         return _results(response.replica_election_results, "topic", "partition_id")
 
