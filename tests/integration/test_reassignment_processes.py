@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from confluent_kafka import Producer
+from confluent_kafka import ElectionType, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from raftlog_cli.main import cli
 
@@ -168,3 +168,52 @@ def test_moving_every_partition_under_an_acks_all_producer(cluster, tmp_path: Pa
         wrong = [(v, o, where[v]) for v, o in acked.items() if where[v] != o]
         assert not wrong, f"partition {p}: acknowledged at one offset, stored at another"
         assert values == sorted(values), f"partition {p}: records out of order"
+
+
+def test_a_reorder_then_a_preferred_election_by_a_stock_client(cluster, tmp_path: Path) -> None:
+    """A plan that only reorders the replicas completes at once and keeps the leader; a
+    preferred election (confluent-kafka's AdminClient.elect_leaders) then moves leadership to
+    the new first replica, and a second one has nothing to do."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    admin.create_topics([NewTopic("reorder", 1, 3)])["reorder"].result(30)
+    info = cluster.wait_for(
+        lambda: (i := partition_info(cluster, "reorder", 0))["leader_id"] > 0 and i, "a leader"
+    )
+    leader = info["leader_id"]
+    target = [b for b in info["replicas"] if b != leader] + [leader]
+    plan_file = tmp_path / "reorder.json"
+    plan_file.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": "reorder", "partition": 0, "replicas": target}]}
+        )
+    )
+    run_cli(cluster, "topics", "reassign", "--execute", "--wait", "--reassignment-json-file",
+            str(plan_file))  # fmt: skip
+    moved = cluster.wait_for(
+        lambda: list((i := partition_info(cluster, "reorder", 0))["replicas"]) == target and i,
+        "the new replica order",
+    )
+    assert moved["leader_id"] == leader  # a reorder moves no leadership
+
+    tp = TopicPartition("reorder", 0)
+    result = admin.elect_leaders(ElectionType.PREFERRED, [tp]).result(30)
+    assert result[tp] is None, result
+    cluster.wait_for(
+        lambda: partition_info(cluster, "reorder", 0)["leader_id"] == target[0],
+        "the preferred replica leads",
+    )
+    again = admin.elect_leaders(ElectionType.PREFERRED, [tp]).result(30)
+    assert again[tp].code() == KafkaError.ELECTION_NOT_NEEDED, again
+    out = run_cli(cluster, "topics", "elect-leaders", "--election-type", "PREFERRED",
+                  "--all-topic-partitions")  # fmt: skip
+    assert "No election was needed." in out
+
+    # --generate proposes a plan over the brokers given, in Kafka's format.
+    topics_file = tmp_path / "topics.json"
+    topics_file.write_text(json.dumps({"version": 1, "topics": [{"topic": "reorder"}]}))
+    out = run_cli(cluster, "topics", "reassign", "--generate", "--broker-list", "1,2,3",
+                  "--topics-to-move-json-file", str(topics_file), "--json")  # fmt: skip
+    proposed = json.loads(out)["proposed"]["partitions"]
+    assert [(p["topic"], p["partition"], sorted(p["replicas"])) for p in proposed] == [
+        ("reorder", 0, [1, 2, 3])
+    ]
