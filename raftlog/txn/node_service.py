@@ -36,6 +36,7 @@ from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.service import CoordinatorLocation
 from raftlog.groups.settings import OFFSETS_TOPIC
 from raftlog.metadata.controller import messages as cm
@@ -291,6 +292,25 @@ class NodeTxnService:
         else:
             code = await self._verify_remotely(leader, args, mode)
         return _VERIFY_ERRORS_FOR_PRODUCE.get(code, code)
+
+    async def add_offsets_for_commit(self, request: AddOffsetsToTxnRequest) -> ErrorCode:
+        """TxnService.add_offsets_for_commit: the coordinator's own code (the caller maps it
+        for its client)."""
+        partitions = self.txn_config.offsets_topic_num_partitions
+        partition = partition_for_group(request.group_id, partitions)
+        args = (
+            request.transactional_id,
+            request.producer_id,
+            request.producer_epoch,
+            OFFSETS_TOPIC,
+            partition,
+        )
+        leader = self._txn_state_leader(request.transactional_id)
+        if leader is None:
+            return ErrorCode.coordinator_not_available
+        if leader == self.node_id:
+            return await self._ask_local(wire.ADD_PARTITION, *args)
+        return await self._verify_remotely(leader, args, wire.ADD_PARTITION)
 
     async def _ask_local(
         self,

@@ -55,6 +55,12 @@ class TxnService(Protocol):
         """AddOffsetsToTxn: the group's `__consumer_offsets` partition joins the transaction."""
         ...
 
+    async def add_offsets_for_commit(self, request: AddOffsetsToTxnRequest) -> ErrorCode:
+        """KIP-890 part 2: a TxnOffsetCommit v5 (no AddOffsetsToTxn before it) adds the
+        group's `__consumer_offsets` partition to the transaction, asked of the id's
+        coordinator wherever it runs (the group's coordinator need not be on its node)."""
+        ...
+
     async def end_txn(self, request: EndTxnRequest) -> EndTxnResult:
         """EndTxn: answered once PrepareCommit/PrepareAbort is replicated; the markers
         follow."""

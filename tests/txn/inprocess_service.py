@@ -227,6 +227,9 @@ class InProcessTxnService:
         )
         return code
 
+    async def add_offsets_for_commit(self, request: AddOffsetsToTxnRequest) -> ErrorCode:
+        return await self.add_offsets_to_txn(request)
+
     async def end_txn(self, request: EndTxnRequest) -> EndTxnResult:
         partition = self._partition(request.transactional_id)
         coordinator = self.coordinators[partition]

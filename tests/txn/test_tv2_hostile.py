@@ -10,7 +10,10 @@ from typing import Any
 import trio
 
 from raftlog.errors import ErrorCode
+from raftlog.net.kafka import handlers_txn
 from raftlog.net.kafka.apis import ApiKey
+from raftlog.net.limits import RateLimitedLog
+from raftlog.txn import node_service
 from raftlog.txn.rpc_bodies import TXN_VERIFY_METHOD, decode_verify_response
 from tests.kafka.test_txn_wire import call, start_txn_broker
 from tests.kafka.wire import WireClient
@@ -31,7 +34,11 @@ async def _end_v5(client: WireClient, pid: int, epoch: int, txn_id: str = "forge
     )
 
 
-async def test_forged_end_txn_v5_is_refused_without_echoing_epochs(tmp_path, caplog) -> None:
+async def test_forged_end_txn_v5_is_refused_without_echoing_epochs(
+    tmp_path, caplog, monkeypatch
+) -> None:
+    # A fresh limiter: an earlier test's refusal may have used up this interval's line.
+    monkeypatch.setattr(handlers_txn, "_bad_producers", RateLimitedLog(handlers_txn.log))
     async with trio.open_nursery() as nursery:
         broker = await start_txn_broker(nursery, tmp_path)
         client = await WireClient.connect(broker.port)
@@ -80,7 +87,10 @@ async def _forge_end_txn(client: WireClient, caplog: Any) -> None:
     )
 
 
-async def test_internal_add_with_out_of_range_fields_is_refused(autojump_clock, caplog) -> None:
+async def test_internal_add_with_out_of_range_fields_is_refused(
+    autojump_clock, caplog, monkeypatch
+) -> None:
+    monkeypatch.setattr(node_service, "_bad_requests", RateLimitedLog(node_service.log))
     cluster = Cluster()
     cluster.set_topic(DATA, {0: (1, 0)})
     caplog.set_level(logging.WARNING, logger="raftlog.txn")

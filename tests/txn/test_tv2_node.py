@@ -24,6 +24,7 @@ TOPIC = "tv2-orders"
 TXN_ID = "tv2-app"
 READ_COMMITTED = 1
 KEY_TYPE_TRANSACTION = 1
+GROUP = "tv2-group"
 
 
 def _port(cluster: Cluster, node_id: int) -> int:
@@ -218,7 +219,46 @@ async def test_produce_v12_adds_the_partition_and_end_txn_v5_bumps_the_epoch(
             functools.partial(_produce_ok, leader, pid, epoch + 1),
             wake=cluster.any_change,
         )
-        for client in (any_node, txn_client, leader):
+
+        # TxnOffsetCommit v5 adds the group's offsets partition itself (no AddOffsetsToTxn).
+        group_node = await wait_until(
+            "a group coordinator",
+            functools.partial(_coordinator_of, any_node, GROUP, 0),
+            wake=cluster.any_change,
+        )
+        groups = await WireClient.connect(_port(cluster, group_node))
+        await wait_until(
+            "TxnOffsetCommit v5",
+            functools.partial(_commit_offset, groups, pid, epoch + 1, 7),
+            wake=cluster.any_change,
+        )
+        described = await txn_client.request(
+            build_request("describe_transactions", 0, {"transactional_ids": [TXN_ID]})
+        )
+        (state,) = described.transaction_states
+        assert {t.topic for t in state.topics} == {TOPIC, "__consumer_offsets"}
+        ended = await txn_client.request(
+            build_request(
+                "end_txn",
+                5,
+                {
+                    "transactional_id": TXN_ID,
+                    "producer_id": pid,
+                    "producer_epoch": epoch + 1,
+                    "committed": True,
+                },
+            )
+        )
+        assert (ended.error_code, int(ended.producer_epoch)) == (ErrorCode.none, epoch + 2)
+        assert (
+            await wait_until(
+                "the committed offset",
+                functools.partial(_stable_offset, groups),
+                wake=cluster.any_change,
+            )
+            == 7
+        )
+        for client in (any_node, txn_client, leader, groups):
             await client.aclose()
         nursery.cancel_scope.cancel()
 
@@ -227,3 +267,62 @@ async def _produce_ok(leader: WireClient, pid: int, epoch: int) -> bool:
     response = await leader.request(_produce(pid, epoch, 0, b"next"))
     (partition,) = response.responses[0].partition_responses
     return partition.error_code == ErrorCode.none
+
+
+async def _coordinator_of(client: WireClient, key: str, key_type: int) -> int | None:
+    found = await client.request(
+        build_request("find_coordinator", 4, {"key_type": key_type, "coordinator_keys": [key]})
+    )
+    (answer,) = found.coordinators
+    return int(answer.node_id) if answer.error_code == ErrorCode.none else None
+
+
+async def _commit_offset(groups: WireClient, pid: int, epoch: int, offset: int) -> bool:
+    response = await groups.request(
+        build_request(
+            "txn_offset_commit",
+            5,
+            {
+                "transactional_id": TXN_ID,
+                "group_id": GROUP,
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "generation_id": -1,
+                "member_id": "",
+                "topics": [
+                    {
+                        "name": TOPIC,
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": offset,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": "",
+                            }
+                        ],
+                    }
+                ],
+            },
+        )
+    )
+    ((code,),) = [[p.error_code for p in t.partitions] for t in response.topics]
+    assert code in (ErrorCode.none, ErrorCode.coordinator_load_in_progress), code
+    return code == ErrorCode.none
+
+
+async def _stable_offset(groups: WireClient) -> int | None:
+    response = await groups.request(
+        build_request(
+            "offset_fetch",
+            7,
+            {
+                "group_id": GROUP,
+                "topics": [{"name": TOPIC, "partition_indexes": [0]}],
+                "require_stable": True,
+            },
+        )
+    )
+    ((partition,),) = [t.partitions for t in response.topics]
+    if partition.error_code != ErrorCode.none:
+        return None
+    return int(partition.committed_offset) if int(partition.committed_offset) >= 0 else None

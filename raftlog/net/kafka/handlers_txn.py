@@ -40,6 +40,7 @@ from raftlog.net.kafka.backend import (
 )
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_core import CLIENT_READ_ONLY_TOPICS, handle_init_producer_id
+from raftlog.net.kafka.handlers_txn_offsets import TXN_OFFSET_COMMIT_TV2_SINCE, with_implicit_add
 from raftlog.net.kafka.handlers_txn_partitions import (
     MAX_PARTITIONS_PER_REQUEST,
     by_topic,
@@ -140,6 +141,15 @@ def register_txn_apis(registry: ApiRegistry, service: TxnService) -> None:
     }
     for api_key, (lo, hi) in TXN_VERSION_TABLE.items():
         registry.register(api_key, lo, hi, table[api_key])
+    offsets = registry.get(ApiKey.TXN_OFFSET_COMMIT)
+    if offsets is not None:
+        # v5 (KIP-890 part 2) adds the offsets partition to the transaction itself.
+        registry.register(
+            ApiKey.TXN_OFFSET_COMMIT,
+            offsets.min_version,
+            max(offsets.max_version, TXN_OFFSET_COMMIT_TV2_SINCE),
+            with_implicit_add(offsets.handler, service),
+        )
     produce = registry.get(ApiKey.PRODUCE)
     if produce is not None:
         # Produce v11-12 mean something only where a coordinator answers the implicit add.

@@ -16,6 +16,12 @@ The response has no top-level error: every refusal is per partition.
 
 `register_txn_offset_commit(registry, service)` adds it; register_group_apis calls it when
 the node runs a transaction coordinator.
+
+KIP-890 part 2: a client of transaction version 2 sends no AddOffsetsToTxn; its TxnOffsetCommit
+v5 has the broker add the group's offsets partition to the transaction (Kafka's verification
+with the add operation). `with_implicit_add(handler, txn)` does that before the group
+coordinator is asked, once the request passed the same checks; register_txn_apis wraps the
+registered handler with it and raises the range to v5.
 """
 
 from __future__ import annotations
@@ -29,17 +35,30 @@ from raftlog.groups import messages as m
 from raftlog.groups.service import GroupService
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
-from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_txn_partitions import valid_producer, valid_transactional_id
 from raftlog.net.limits import RateLimitedLog
+from raftlog.txn.messages import AddOffsetsToTxnRequest
+from raftlog.txn.service import TxnService
 
 log = logging.getLogger("raftlog.kafka")
 _refusals = RateLimitedLog(log)
 
 TXN_OFFSET_COMMIT = ApiKey.TXN_OFFSET_COMMIT
-# v5 is KIP-890 part 2 (the broker verifies the transaction itself), which the transaction
-# coordinator does not do.
+# Without a transaction coordinator to add the offsets partition (with_implicit_add), v5
+# (KIP-890 part 2) is not offered.
 TXN_OFFSET_COMMIT_VERSIONS = (0, 4)
+TXN_OFFSET_COMMIT_TV2_SINCE = 5
+# What an add's refusal becomes in a TxnOffsetCommit answer: the coordinator being out of
+# reach, loading, or finishing the previous transaction is retried by every client as a
+# group coordinator that is loading.
+_ADD_ERRORS_FOR_COMMIT = {
+    ErrorCode.not_coordinator: ErrorCode.coordinator_load_in_progress,
+    ErrorCode.coordinator_not_available: ErrorCode.coordinator_load_in_progress,
+    ErrorCode.concurrent_transactions: ErrorCode.coordinator_load_in_progress,
+    ErrorCode.not_enough_replicas: ErrorCode.coordinator_load_in_progress,
+    ErrorCode.request_timed_out: ErrorCode.coordinator_load_in_progress,
+}
 # A transaction holds at most TxnConfig.max_partitions_per_transaction (10 000) partitions;
 # one request committing more is refused whole.
 MAX_PARTITIONS_PER_REQUEST = 10_000
@@ -130,31 +149,70 @@ class TxnOffsetHandlers:
         return _response({k: for_version(v, ctx.api_version) for k, v in errors.items()})
 
     def _check_request(self, ctx: RequestContext, request: Any) -> ErrorCode:
-        """What refuses the whole request: malformed ids, then authorization."""
-        transactional_id = request.transactional_id
-        if not valid_transactional_id(transactional_id):
-            self._refuse(ctx, "an invalid transactional id")
-            return ErrorCode.invalid_request
-        if not valid_producer(request.producer_id, request.producer_epoch):
-            self._refuse(ctx, f"producer {request.producer_id} epoch {request.producer_epoch}")
-            return ErrorCode.invalid_request
-        if not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id):
-            return authz.WRITE_TRANSACTIONAL_ID.error
-        group_id = request.group_id
-        if not group_id or len(group_id) > MAX_GROUP_ID_CHARS:
-            return ErrorCode.invalid_group_id
-        if not authz.allows(ctx, authz.READ_GROUP, group_id):
-            return authz.READ_GROUP.error
-        return ErrorCode.none
+        return check_request(ctx, request)
 
     @staticmethod
     def _refuse(ctx: RequestContext, what: str) -> None:
-        _refusals.warning(
-            "refused TxnOffsetCommit from client %r (%s): %s",
-            ctx.client_id,
-            ctx.connection.peer,
-            what,
+        _refuse(ctx, what)
+
+
+def with_implicit_add(handler: Handler, txn: TxnService) -> Handler:
+    """`handler` (TxnOffsetCommit) that, for v5+, first adds the group's offsets partition to
+    the producer's transaction at its coordinator (KIP-890 part 2), answered once the
+    coordinator's record is replicated; a refusal answers every partition with its code."""
+
+    async def handle(ctx: RequestContext, request: Any) -> dict[str, Any] | None:
+        if ctx.api_version < TXN_OFFSET_COMMIT_TV2_SINCE:
+            return await handler(ctx, request)
+        topics = list(request.topics)
+        count = sum(len(t.partitions) for t in topics)
+        if count > MAX_PARTITIONS_PER_REQUEST or check_request(ctx, request) != ErrorCode.none:
+            return await handler(ctx, request)  # refused there, with the same checks
+        code = await txn.add_offsets_for_commit(
+            AddOffsetsToTxnRequest(
+                transactional_id=request.transactional_id,
+                producer_id=int(request.producer_id),
+                producer_epoch=int(request.producer_epoch),
+                group_id=request.group_id,
+            )
         )
+        if code != ErrorCode.none:
+            code = _ADD_ERRORS_FOR_COMMIT.get(code, code)
+            requested = dict.fromkeys(
+                (t.name, int(p.partition_index)) for t in topics for p in t.partitions
+            )
+            return _response(dict.fromkeys(requested, for_version(code, ctx.api_version)))
+        return await handler(ctx, request)
+
+    return handle
+
+
+def check_request(ctx: RequestContext, request: Any) -> ErrorCode:
+    """What refuses the whole request: malformed ids, then authorization."""
+    transactional_id = request.transactional_id
+    if not valid_transactional_id(transactional_id):
+        _refuse(ctx, "an invalid transactional id")
+        return ErrorCode.invalid_request
+    if not valid_producer(request.producer_id, request.producer_epoch):
+        _refuse(ctx, f"producer {request.producer_id} epoch {request.producer_epoch}")
+        return ErrorCode.invalid_request
+    if not authz.allows(ctx, authz.WRITE_TRANSACTIONAL_ID, transactional_id):
+        return authz.WRITE_TRANSACTIONAL_ID.error
+    group_id = request.group_id
+    if not group_id or len(group_id) > MAX_GROUP_ID_CHARS:
+        return ErrorCode.invalid_group_id
+    if not authz.allows(ctx, authz.READ_GROUP, group_id):
+        return authz.READ_GROUP.error
+    return ErrorCode.none
+
+
+def _refuse(ctx: RequestContext, what: str) -> None:
+    _refusals.warning(
+        "refused TxnOffsetCommit from client %r (%s): %s",
+        ctx.client_id,
+        ctx.connection.peer,
+        what,
+    )
 
 
 def _partition_counts(ctx: RequestContext, names: Iterable[str]) -> dict[str, int]:
