@@ -14,16 +14,14 @@ import logging
 import signal
 import ssl
 import sys
-import time
 import uuid
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import trio
 
-from raftlog.broker import BrokerBackend, quorum_info_from_progress
+from raftlog.broker import BrokerBackend
 from raftlog.clock import clock_ms, wall_clock_ms
-from raftlog.codec import Array, Codec, Epoch, Millis, NodeId, Offset
+from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
 from raftlog.config_listeners import Listener, parse_bootstrap_scram
 from raftlog.errors import (
@@ -37,14 +35,18 @@ from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.controller.liveness import BrokerReachability
+from raftlog.metadata.raft.describe import QuorumDescription, ReplicaProgress
+from raftlog.metadata.raft.describe import describe as describe_core
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
-from raftlog.metadata.raft.types import RoleChange
+from raftlog.metadata.raft.messages import CODEC
+from raftlog.metadata.raft.types import NotLeader, RoleChange
 from raftlog.metadata.service import MetadataService
 from raftlog.metrics.node import node_metrics, run_metrics
 from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
+from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from raftlog.net.kafka.handlers_security import register as register_security_apis
 from raftlog.net.kafka.handlers_txn import register_txn_apis
 from raftlog.net.kafka.server import ListenerSecurity
@@ -300,6 +302,12 @@ class Node:
         register_group_apis(registry, self.groups, self.txn)
         register_txn_apis(registry, self.txn)
         register_security_apis(registry)
+        if self.quorum is not None:
+            # KIP-853 membership and DescribeQuorum v2; not in apis.VERSION_TABLE because
+            # they need the quorum driver.
+            register_quorum_apis(
+                registry, self.quorum, self.describe_quorum_description, self.cluster_id
+            )
         # One server per listener; each answers Metadata with its own listener's endpoints.
         endpoints = self._listener_endpoint if config.listeners.strip() else None
         self._own_endpoints = {b.name: (b.host, b.port) for b in config.advertised_client_listeners}
@@ -385,44 +393,55 @@ class Node:
         peer = self.peers.peer(leader_id, *address)
         return await peer.call("replica.fetch", body, timeout_s=REPLICA_FETCH_RPC_TIMEOUT_S)
 
-    async def describe_quorum(self) -> QuorumInfo:
-        """DescribeQuorum: answered by the Raft leader, forwarded there by other nodes."""
-        assert self.quorum is not None
-        local = await self._describe_quorum_locally(None)
-        if local is not None:
-            return _quorum_from_wire(local)
-        leader = self.quorum.core.leader_id
-        address = self.config.voters.get(leader) if leader is not None else None
-        if leader is None or address is None:
-            raise KafkaError(ErrorCode.not_leader_or_follower, "the metadata quorum has no leader")
-        try:
-            wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
-        except RpcError as exc:
-            # The leader just died or is cut off: a client retries NOT_LEADER_OR_FOLLOWER
-            # (after refreshing metadata), where UNKNOWN_SERVER_ERROR would be final.
-            raise KafkaError(
-                ErrorCode.not_leader_or_follower, f"the metadata leader {leader}: {exc}"
-            ) from None
-        if wire is None:
-            raise KafkaError(ErrorCode.not_leader_or_follower, "the leader changed")
-        return _quorum_from_wire(wire)
-
-    async def _describe_quorum_locally(self, _body: Any) -> list[Any] | None:
+    async def describe_quorum_description(self) -> QuorumDescription:
+        """DescribeQuorum (with KIP-853's endpoints): answered by the Raft leader, forwarded
+        there by other nodes. Raises NotLeader when there is no leader to ask."""
         assert self.quorum is not None
         core = self.quorum.core
-        progress = core.replica_progress()
-        if progress is None:
-            return None
+        local = describe_core(core, clock_ms(), wall_clock_ms())
+        if local is not None:
+            return local
+        leader = core.leader_id
+        address = None
+        if leader is not None:
+            address = self.config.voters.get(leader) or self.quorum.address_of(leader)
+        # The epoch in these NotLeader errors is unknown (-1): the callers only need the code.
+        if leader is None or address is None:
+            raise NotLeader(leader, -1)
+        try:
+            wire = await self.peers.peer(leader, *address).call("quorum.describe", None)
+            if wire is None:
+                raise NotLeader(None, -1)  # it stopped leading meanwhile
+            described: QuorumDescription = CODEC.from_wire(QuorumDescription, wire)
+        except (RpcError, DecodeError) as exc:
+            log.info("describing the quorum through leader %s failed: %s", leader, exc)
+            raise NotLeader(leader, -1) from None
+        return described
 
-        info = quorum_info_from_progress(
-            core.node_id,
-            core.epoch,
-            core.high_watermark,
-            progress,
-            clock_ms(),
-            int(time.time() * 1000),
+    async def describe_quorum(self) -> QuorumInfo:
+        """DescribeQuorum: answered by the Raft leader, forwarded there by other nodes."""
+        try:
+            described = await self.describe_quorum_description()
+        except NotLeader as exc:
+            # The leader just died or is cut off: a client retries NOT_LEADER_OR_FOLLOWER
+            # (after refreshing metadata), where UNKNOWN_SERVER_ERROR would be final.
+            raise KafkaError(ErrorCode.not_leader_or_follower, str(exc)) from None
+        return QuorumInfo(
+            described.leader_id,
+            described.leader_epoch,
+            described.high_watermark,
+            [_replica_state(v) for v in described.voters],
+            [_replica_state(o) for o in described.observers],
         )
-        return _quorum_to_wire(info)
+
+    async def _describe_quorum_locally(self, _body: Any) -> list[Any] | None:
+        """The "quorum.describe" call: the leader's QuorumDescription, None elsewhere."""
+        assert self.quorum is not None
+        described = describe_core(self.quorum.core, clock_ms(), wall_clock_ms())
+        if described is None:
+            return None
+        wire: list[Any] = CODEC.to_wire(described)
+        return wire
 
     async def _dispatch_rpc(self, sender_id: int, method: str, body: Any) -> Any:
         if method == "raft":
@@ -540,44 +559,15 @@ async def _serve_until_signalled(config: NodeConfig) -> None:
     log.info("node %d stopped", config.node_id)
 
 
-@dataclass(frozen=True, slots=True)
-class _VoterWire:
-    __wire__: ClassVar[Array] = Array()
-    replica_id: NodeId
-    log_end_offset: Offset
-    last_fetch_timestamp_ms: Millis
-    last_caught_up_timestamp_ms: Millis
-
-
-@dataclass(frozen=True, slots=True)
-class _QuorumWire:
-    """The "quorum.describe" answer: [leader_id, leader_epoch, high_watermark, [voter...]]."""
-
-    __wire__: ClassVar[Array] = Array()
-    leader_id: NodeId
-    leader_epoch: Epoch
-    high_watermark: Offset
-    voters: tuple[_VoterWire, ...]
-
-
-_QUORUM_CODEC = Codec()
-
-
 def _quorum_to_wire(info: QuorumInfo) -> list[Any]:
-    wire: list[Any] = _QUORUM_CODEC.to_wire(
-        _QuorumWire(
+    """The "quorum.describe" answer of a QuorumInfo (voters and observers, no endpoints)."""
+    wire: list[Any] = CODEC.to_wire(
+        QuorumDescription(
             info.leader_id,
             info.leader_epoch,
             info.high_watermark,
-            tuple(
-                _VoterWire(
-                    v.replica_id,
-                    v.log_end_offset,
-                    v.last_fetch_timestamp_ms,
-                    v.last_caught_up_timestamp_ms,
-                )
-                for v in info.voters
-            ),
+            tuple(_replica_progress(v) for v in info.voters),
+            tuple(_replica_progress(o) for o in info.observers),
         )
     )
     return wire
@@ -585,20 +575,31 @@ def _quorum_to_wire(info: QuorumInfo) -> list[Any]:
 
 def _quorum_from_wire(wire: Any) -> QuorumInfo:
     """Raises DecodeError when the leader's answer is not a quorum description."""
-    quorum: _QuorumWire = _QUORUM_CODEC.from_wire(_QuorumWire, wire)
+    described: QuorumDescription = CODEC.from_wire(QuorumDescription, wire)
     return QuorumInfo(
-        quorum.leader_id,
-        quorum.leader_epoch,
-        quorum.high_watermark,
-        [
-            ReplicaState(
-                v.replica_id,
-                v.log_end_offset,
-                v.last_fetch_timestamp_ms,
-                v.last_caught_up_timestamp_ms,
-            )
-            for v in quorum.voters
-        ],
+        described.leader_id,
+        described.leader_epoch,
+        described.high_watermark,
+        [_replica_state(v) for v in described.voters],
+        tuple(_replica_state(o) for o in described.observers),
+    )
+
+
+def _replica_progress(state: ReplicaState) -> ReplicaProgress:
+    return ReplicaProgress(
+        state.replica_id,
+        state.log_end_offset,
+        state.last_fetch_timestamp_ms,
+        state.last_caught_up_timestamp_ms,
+    )
+
+
+def _replica_state(progress: ReplicaProgress) -> ReplicaState:
+    return ReplicaState(
+        progress.replica_id,
+        progress.log_end_offset,
+        progress.last_fetch_timestamp_ms,
+        progress.last_caught_up_timestamp_ms,
     )
 
 

@@ -35,6 +35,7 @@ from raftlog.metadata.image import (
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import NotLeader, Overloaded, RoleChange, Snapshot
+from raftlog.metadata.raft.voters import is_voters_record
 from raftlog.metadata.snapshot import encode_snapshot, image_records
 from raftlog.net.rpc import IdentityMismatch
 
@@ -142,6 +143,11 @@ class MetadataService:
                 pending, last = [], None
                 self._on_epoch_start(entry)
                 continue
+            if is_voters_record(entry.data):
+                # KIP-853's VotersRecord is the Raft layer's (the core already acts on it):
+                # it holds no metadata record, but the image's offset moves past it.
+                last = entry
+                continue
             try:
                 pending.extend(r.decode_entry(entry.data))
             except r.RecordDecodeError as exc:
@@ -216,8 +222,12 @@ class MetadataService:
         data = encode_snapshot(self.image)
         end_offset = last.offset + 1
         self.quorum.snapshot_written(end_offset, last.epoch, data)
-        snapshot = Snapshot(end_offset, last.epoch, data)
         self._records_since_snapshot = 0
+        # The core's snapshot carries the voter set in force at its end (KIP-853). If the
+        # core holds another one, a newer snapshot was installed meanwhile: nothing to save.
+        snapshot = self.quorum.core.snapshot
+        if snapshot is None or snapshot.end_offset != end_offset:
+            return
         store = self.quorum.store
 
         async def persist() -> None:
@@ -297,7 +307,11 @@ class MetadataService:
         if isinstance(request, BROKER_SCOPED_REQUESTS):
             if request.broker_id != sender_id:
                 raise IdentityMismatch(f"{type(request).__name__} names another broker")
-        elif sender_id not in self.config.voters and sender_id not in controller.image.brokers:
+        elif (
+            sender_id not in self.config.voters
+            and (self.quorum is None or sender_id not in self.quorum.core.voters)
+            and sender_id not in controller.image.brokers
+        ):
             raise IdentityMismatch(f"{type(request).__name__} from a node that is not known")
 
     async def _append(self, records: tuple[r.Record, ...]) -> None:

@@ -14,6 +14,7 @@ from raftlog.codec import DecodeError
 from raftlog.epochs import DivergingEpoch
 from raftlog.errors import ErrorCode
 from raftlog.metadata.raft.core import RaftCore
+from raftlog.metadata.raft.driver import refusal_reason
 from raftlog.metadata.raft.membership import MembershipRefused
 from raftlog.metadata.raft.messages import Entry, FetchResponse, Vote, VoteResponse
 from raftlog.metadata.raft.roles import Follower, Leader, Resigned
@@ -315,3 +316,26 @@ def _uuid_ext(value: object) -> object:
 
     assert isinstance(value, uuid.UUID)
     return msgpack.ExtType(UUID_EXT, value.bytes)
+
+
+def test_a_forged_voter_change_from_a_non_leader_changes_nothing() -> None:
+    # Entries with a VotersRecord that would make node 9 a voter, sent by a node that is not
+    # the leader: only the leader's log may change membership. A node that is not a voter is
+    # refused by the driver before the core sees anything but a fetch; the core ignores
+    # entries from anyone but its leader of the epoch. (A voter claiming a newer epoch is
+    # inside Raft's trust model: voters are authenticated peers, as in Kafka.)
+    core = RaftCore(
+        node_id=2,
+        voters=frozenset({1, 2, 3}),
+        config=CONFIG,
+        persisted=QuorumState(1, None, 1),
+        rng=random.Random(2),
+    )
+    core.take_ready()
+    forged = (Entry(0, 1, encode_voters_record(VoterSet.of_ids({1, 2, 3, 9}))),)
+    forged_response = FetchResponse(1, 1, 0, 0, 0, forged)
+    assert refusal_reason(forged_response, 9, core.known_voter_ids()) is not None
+    for sender in (3, 9):
+        core.receive(now_ms=1, from_id=sender, message=forged_response)
+    core.receive(now_ms=1, from_id=9, message=FetchResponse(5, 3, 0, 0, 0, forged))
+    assert core.log_end == 0 and core.voters == {1, 2, 3}

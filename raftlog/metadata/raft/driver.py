@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import cast
 
@@ -27,10 +28,12 @@ import trio
 from raftlog.clock import wall_clock_ms
 from raftlog.codec import DecodeError
 from raftlog.config import NodeConfig
+from raftlog.errors import ErrorCode
 from raftlog.metadata.image import MetadataImage
 from raftlog.metadata.raft.core import RaftCore
 from raftlog.metadata.raft.executor import execute_ready
 from raftlog.metadata.raft.log_store import MetadataLogStore
+from raftlog.metadata.raft.membership import MembershipRefused
 from raftlog.metadata.raft.messages import (
     CODEC,
     AnyMessage,
@@ -52,6 +55,7 @@ from raftlog.metadata.raft.types import (
     Snapshot,
     SnapshotRejected,
 )
+from raftlog.metadata.raft.voters import Voter, VoterSet
 from raftlog.metadata.snapshot import SnapshotCorruptError, decode_snapshot
 from raftlog.metrics.instruments import RaftMetrics
 from raftlog.net.rpc import PeerSet
@@ -71,9 +75,10 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 OBSERVER_MESSAGES = (Fetch, FetchSnapshot)
 
 
-def refusal_reason(message: Message, sender_id: int, voters: Mapping[int, object]) -> str | None:
+def refusal_reason(message: Message, sender_id: int, voters: Collection[int]) -> str | None:
     """Why a message from sender_id (the connection's node id) must not reach the core, or
-    None. The ids a message names for its own sender must be that node."""
+    None. The ids a message names for its own sender must be that node. `voters` are the
+    nodes this one knows as voters (bootstrap, snapshot and every VotersRecord in its log)."""
     if sender_id not in voters and not isinstance(message, OBSERVER_MESSAGES):
         return "the sender is not a voter"
     if isinstance(message, Vote):
@@ -115,7 +120,9 @@ class QuorumDriver:
         self.store = store
         self.flusher = flusher
         self.peers = peers
-        self.voters = config.voters
+        # The static controller_quorum_voters: the bootstrap voter set (until the log holds a
+        # VotersRecord) and where a new node that is not a voter yet finds the leader.
+        self.bootstrap_addresses = config.voters
         self._on_commit = on_commit
         self._on_snapshot = on_snapshot
         self._on_role_change = on_role_change
@@ -133,11 +140,13 @@ class QuorumDriver:
         # The image that vetting a snapshot built, until the MetadataService takes it.
         self._decoded: tuple[Snapshot, MetadataImage] | None = None
         snapshot, entries = store.recover(
-            self._check_snapshot, node_id=config.node_id, is_voter=config.node_id in self.voters
+            self._check_snapshot,
+            node_id=config.node_id,
+            is_voter=config.node_id in self.bootstrap_addresses,
         )
         self.core = RaftCore(
             node_id=config.node_id,
-            voters=frozenset(self.voters),
+            voters=VoterSet.from_addresses(self.bootstrap_addresses),
             config=raft_config,
             persisted=store.load_quorum_state(),
             entries=entries,
@@ -204,12 +213,12 @@ class QuorumDriver:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
         message = received.message
-        refusal = refusal_reason(message, sender_id, self.voters)
+        refusal = refusal_reason(message, sender_id, self.core.known_voter_ids())
         if refusal is not None:
             self._log_refusal(message, sender_id, refusal)
             return
         reply_address = (received.reply_host, received.reply_port)
-        if sender_id not in self.voters:
+        if sender_id not in self.core.voters:
             if sender_id not in self._observers and len(self._observers) >= MAX_OBSERVER_COUNT:
                 log.warning(
                     "dropping raft message from node %s: already %d observers",
@@ -286,6 +295,46 @@ class QuorumDriver:
             raise NotLeader(self.core.leader_id, self.core.epoch)
         return slot[0]
 
+    # ---------------------------------------------------------------- membership (KIP-853)
+    async def change_voters(self, change: Callable[[int], int], *, timeout_ms: int) -> None:
+        """Run one voter change on the core (`change(now_ms)` appends the VotersRecord and
+        returns its offset) and wait until it commits. Raises NotLeader, MembershipRefused
+        (its Kafka code), or MembershipRefused(REQUEST_TIMED_OUT) when it has not committed
+        within timeout_ms (it may still commit later, as in Kafka)."""
+        offset = change(self.now_ms())
+        epoch = self.core.epoch
+        self._wake.set()
+        with trio.move_on_after(max(timeout_ms, 0) / 1000):
+            if await self.wait_committed(offset, epoch):
+                log.info("metadata quorum: voters now %s", sorted(self.core.voters))
+                return
+            raise NotLeader(self.core.leader_id, self.core.epoch)
+        raise MembershipRefused(
+            ErrorCode.request_timed_out,
+            f"the voter change at offset {offset} did not commit within {timeout_ms} ms",
+        )
+
+    async def add_voter(self, voter: Voter, *, timeout_ms: int) -> None:
+        await self.change_voters(
+            lambda now_ms: self.core.add_voter(now_ms=now_ms, voter=voter), timeout_ms=timeout_ms
+        )
+
+    async def remove_voter(
+        self, voter_id: int, directory_id: uuid.UUID, *, timeout_ms: int
+    ) -> None:
+        await self.change_voters(
+            lambda now_ms: self.core.remove_voter(
+                now_ms=now_ms, voter_id=voter_id, directory_id=directory_id
+            ),
+            timeout_ms=timeout_ms,
+        )
+
+    async def update_voter(self, voter: Voter, *, timeout_ms: int) -> None:
+        await self.change_voters(
+            lambda now_ms: self.core.update_voter(now_ms=now_ms, voter=voter),
+            timeout_ms=timeout_ms,
+        )
+
     def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
         self.core.snapshot_written(end_offset=end_offset, epoch=epoch, data=data)
 
@@ -301,7 +350,7 @@ class QuorumDriver:
         # Connect to every other voter at once rather than on the first message: a cast to a
         # peer that is not connected yet is dropped, and the first pre-vote after a failover
         # (from a node that only ever talked to the old leader) must not be lost that way.
-        for voter_id, address in self.voters.items():
+        for voter_id, address in self._voter_addresses().items():
             if voter_id != self.config.node_id:
                 self.peers.peer(voter_id, *address)
         async with trio.open_nursery() as nursery:
@@ -353,8 +402,21 @@ class QuorumDriver:
         self._fail_waiters_from(0, below=snapshot.end_offset)
         self._on_snapshot(snapshot)
 
+    def _voter_addresses(self) -> dict[int, tuple[str, int]]:
+        """Raft addresses of the voters: the latest voter set's endpoints; the static config
+        for a voter the set gives none (a bootstrap voter described by id alone)."""
+        return {**self.bootstrap_addresses, **self.core.voter_set.addresses()}
+
+    def address_of(self, node_id: int) -> tuple[str, int] | None:
+        """Where this node reaches node_id's internal listener, if it knows."""
+        return (
+            self.core.voter_set.addresses().get(node_id)
+            or self.bootstrap_addresses.get(node_id)
+            or self._observers.get(node_id)
+        )
+
     def send(self, to_id: int, message: Message) -> None:
-        address = self.voters.get(to_id) or self._observers.get(to_id)
+        address = self.address_of(to_id)
         if address is None:
             return
         host, port = self._internal_address

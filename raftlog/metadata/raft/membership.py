@@ -131,6 +131,15 @@ class Membership(Replication):
                     heard_ms = self._last_fetch_ms.pop(v, now_ms)
                     self._observer_fetch[v] = (fetched, heard_ms)
 
+    def known_voter_ids(self) -> frozenset[int]:
+        """Every node this one knows as a voter in some set: the bootstrap set, the
+        snapshot's and each VotersRecord in its log. The driver takes election messages from
+        these only (a node never named a voter anywhere has no business voting)."""
+        ids = set(self._bootstrap_voters.ids) | self._base_voters.ids
+        for _, voters in self._voter_records:
+            ids |= voters.ids
+        return frozenset(ids)
+
     @property
     def voter_change_pending(self) -> bool:
         """True while the latest VotersRecord in the log is not committed."""

@@ -81,7 +81,8 @@ async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str,
                     )
             partitions.append(entry)
         topics.append({"topic_name": topic.topic_name, "partitions": partitions})
-    # v2's `nodes` (KIP-853 controller endpoints) is left empty: voters are static here.
+    # v2's `nodes` (KIP-853 controller endpoints) is left empty here: a node with a metadata
+    # quorum serves DescribeQuorum from handlers_quorum instead, which fills them in.
     return {"error_code": ErrorCode.none, "error_message": None, "topics": topics, "nodes": []}
 
 
