@@ -53,6 +53,7 @@ def _register() -> None:
     from raftlog_cli.groups import groups_group
     from raftlog_cli.node import node_command
     from raftlog_cli.produce import produce_command
+    from raftlog_cli.quorum import describe_quorum  # noqa: F401 - adds cluster add-voter etc.
     from raftlog_cli.quotas import quotas_group
     from raftlog_cli.topics import topics_group
     from raftlog_cli.transactions import transactions_group
