@@ -87,13 +87,17 @@ class AckLog:
 
     acks: list[tuple[float, float]] = field(default_factory=list)
     errors: list[tuple[float, str]] = field(default_factory=list)
+    # offset -> value of every acknowledged message: what must still be there afterwards.
+    acked_values: dict[int, bytes] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, sent: float, err: Any) -> None:
+    def record(self, sent: float, err: Any, offset: int = -1, value: bytes = b"") -> None:
         now = time.monotonic()
         with self.lock:
             if err is None:
                 self.acks.append((sent, now))
+                if offset >= 0:
+                    self.acked_values[offset] = value
             else:
                 self.errors.append((now, str(err)))
 
@@ -120,7 +124,6 @@ class SteadyProducer:
         self.log = AckLog()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
-        self.value = b"x" * VALUE_BYTES
 
     def __enter__(self) -> SteadyProducer:
         self._thread.start()
@@ -131,16 +134,22 @@ class SteadyProducer:
         self._thread.join()
         self.producer.flush(5)
 
-    def _delivered(self, sent: float, err: Any, _msg: Any) -> None:
-        self.log.record(sent, err)
+    def _delivered(self, sent: float, err: Any, msg: Any) -> None:
+        if err is None:
+            self.log.record(sent, err, msg.offset(), msg.value())
+        else:
+            self.log.record(sent, err)
 
     def _run(self) -> None:
         next_s = time.monotonic()
-        while not self._stop.is_set():
+        for seq in itertools.count():
+            if self._stop.is_set():
+                break
             sent = time.monotonic()
             self.producer.produce(
                 TOPIC,
-                self.value,
+                # Every value distinct, so an acknowledged message can be found afterwards.
+                str(seq).encode().rjust(VALUE_BYTES, b"x"),
                 partition=0,
                 on_delivery=functools.partial(self._delivered, sent),
             )
@@ -148,6 +157,31 @@ class SteadyProducer:
             # Serves delivery reports while pacing; a late loop catches up without a burst.
             self.producer.poll(max(0.0, next_s - time.monotonic()))
             next_s = max(next_s, time.monotonic() - self.period_s)
+
+
+def lost_acks(bootstrap: str, acked: dict[int, bytes]) -> list[int]:
+    """Offsets of acknowledged messages that partition 0 no longer holds with their value
+    (read from the start up to the high watermark): must be empty."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "failover-check", "enable.auto.commit": False}
+    )
+    try:
+        _low, high = consumer.get_watermark_offsets(
+            TopicPartition(TOPIC, 0), timeout=CLIENT_TIMEOUT_S
+        )
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        held: dict[int, bytes | None] = {}
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while len(held) < high and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=1.0):
+                offset = msg.offset()
+                if msg.error() is None and offset is not None:
+                    held[offset] = msg.value()
+    finally:
+        consumer.close()
+    return sorted(o for o, value in acked.items() if held.get(o) != value)
 
 
 def window_s(acks: list[tuple[float, float]], event_s: float) -> float | None:
@@ -256,8 +290,11 @@ def run_events(
             nodes.agreed, "the nodes to agree on the leader of partition 0", READY_TIMEOUT_S
         )
         quiet_gaps.append(max_gap_s(producer.log.snapshot(), quiet_from, time.monotonic()))
-        event = Event(kind, leader, leader == controller, time.monotonic())
         disrupt(leader)
+        # The event starts once the disruption is in place: applying nftables rules takes
+        # tens of ms, and a message sent and acknowledged before the cut took effect would
+        # end the event before it began.
+        event = Event(kind, leader, leader == controller, time.monotonic())
         deadline = event.at_s + RECOVERY_TIMEOUT_S[0]
         while time.monotonic() < deadline and not producer.log.acked_sent_after(event.at_s):
             time.sleep(0.05)
@@ -273,7 +310,7 @@ def run_events(
 # ---------------------------------------------------------------------- kills
 def kill_events(
     root: Path, count: int, rate: float, timings: dict[str, Any], settle_s: float, bar: Any
-) -> tuple[list[Event], list[float], list[tuple[float, float]], float]:
+) -> tuple[list[Event], list[float], list[tuple[float, float]], float, list[int]]:
     from raftlog.testing.cluster import ProcessCluster
 
     cluster = ProcessCluster(root, 3, overrides=timings)
@@ -297,7 +334,9 @@ def kill_events(
                 lambda _e: bar(),
             )
             acks = producer.log.snapshot()
-    return events, quiet, acks, started
+        wait_for(agreed, "the cluster to be whole again", READY_TIMEOUT_S)
+        lost = lost_acks(cluster.bootstrap_servers, producer.log.acked_values)
+    return events, quiet, acks, started, lost
 
 
 # ---------------------------------------------------------------------- isolations
@@ -375,7 +414,7 @@ def netns_cluster(root: Path, timings: dict[str, Any]) -> Iterator[Any]:
 
 def isolation_events(
     root: Path, count: int, rate: float, timings: dict[str, Any], settle_s: float, bar: Any
-) -> tuple[list[Event], list[float], list[tuple[float, float]], float]:
+) -> tuple[list[Event], list[float], list[tuple[float, float]], float, list[int]]:
     import trio
 
     from raftlog.testing.probe import probe_metadata
@@ -422,7 +461,10 @@ def isolation_events(
                 lambda _e: bar(),
             )
             acks = producer.log.snapshot()
-    return events, quiet, acks, started
+        # Healed nodes rejoin as followers: everyone agrees again, with a full ISR.
+        wait_for(agreed, "the cluster to be whole again", READY_TIMEOUT_S)
+        lost = lost_acks(bootstrap, producer.log.acked_values)
+    return events, quiet, acks, started, lost
 
 
 # ---------------------------------------------------------------------- results
@@ -513,7 +555,7 @@ def main(argv: list[str] | None = None) -> None:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
         with Progress(*columns, console=console) as progress:
             task = progress.add_task("kill -9 the leader of partition 0", total=args.kills)
-            kills, kill_quiet, kill_acks, kill_started = kill_events(
+            kills, kill_quiet, kill_acks, kill_started, kill_lost = kill_events(
                 root / "kills",
                 args.kills,
                 args.rate,
@@ -523,10 +565,11 @@ def main(argv: list[str] | None = None) -> None:
             )
             isolations: list[Event] = []
             iso_quiet: list[float] = []
+            iso_lost: list[int] = []
             runs = [("kill -9 of the leader of partition 0", kill_acks, kills, kill_started)]
             if skipped is None:
                 task = progress.add_task("isolate the leader of partition 0", total=args.isolations)
-                isolations, iso_quiet, iso_acks, iso_started = isolation_events(
+                isolations, iso_quiet, iso_acks, iso_started, iso_lost = isolation_events(
                     root / "isolations",
                     args.isolations,
                     args.rate,
@@ -561,6 +604,9 @@ def main(argv: list[str] | None = None) -> None:
             "isolate_recovered": [e.recovered for e in isolations],
             "recovery_timeout_s": args.recovery_timeout,
             "isolate_skipped": skipped,
+            # Acknowledged messages no longer held with their value at the end: must be 0.
+            "kill_lost_acks": len(kill_lost),
+            "isolate_lost_acks": len(iso_lost),
             "steady_max_gap_s": round(max(kill_quiet + iso_quiet, default=0.0), 3),
             "rate_per_s": args.rate,
             "timings": args.timings,

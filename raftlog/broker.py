@@ -41,6 +41,7 @@ from raftlog.net.kafka.backend import (
     PartitionInfo,
     PartitionProducers,
     ProducerDescription,
+    ProduceResult,
     ProducerIdResult,
     QuorumInfo,
     QuotaAlteration,
@@ -88,13 +89,16 @@ class BrokerBackend:
         self._describe_quorum = describe_quorum
         # The data path is the replication layer's own: a produce or a fetch goes from the
         # protocol handler straight to ProducePath / ReadPaths, with no call of its own here.
-        self.produce = replicas.writes.produce
+        self._produce = replicas.writes.produce
         self.fetch = replicas.reads.fetch
         self.list_offset = replicas.reads.list_offset
         self.offset_for_leader_epoch = replicas.reads.offset_for_leader_epoch
         self.data_event = replicas.replicas.data_event
         self._unsafe_partitions = replicas.unsafe_partitions
         self._replica_manager = replicas
+        # None only in tests that exercise the data path alone (no controller, no lease).
+        if lifecycle is not None:
+            lifecycle.lease_listeners.append(self._lease_changed)
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
         # The ACL authorizer the Kafka handlers ask (raftlog.net.kafka.authz), or None when
@@ -116,6 +120,40 @@ class BrokerBackend:
             allow_everyone_if_no_acl_found=self.config.allow_everyone_if_no_acl_found,
         )
         log.debug("authorizer rebuilt: %d ACLs", len(self.authorizer))
+
+    # ---------------------------------------------------------------- leading
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        producer: object = None,
+    ) -> ProduceResult:
+        """The replication layer's produce, unless this broker's session lease lapsed: cut
+        off from the controller for a session, it may have been replaced as leader, and
+        NOT_LEADER_OR_FOLLOWER is what sends a client to ask someone else."""
+        if self.lease_lapsed():
+            return ProduceResult(
+                ErrorCode.not_leader_or_follower,
+                error_message="this broker lost contact with the controller",
+            )
+        return await self._produce(topic, partition, records, acks, timeout_ms, producer)
+
+    def lease_lapsed(self) -> bool:
+        """This broker must not act as a leader now (BrokerLifecycle.lease_lapsed)."""
+        return self.lifecycle is not None and self.lifecycle.lease_lapsed()
+
+    def _lease_changed(self, lapsed: bool) -> None:
+        if not lapsed:
+            return
+        # Produces already parked here wait for followers that may now follow another
+        # leader: answer them now rather than at their timeout.
+        replicas = self._replica_manager.replicas
+        for key, hosted in list(replicas.partitions.items()):
+            if hosted.replica.leader is not None:
+                replicas.fail_waiters(key)
 
     # ---------------------------------------------------------------- cluster view
     @property
@@ -144,10 +182,14 @@ class BrokerBackend:
         return self.config.node_id
 
     def brokers(self) -> Sequence[BrokerInfo]:
+        # A broker whose lease lapsed counts itself fenced, as the controller is about to:
+        # left out, it is no client's choice for the next metadata request either (a client
+        # asks a broker it is connected to, and this one's view is stale).
+        lapsed = self.lease_lapsed()
         return [
             BrokerInfo(b, *reg.client_endpoint, reg.rack)
             for b, reg in sorted(self.image.brokers.items())
-            if not reg.fenced
+            if not reg.fenced and not (lapsed and b == self.config.node_id)
         ]
 
     def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:
@@ -159,13 +201,17 @@ class BrokerBackend:
         # broker's own that lost or damaged data or sit on a failed disk (KIP-966's unsafe
         # replicas). Each broker knows only its own: `raftlog cluster status` asks them all.
         unsafe_here = set(self._unsafe_partitions())
+        # A broker whose lease lapsed names no leader where its image says it leads: the
+        # controller may have elected another, and a client told "this broker" would come
+        # straight back (Kafka: LEADER_NOT_AVAILABLE makes it ask again shortly).
+        not_leading = self.config.node_id if self.lease_lapsed() else None
         out = []
         for name in wanted:
             topic = by_name[name]
             partitions = [
                 PartitionInfo(
                     index,
-                    state.leader,
+                    NO_LEADER if state.leader == not_leading else state.leader,
                     state.leader_epoch,
                     tuple(state.replicas),
                     tuple(state.isr),
@@ -175,7 +221,9 @@ class BrokerBackend:
                         if r in fenced
                         or (r == self.config.node_id and (topic.topic_id, index) in unsafe_here)
                     ),
-                    ErrorCode.leader_not_available if state.leader == NO_LEADER else ErrorCode.none,
+                    ErrorCode.leader_not_available
+                    if state.leader in (NO_LEADER, not_leading)
+                    else ErrorCode.none,
                 )
                 for index, state in sorted(topic.partitions.items())
             ]

@@ -226,13 +226,21 @@ class NodeConfig:
         20_000, "Write a metadata snapshot after this many committed records.", lo=10, hi=10**9
     )
     broker_session_timeout_ms: int = _key(
-        9000, "A broker whose heartbeats stop for this long is fenced.", lo=100, hi=3_600_000
+        1500,
+        "A broker whose heartbeats stop for this long is fenced and its partitions get new "
+        "leaders (Kafka: 9000). The broker counts the same session from its side and stops "
+        "acting as a leader when it lapses, so a broker cut off from the controller hands "
+        "over within it. The failover time after a network cut is about this long; a stall "
+        "of either event loop longer than it fences a live broker.",
+        lo=100,
+        hi=3_600_000,
     )
     broker_heartbeat_interval_ms: int = _key(
-        500,
+        250,
         "Interval between broker heartbeats (Kafka: 2000). Short, so that a broker whose "
         "listener refuses connections is known to have missed one within "
-        "broker_unreachable_fence_ms of it.",
+        "broker_unreachable_fence_ms of it, and a session of broker_session_timeout_ms "
+        "spans several heartbeats.",
         lo=10,
         hi=600_000,
     )

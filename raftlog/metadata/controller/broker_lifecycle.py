@@ -1,5 +1,5 @@
 """A broker's side of the controller: requests routed to the active controller, registration,
-heartbeats (which unfence it once caught up) and controlled shutdown."""
+heartbeats (which unfence it once caught up), its session lease, and controlled shutdown."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.liveness import BrokerReachability
+from raftlog.metadata.raft.types import NotLeader
 from raftlog.metadata.service import MetadataService, NotControllerError
 from raftlog.net.rpc import PeerSet, RpcError
 
@@ -153,8 +154,69 @@ class ControllerClient:
         return ["ok", cm.CODEC.encode(reply, cm.ControllerReply)]
 
 
+class SessionLease:
+    """Whether this broker may still act as a partition leader, from its heartbeats alone
+    (sans-IO: the caller passes the clock).
+
+    The controller fences a broker broker_session_timeout_ms after the last heartbeat it
+    received, and then elects new leaders for its partitions. A broker cut off from the
+    controller does not see that happen, so on its own it would go on answering produces
+    as a leader nobody follows (clients never look elsewhere). The broker therefore counts
+    the same session from its side: from the moment it SENT the last heartbeat that a
+    controller answered. That moment is never later than the controller's receipt, so the
+    lease lapses no later than the controller can fence, whatever the network did between.
+
+    A lapsed lease comes back only with an answer that says the broker is unfenced: the
+    controller unfences a broker only once its metadata has caught up, so by then its image
+    names the partitions' current leaders and it rejoins as a follower where it was replaced.
+
+    Before the first answered heartbeat there is nothing to lapse (a starting broker is not
+    serving yet, and a new controller's grace sessions cover it).
+    """
+
+    def __init__(self, session_timeout_ms: int) -> None:
+        if session_timeout_ms <= 0:
+            raise ValueError(f"session_timeout_ms must be positive, not {session_timeout_ms}")
+        self.session_timeout_ms = session_timeout_ms
+        self._expires_at_ms: int | None = None
+        self._lapsed = False
+        self.lapses = 0
+
+    @property
+    def expires_at_ms(self) -> int | None:
+        """When the lease lapses without another answer (None: not started, or lapsed)."""
+        return None if self._lapsed else self._expires_at_ms
+
+    def answered(self, sent_ms: int, *, is_fenced: bool) -> bool:
+        """A controller answered the heartbeat sent at `sent_ms`; True if this restores a
+        lapsed lease."""
+        expires_ms = sent_ms + self.session_timeout_ms
+        if self._expires_at_ms is None or expires_ms > self._expires_at_ms:
+            self._expires_at_ms = expires_ms
+        if self._lapsed and not is_fenced:
+            self._lapsed = False
+            return True
+        return False
+
+    def check(self, now_ms: int) -> bool:
+        """True the first time the lease is seen lapsed at `now_ms`. Call it before
+        `answered` with the time of the answer: a lease that ran out while the heartbeat
+        was in flight lapsed then, and needs an unfenced answer to come back."""
+        if self._lapsed or self._expires_at_ms is None or now_ms < self._expires_at_ms:
+            return False
+        self._lapsed = True
+        self.lapses += 1
+        return True
+
+    @property
+    def lapsed(self) -> bool:
+        """The broker must not act as a leader (as of the last `check`)."""
+        return self._lapsed
+
+
 class BrokerLifecycle:
-    """Registration and heartbeats; `unfenced` is set while the controller lets us serve."""
+    """Registration and heartbeats; `unfenced` is set while the controller lets us serve;
+    `lease_lapsed()` is true while heartbeats have gone unanswered for the session."""
 
     def __init__(
         self, config: NodeConfig, client: ControllerClient, metadata: MetadataService
@@ -177,6 +239,72 @@ class BrokerLifecycle:
         # Runs with the heartbeats: what this node's connections say about other brokers,
         # for the controller when this node is it.
         self.reachability: BrokerReachability | None = None
+        self.lease = SessionLease(config.broker_session_timeout_ms)
+        # The slowest heartbeat round trip so far, confirmation included (ms).
+        self.max_heartbeat_round_trip_ms = 0
+        # Called (no await) when the lease lapses and when it comes back: the Kafka backend
+        # fails the produces parked on this broker's partitions, so clients look elsewhere.
+        self.lease_listeners: list[Callable[[bool], None]] = []
+        self._lease_changed = trio.Event()
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(trio.current_time() * 1000)
+
+    def lease_lapsed(self) -> bool:
+        """This broker's heartbeats have gone unanswered for broker_session_timeout_ms: it
+        must not act as a partition leader (the controller may have replaced it)."""
+        if self.lease.check(self._now_ms()):
+            self._lease_event(lapsed=True)
+        return self.lease.lapsed
+
+    def _lease_event(self, *, lapsed: bool) -> None:
+        if lapsed:
+            log.warning(
+                "broker %d: no heartbeat answered for broker_session_timeout_ms (%d ms); not "
+                "acting as a partition leader until a controller answers and unfences it",
+                self.config.node_id,
+                self.lease.session_timeout_ms,
+            )
+        else:
+            log.info("broker %d: heartbeats answered again; leading resumes", self.config.node_id)
+        for listener in self.lease_listeners:
+            listener(lapsed)
+
+    async def _watch_lease(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Notices the lapse when it happens, not at the next produce: produces already
+        parked on this broker's partitions must be answered then."""
+        task_status.started()
+        while True:
+            expires_ms = self.lease.expires_at_ms
+            changed = self._lease_changed
+            if expires_ms is None:
+                await changed.wait()
+                continue
+            with trio.move_on_at(expires_ms / 1000):
+                await changed.wait()
+            self.lease_lapsed()
+
+    async def _answered_by_quorum(self, local_controller: bool) -> bool:
+        """Whether an answered heartbeat proves this broker reaches the controller quorum.
+        A remote controller's answer does. This node's own controller answers whether or
+        not the other voters still follow it (a cut-off controller leads on until its
+        check-quorum), so its answer counts only once a majority confirms its leadership."""
+        if not local_controller:
+            return True
+        quorum = self.metadata.quorum
+        if quorum is None:
+            return False
+        with trio.move_on_after(self.config.broker_session_timeout_ms / 1000):
+            try:
+                await quorum.read_index()
+            except NotLeader as exc:  # leadership lost before a majority answered
+                log.debug("heartbeat not confirmed by the metadata quorum: %s", exc)
+                return False
+            return True
+        return False
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.reachability = BrokerReachability(
@@ -184,6 +312,7 @@ class BrokerLifecycle:
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.reachability.run)
+            await nursery.start(self._watch_lease)
             await nursery.start(self._heartbeats)
             task_status.started()
 
@@ -205,6 +334,9 @@ class BrokerLifecycle:
             # heartbeat goes out at once instead of after the session timeout.
             self._heartbeat_scope = trio.CancelScope()
             reply = None
+            sent_ms = self._now_ms()
+            quorum = self.metadata.quorum
+            local_controller = quorum is not None and quorum.core.leader_id == self.config.node_id
             try:
                 with self._heartbeat_scope:
                     reply = await self.client.call(self._heartbeat(), timeout_ms=timeout_ms)
@@ -233,14 +365,40 @@ class BrokerLifecycle:
                 self.broker_epoch = -1
                 continue
             self._apply(reply)
+            if reply.error_code == ErrorCode.none and await self._answered_by_quorum(
+                local_controller
+            ):
+                self._note_round_trip(self._now_ms() - sent_ms)
+                self._renew_lease(sent_ms, is_fenced=reply.is_fenced)
             if self._shutting_down and reply.should_shutdown:
                 self.shutdown_confirmed = True
                 self.shutdown_done.set()
                 await trio.sleep(math.inf)
             # While catching up, beat faster so unfencing follows the metadata quickly.
-            with trio.move_on_after(interval_s if not self.fenced else min(interval_s, 0.1)):
+            # The interval runs from the send, not the answer: a slow round trip must not
+            # also delay the next heartbeat, or two slow ones in a row cost the session.
+            wait_s = interval_s if not self.fenced else min(interval_s, 0.1)
+            with trio.move_on_at(sent_ms / 1000 + wait_s):
                 await self._wake.wait()
             self._wake = trio.Event()
+
+    def _note_round_trip(self, round_trip_ms: int) -> None:
+        """A heartbeat answered this long after it was sent: the margin left before a lapse
+        is broker_session_timeout_ms minus this and the interval, so a slow one is logged."""
+        self.max_heartbeat_round_trip_ms = max(self.max_heartbeat_round_trip_ms, round_trip_ms)
+        if round_trip_ms * 4 >= self.config.broker_session_timeout_ms:
+            log.info(
+                "slow heartbeat: answered %d ms after it was sent (broker_session_timeout_ms %d)",
+                round_trip_ms,
+                self.config.broker_session_timeout_ms,
+            )
+
+    def _renew_lease(self, sent_ms: int, *, is_fenced: bool) -> None:
+        self.lease_lapsed()  # a lapse while the heartbeat was in flight counts
+        if self.lease.answered(sent_ms, is_fenced=is_fenced):
+            self._lease_event(lapsed=False)
+        changed, self._lease_changed = self._lease_changed, trio.Event()
+        changed.set()
 
     def _heartbeat(self) -> cm.BrokerHeartbeat:
         return cm.BrokerHeartbeat(
