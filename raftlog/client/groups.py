@@ -1,9 +1,9 @@
 """Consumer-group admin and offset look-ups: list/describe groups, committed offsets, lag.
 
-The group APIs (FindCoordinator, ListGroups, DescribeGroups, OffsetFetch, OffsetCommit, and
-the membership APIs group_member.py uses) and OffsetForLeaderEpoch are negotiated here, per
-connection, from the versions the broker announced in ApiVersions, so the shared client
-table does not have to know about them. A
+The group APIs (FindCoordinator, ListGroups, DescribeGroups, OffsetFetch, OffsetCommit,
+DeleteGroups, and the membership APIs group_member.py uses) and OffsetForLeaderEpoch are
+negotiated here, per connection, from the versions the broker announced in ApiVersions, so
+the shared client table does not have to know about them. A
 broker that serves no group API gets a clear UnsupportedVersion rather than a wire error.
 
 Group requests go to the group's coordinator (FindCoordinator first); coordinator moves and
@@ -27,6 +27,7 @@ from raftlog.client.connection import (
     call_negotiated,
 )
 from raftlog.client.consumer_protocol import ConsumerProtocolError, decode_assignment
+from raftlog.client.protocol import error_of
 from raftlog.errors import ErrorCode, KafkaError
 
 T = TypeVar("T")
@@ -40,6 +41,7 @@ GROUP_API_VERSIONS: dict[str, tuple[int, int]] = {
     "offset_fetch": (1, 7),
     "offset_commit": (2, 8),
     "offset_for_leader_epoch": (2, 4),
+    "delete_groups": (0, 2),
     # Membership (raftlog.client.group_member). JoinGroup v4+ has KIP-394's
     # MEMBER_ID_REQUIRED round trip, which the member handles; LeaveGroup v3+ names members
     # in a list, and build() drops whichever form a version lacks.
@@ -57,6 +59,8 @@ COORDINATOR_RETRIABLE = frozenset(
     }
 )
 MAX_COORDINATOR_RETRIES = 5
+# Groups named in one DeleteGroups call; the broker refuses a longer list as a whole.
+MAX_DELETE_GROUPS = 1_000
 COORDINATOR_BACKOFF_MS = 100
 GROUP_KEY_TYPE = 0
 NO_OFFSET = -1
@@ -268,10 +272,10 @@ class GroupAdmin:
         return await self._with_coordinator(group_id, describe)
 
     async def committed_positions(
-        self, group_id: str, partitions: Sequence[tuple[str, int]]
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None
     ) -> dict[tuple[str, int], int]:
-        """The committed offset of each partition that has one (no high watermark look-ups:
-        what a consumer needs to start)."""
+        """The committed offset of each partition that has one, of those given (None: of all
+        the group has committed); no high watermark look-ups: what a consumer needs to start."""
         response = await self._offset_fetch(group_id, partitions)
         out: dict[tuple[str, int], int] = {}
         for t in response.topics:
@@ -337,6 +341,51 @@ class GroupAdmin:
 
         await self._with_coordinator(group_id, commit)
 
+    async def delete_groups(self, group_ids: Sequence[str]) -> dict[str, ErrorCode]:
+        """DeleteGroups, one request per coordinator: each group's result code (NONE: deleted;
+        NON_EMPTY_GROUP: it has members; GROUP_ID_NOT_FOUND: no such group).
+
+        A group whose coordinator moved or is loading is located again and retried, a bounded
+        number of times; after that its last code is returned, not raised, so one group's
+        trouble does not hide the others' results.
+        """
+        wanted = list(dict.fromkeys(group_ids))
+        if len(wanted) > MAX_DELETE_GROUPS:
+            raise ValueError(f"at most {MAX_DELETE_GROUPS} groups per delete, got {len(wanted)}")
+        results: dict[str, ErrorCode] = {}
+        pending = wanted
+        attempt = 0
+        while pending:
+            by_coordinator: dict[tuple[str, int], list[str]] = {}
+            for group_id in pending:
+                try:
+                    _, address = await self.find_coordinator(group_id)
+                except KafkaError as exc:
+                    results[group_id] = exc.code
+                    continue
+                by_coordinator.setdefault(address, []).append(group_id)
+            for address, ids in by_coordinator.items():
+                try:
+                    connection = await self.cluster.connect(address)
+                    response = await call(connection, "delete_groups", {"groups_names": ids})
+                except (ConnectionClosed, OSError):
+                    if attempt >= MAX_COORDINATOR_RETRIES:
+                        raise
+                    for group_id in ids:
+                        results[group_id] = ErrorCode.coordinator_not_available
+                    continue
+                answered = {r.group_id: error_of(r.error_code) for r in response.results}
+                for group_id in ids:
+                    # A group the answer leaves out was not acted on: ask again.
+                    results[group_id] = answered.get(group_id, ErrorCode.coordinator_not_available)
+            pending = [g for g in pending if results[g] in COORDINATOR_RETRIABLE]
+            if not pending or attempt >= MAX_COORDINATOR_RETRIES:
+                break
+            attempt += 1
+            # A back-off between attempts, not a wait for state: the next attempt re-checks.
+            await trio.sleep(COORDINATOR_BACKOFF_MS * attempt / 1000)
+        return {group_id: results[group_id] for group_id in wanted}
+
     async def _high_watermark(self, topic: str, partition: int) -> int:
         try:
             return (await Admin(self.cluster).list_offsets(topic, partition, "latest")).offset
@@ -385,6 +434,7 @@ async def partition_offsets(cluster: Cluster, topic: str, partition: int) -> Par
 
 __all__ = [
     "GROUP_API_VERSIONS",
+    "MAX_DELETE_GROUPS",
     "CommittedOffset",
     "GroupAdmin",
     "GroupDescription",
