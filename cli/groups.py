@@ -31,10 +31,12 @@ from raftlog_cli.groups_reset import (
 from raftlog.client.admin import list_offset
 from raftlog.client.cluster import Cluster
 from raftlog.client.groups import MAX_DELETE_GROUPS, GroupAdmin
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, KafkaError
 
 # Group states in which nobody consumes, so offsets may be reset (Kafka's tool: Empty, Dead).
 INACTIVE_STATES = frozenset({"Empty", "Dead"})
+# A standalone commit's answer when the group has members again (Kafka's coordinator).
+MEMBER_COMMIT_ONLY = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_generation})
 
 
 @click.group("groups")
@@ -264,9 +266,19 @@ def reset_offsets(
             except ResetError as exc:
                 raise CliError(str(exc)) from None
             if execute and planned:
-                await admin.commit_offsets(
-                    group_id, {(p.topic, p.partition): p.new_offset for p in planned}
-                )
+                try:
+                    await admin.commit_offsets(
+                        group_id, {(p.topic, p.partition): p.new_offset for p in planned}
+                    )
+                except KafkaError as exc:
+                    if exc.code not in MEMBER_COMMIT_ONLY:
+                        raise
+                    # A member joined after the state was read: the coordinator now takes
+                    # commits from members only.
+                    raise CliError(
+                        f"Assignments can only be reset if the group '{group_id}' is "
+                        "inactive, but a member joined while resetting; nothing was committed."
+                    ) from None
             return planned
 
     planned = run_async(opts, go)

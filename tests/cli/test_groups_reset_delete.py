@@ -10,6 +10,7 @@ Partitions 0-2 hold 10 records stamped 2024-03-01T12:00:00Z + i seconds; partiti
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +22,7 @@ import trio
 from raftlog.client import Cluster, open_cluster
 from raftlog.client.consumer_protocol import TopicPartition
 from raftlog.client.group_member import GroupMember
-from raftlog.client.groups import GroupAdmin
+from raftlog.client.groups import GroupAdmin, GroupDescription
 from raftlog.client.member_state import MemberConfig
 from raftlog.client.producer import Producer
 from raftlog.records import Record
@@ -273,3 +274,28 @@ async def test_delete_groups_api(setup: Setup) -> None:
         "ghost": "group_id_not_found",
         GROUP: "none",
     }
+
+
+async def test_member_joining_after_the_state_check_commits_nothing(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state is read, then a member joins before the commit: the coordinator refuses the
+    standalone commit, and the command says so (the stale read is made by reporting Empty)."""
+    real_describe = GroupAdmin.describe_group
+
+    async def stale_describe(self: GroupAdmin, group_id: str) -> GroupDescription:
+        described = await real_describe(self, group_id)
+        return dataclasses.replace(described, state="Empty", members=())
+
+    monkeypatch.setattr(GroupAdmin, "describe_group", stale_describe)
+    config = MemberConfig(session_timeout_ms=10_000, heartbeat_interval_ms=200)
+    member = GroupMember(setup.cluster, GROUP, [TOPIC], Idle(), config)
+    with trio.fail_after(STEP_DEADLINE_S):
+        async with member.joined():
+            code, out, err = await reset(setup, "--all-topics", "--to-earliest", "--execute")
+            assert (code, out) == (1, "")
+            assert err == (
+                "error: Assignments can only be reset if the group 'billing' is inactive, but "
+                "a member joined while resetting; nothing was committed.\n"
+            )
+            assert await setup.committed() == dict.fromkeys(ALL, 5)
