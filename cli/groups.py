@@ -41,7 +41,7 @@ MEMBER_COMMIT_ONLY = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_g
 
 @click.group("groups")
 def groups_group() -> None:
-    """Inspect consumer groups."""
+    """Inspect, reset and delete consumer groups."""
 
 
 @groups_group.command("list")
