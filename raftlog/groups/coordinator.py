@@ -32,12 +32,16 @@ from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode
 from raftlog.groups import offsets_format as fmt
+from raftlog.groups.consumer_groups import ConsumerGroups
 from raftlog.groups.group import Group, GroupEffects, GroupState, StoreGroup, Token
 from raftlog.groups.group_codec import group_from_value, group_to_value
 from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.messages import (
     UNKNOWN_MEMBER_ID,
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
     DeleteGroupResult,
+    DescribedConsumerGroup,
     DescribedGroup,
     FetchedOffset,
     FetchedTopic,
@@ -181,6 +185,8 @@ class GroupCoordinator:
         self._positions: dict[OffsetKey, int] = {}
         self._next_position = 0
         self._txn = PendingTxnOffsets()
+        # KIP-848 groups (in memory; see consumer_groups.py).
+        self.consumer = ConsumerGroups(config, new_uuid)
 
     # ------------------------------------------------------------------ ownership
     def partition_for(self, group_id: str) -> int:
@@ -248,7 +254,7 @@ class GroupCoordinator:
     ) -> None:
         self._offsets.setdefault(key.group_id, {})[(key.topic, key.partition)] = committed
         self._positions[key] = position
-        if key.group_id not in self._groups:
+        if key.group_id not in self._groups and self.consumer.get(key.group_id) is None:
             # Offsets without group metadata: a standalone (assign()) consumer's group.
             self._groups[key.group_id] = Group(key.group_id, self.config, now_ms)
 
@@ -259,6 +265,7 @@ class GroupCoordinator:
         self._owned.discard(partition)
         self._loading.discard(partition)
         self._txn.drop_partition(partition)
+        self.consumer.drop(lambda group_id: self.partition_for(group_id) == partition)
         for group_id in [g for g in self._groups if self.partition_for(g) == partition]:
             group = self._groups.pop(group_id)
             if group.state is not GroupState.DEAD:
@@ -315,6 +322,11 @@ class GroupCoordinator:
             <= self.config.group_max_session_timeout_ms
         ):
             code = ErrorCode.invalid_session_timeout
+        if code is ErrorCode.none and self.consumer.get(req.group_id) is not None:
+            if self.consumer.has_members(req.group_id):
+                code = ErrorCode.inconsistent_group_protocol
+            else:
+                self.consumer.remove(req.group_id)  # empty: becomes a classic group
         group = self._groups.get(req.group_id)
         if code is ErrorCode.none and group is None:
             if req.member_id != UNKNOWN_MEMBER_ID:
@@ -343,6 +355,41 @@ class GroupCoordinator:
             return fx
         self._absorb(fx, group, group.sync(token, req, now_ms), now_ms)
         return fx
+
+    # ------------------------------------------------------------------ KIP-848
+    def consumer_group_heartbeat(
+        self, req: ConsumerHeartbeatRequest, partition_counts: dict[str, int], now_ms: int
+    ) -> ConsumerHeartbeatResponse:
+        """ConsumerGroupHeartbeat; `partition_counts` covers the topics the group and the
+        request subscribe to (consumer_subscriptions tells the caller which)."""
+        code = self._route_member_api(req.group_id)
+        if code is not ErrorCode.none:
+            return ConsumerHeartbeatResponse(code, req.member_id)
+        classic = self._groups.get(req.group_id)
+        if classic is not None:
+            if classic.state not in (GroupState.EMPTY, GroupState.DEAD) or classic.members:
+                return ConsumerHeartbeatResponse(ErrorCode.inconsistent_group_protocol)
+            if classic.state is GroupState.DEAD:
+                return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
+        total = len(self._groups) + len(self.consumer.groups)
+        may_create = classic is not None or total < self.config.max_groups
+        resp = self.consumer.heartbeat(req, partition_counts, now_ms, may_create)
+        if classic is not None and self.consumer.get(req.group_id) is not None:
+            del self._groups[req.group_id]  # an empty classic group, now a consumer group
+        return resp
+
+    def consumer_subscriptions(self, group_id: str) -> set[str]:
+        return self.consumer.subscribed_topics(group_id)
+
+    def consumer_group_describe(self, group_ids: Iterable[str]) -> list[DescribedConsumerGroup]:
+        out = []
+        for group_id in group_ids:
+            code = self._route(group_id)
+            if code is not ErrorCode.none:
+                out.append(DescribedConsumerGroup(group_id, code))
+            else:
+                out.extend(self.consumer.describe([group_id]))
+        return out
 
     def heartbeat(self, req: HeartbeatRequest, now_ms: int) -> HeartbeatResponse:
         code = self._route_member_api(req.group_id)
@@ -398,14 +445,22 @@ class GroupCoordinator:
         requested = [(t.name, p) for t in req.topics for p in t.partitions]
         code = self._route(req.group_id)
         group = self._groups.get(req.group_id)
-        if code is ErrorCode.none:
+        consumer = self.consumer.get(req.group_id)
+        if consumer is not None:
+            # OffsetCommit v9: generation_id carries the member epoch (KIP-848).
+            if code is ErrorCode.none:
+                code = consumer.validate_commit(
+                    req.member_id, req.generation_id, transactional=False
+                )
+        elif code is ErrorCode.none:
             code, group = self._validate_commit(req, group, now_ms)
-        if code is not ErrorCode.none or group is None:
+        if code is not ErrorCode.none or (group is None and consumer is None):
             fx.replies.append(
                 (token, _commit_response({(t, p.partition): code for t, p in requested}))
             )
             return fx
-        group.touch(req.member_id, now_ms)
+        if group is not None:
+            group.touch(req.member_id, now_ms)
         errors, offsets = self._offsets_to_commit(req.group_id, requested, now_ms)
         if not offsets:
             fx.replies.append((token, _commit_response(errors)))
@@ -455,20 +510,27 @@ class GroupCoordinator:
         requested = [(t.name, p) for t in req.topics for p in t.partitions]
         code = self._route_member_api(req.group_id)
         group = self._groups.get(req.group_id)
-        if code is ErrorCode.none:
+        consumer = self.consumer.get(req.group_id)
+        if consumer is not None:
+            if code is ErrorCode.none:
+                code = consumer.validate_commit(
+                    req.member_id, req.generation_id, transactional=True
+                )
+        elif code is ErrorCode.none:
             code = validate_txn_commit(req, group)
-        if code is ErrorCode.none and group is None:
+        if code is ErrorCode.none and group is None and consumer is None:
             if len(self._groups) >= self.config.max_groups:
                 code = ErrorCode.coordinator_not_available
             else:
                 # As Kafka: offsets of a group nobody joined yet (an Empty group).
                 group = self._groups[req.group_id] = Group(req.group_id, self.config, now_ms)
-        if code is not ErrorCode.none or group is None:
+        if code is not ErrorCode.none or (group is None and consumer is None):
             fx.replies.append(
                 (token, _commit_response({(t, p.partition): code for t, p in requested}))
             )
             return fx
-        group.touch(req.member_id, now_ms)
+        if group is not None:
+            group.touch(req.member_id, now_ms)
         errors, offsets = self._offsets_to_commit(req.group_id, requested, now_ms)
         if not offsets:
             fx.replies.append((token, _commit_response(errors)))
@@ -565,8 +627,11 @@ class GroupCoordinator:
         for group_id in group_ids:
             code = self._route(group_id)
             group = self._groups.get(group_id)
+            consumer = self.consumer.describe_classic(group_id)
             if code is not ErrorCode.none:
                 described.append(DescribedGroup(group_id, code, state=""))
+            elif consumer is not None:
+                described.append(consumer)
             elif group is None:
                 described.append(DescribedGroup(group_id, ErrorCode.none, GroupState.DEAD.value))
             else:
@@ -579,7 +644,7 @@ class GroupCoordinator:
             ListedGroup(g.group_id, g.protocol_type or "", g.state.value)
             for g in self._groups.values()
             if g.state is not GroupState.DEAD and (not wanted or g.state.value.lower() in wanted)
-        )
+        ) + tuple(self.consumer.listed(wanted))
         code = ErrorCode.coordinator_load_in_progress if self._loading else ErrorCode.none
         return ListGroupsResponse(code, groups)
 
@@ -593,6 +658,13 @@ class GroupCoordinator:
             if group_id in results:
                 continue
             code = self._route(group_id)
+            if code is ErrorCode.none and self.consumer.get(group_id) is not None:
+                if self.consumer.has_members(group_id):
+                    results[group_id] = ErrorCode.non_empty_group
+                    continue
+                # An empty consumer group is deleted as an empty classic one (its offsets).
+                self.consumer.remove(group_id)
+                self._groups[group_id] = Group(group_id, self.config, now_ms)
             group = self._groups.get(group_id)
             if code is ErrorCode.none:
                 if group is None or group.state is GroupState.DEAD:
@@ -687,10 +759,14 @@ class GroupCoordinator:
 
     def next_deadline_ms(self) -> int | None:
         deadlines = [d for g in self._groups.values() if (d := g.next_deadline_ms()) is not None]
+        consumer_deadline_ms = self.consumer.next_deadline_ms()
+        if consumer_deadline_ms is not None:
+            deadlines.append(consumer_deadline_ms)
         return min(deadlines, default=None)
 
     def tick(self, now_ms: int) -> Effects:
         fx = Effects()
+        self.consumer.tick(now_ms)
         for group in list(self._groups.values()):
             deadline_ms = group.next_deadline_ms()
             if deadline_ms is not None and deadline_ms <= now_ms:

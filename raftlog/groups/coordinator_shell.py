@@ -30,7 +30,10 @@ from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.groups.coordinator import Append, Effects, GroupCoordinator, TxnProducer
 from raftlog.groups.group import Token
 from raftlog.groups.messages import (
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
     DeleteGroupResult,
+    DescribedConsumerGroup,
     DescribedGroup,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -157,6 +160,22 @@ class GroupCoordinatorShell:
 
     async def heartbeat(self, req: HeartbeatRequest) -> HeartbeatResponse:
         return self.coordinator.heartbeat(req, self._clock_ms())
+
+    def consumer_subscriptions(self, group_id: str) -> set[str]:
+        """The topics group `group_id`'s consumer-protocol members subscribe to."""
+        return self.coordinator.consumer_subscriptions(group_id)
+
+    async def consumer_group_heartbeat(
+        self, req: ConsumerHeartbeatRequest, partition_counts: dict[str, int]
+    ) -> ConsumerHeartbeatResponse:
+        resp = self.coordinator.consumer_group_heartbeat(req, partition_counts, self._clock_ms())
+        self._wakeup.set()  # session deadlines moved
+        return resp
+
+    async def consumer_group_describe(
+        self, group_ids: Iterable[str]
+    ) -> list[DescribedConsumerGroup]:
+        return self.coordinator.consumer_group_describe(group_ids)
 
     async def leave_group(self, req: LeaveGroupRequest) -> LeaveGroupResponse:
         response, fx = self.coordinator.leave_group(req, self._clock_ms())

@@ -222,6 +222,7 @@ class ListedGroup:
     group_id: str
     protocol_type: str
     state: str
+    group_type: str = "classic"  # "consumer" for a KIP-848 group
 
 
 @dataclass(frozen=True)
@@ -234,3 +235,59 @@ class ListGroupsResponse:
 class DeleteGroupResult:
     group_id: str
     error_code: ErrorCode
+
+
+# ---------------------------------------------------------------- KIP-848 consumer protocol
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ConsumerHeartbeatRequest:
+    """ConsumerGroupHeartbeat with topics by name (the handler maps topic ids). None in a
+    field means "unchanged since the last heartbeat", as on the wire."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int  # 0 join, -1 leave, -2 static member leaving for a while
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    server_assignor: str | None = None
+    owned: frozenset[TopicPartition] | None = None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True)
+class ConsumerHeartbeatResponse:
+    error_code: ErrorCode
+    member_id: str | None = None
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = 0
+    assignment: frozenset[TopicPartition] | None = None  # None: unchanged
+    error_message: str | None = None
+
+
+@dataclass(frozen=True)
+class DescribedConsumerMember:
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: tuple[str, ...]
+    assignment: frozenset[TopicPartition]
+    target_assignment: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
+class DescribedConsumerGroup:
+    group_id: str
+    error_code: ErrorCode
+    state: str = ""  # Kafka's names: Empty, Assigning, Reconciling, Stable, Dead
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: tuple[DescribedConsumerMember, ...] = ()

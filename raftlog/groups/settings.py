@@ -32,6 +32,14 @@ class GroupConfig:
     max_groups: int = 100_000
     # Records per append call the shell batches together (group commit of many commits).
     append_max_records: int = 10_000
+    # KIP-848 (consumer protocol) groups: the coordinator, not the member, sets the session
+    # timeout and heartbeat interval (Kafka's group.consumer.session.timeout.ms and
+    # group.consumer.heartbeat.interval.ms) and hands the interval to every member.
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    # group.consumer.assignors: the server-side assignors a member may name; the first is the
+    # default for members that name none.
+    group_consumer_assignors: tuple[str, ...] = ("uniform", "range")
 
     def __post_init__(self) -> None:
         if self.offsets_topic_num_partitions < 1:
@@ -40,6 +48,17 @@ class GroupConfig:
             raise ValueError(
                 "need 0 < group_min_session_timeout_ms <= group_max_session_timeout_ms"
             )
+        if not (
+            0 < self.group_consumer_heartbeat_interval_ms < self.group_consumer_session_timeout_ms
+        ):
+            raise ValueError(
+                "need 0 < group_consumer_heartbeat_interval_ms < group_consumer_session_timeout_ms"
+            )
+        if not self.group_consumer_assignors or not set(self.group_consumer_assignors) <= {
+            "uniform",
+            "range",
+        }:
+            raise ValueError("group_consumer_assignors must name some of: uniform, range")
         for name in ("group_max_size", "max_groups", "append_max_records"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
