@@ -291,8 +291,37 @@ def status(cluster_dir: Path, opts: Options) -> None:
 
     report = run_async(opts, go)
     opts.out.cluster_status(report)
+    if not opts.out.json_mode and "metrics" in report:
+        _render_metrics(opts, report)
     if not report["healthy"]:
         raise click.exceptions.Exit(1)
+
+
+METRICS_COLUMNS = [
+    ("node_id", "NODE"),
+    ("leader_count", "LEADERS"),
+    ("partition_count", "REPLICAS"),
+    ("under_replicated_partitions", "UNDER-REPLICATED"),
+    ("under_min_isr_partitions", "UNDER MIN ISR"),
+    ("metadata_epoch", "METADATA EPOCH"),
+]
+
+
+def _render_metrics(opts: Options, report: dict[str, Any]) -> None:
+    """The figures scraped from each node's /metrics: the numbers a dashboard shows."""
+    counts = report["metrics"]
+    opts.out.text(
+        f"Metrics: {counts['under_replicated_partitions']} under-replicated, "
+        f"{counts['under_min_isr_partitions']} under min ISR, "
+        f"{counts['offline_partitions']} offline, "
+        f"{counts['active_controller']} active controller(s)"
+    )
+    rows = [
+        {"node_id": n["node_id"], **(n.get("metrics") or {})}
+        for n in report["nodes"]
+        if "metrics" in n
+    ]
+    opts.out.table(METRICS_COLUMNS, rows)
 
 
 @cluster_group.command("kill")

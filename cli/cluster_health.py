@@ -10,6 +10,13 @@ from its ISR: its broker is fenced, the replica is unsafe (it lost or damaged re
 disk failed: it stays out of the ISR and of elections until it has fetched them back), or it
 is catching up. Only a broker knows its own replicas are unsafe (Metadata's
 offline_replicas), so every unfenced broker is asked.
+
+Where the nodes' metrics endpoints are known (a local cluster), the figures a dashboard
+alerts on come from them and nowhere else: each node's /metrics (raftlog.metrics.scrape)
+gives its leader and partition counts, the partitions it leads under-replicated or under
+min ISR, and, from the active controller, the offline partitions; the cluster's counts are
+their sums and decide the verdict. The partition names and reasons above are the detail
+behind those counts, read from Metadata (metrics do not name partitions).
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ from raftlog.client.cluster import PartitionInfo
 from raftlog.client.connection import ConnectionClosed, RequestTimeout
 from raftlog.client.properties import PLAINTEXT, ClientSecurity
 from raftlog.errors import KafkaError
+from raftlog.metrics.scrape import ScrapeError, scrape, status_figures
+
+# The per-node figures a status shows, summed into the cluster's (status_figures' keys).
+SUMMED_FIGURES = (
+    "under_replicated_partitions",
+    "under_min_isr_partitions",
+    "offline_partitions",
+    "active_controller",
+)
 
 UNSAFE_REASON = "unsafe (lost or damaged records, or a failed disk; repairing from the leader)"
 
@@ -66,7 +82,37 @@ def replica_reasons(
     return "; ".join(reasons)
 
 
-async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[str, Any]:
+async def scrape_node_figures(local: LocalCluster) -> dict[int, dict[str, float] | None]:
+    """Each running node's status figures from its own /metrics (None: it did not answer)."""
+    figures: dict[int, dict[str, float] | None] = {}
+    for node in local.nodes:
+        if running_pid(node) is None:
+            continue
+        host, _, port = node.metrics_address.rpartition(":")
+        try:
+            figures[node.node_id] = status_figures(await scrape(host, int(port)))
+        except ScrapeError:
+            figures[node.node_id] = None
+    return figures
+
+
+def cluster_figures(figures: dict[int, dict[str, float] | None]) -> dict[str, int]:
+    """The cluster's counts: each node reports what it leads (and only the active
+    controller reports offline partitions), so the sums are the cluster's figures."""
+    return {
+        key: int(sum(f[key] for f in figures.values() if f is not None)) for key in SUMMED_FIGURES
+    }
+
+
+async def gather_status(
+    cluster: Cluster,
+    local: LocalCluster | None,
+    figures: dict[int, dict[str, float] | None] | None = None,
+) -> dict[str, Any]:
+    """The status report. `figures` are the nodes' scraped status figures; by default a
+    local cluster's are scraped, and without them the counts come from Metadata."""
+    if figures is None and local is not None:
+        figures = await scrape_node_figures(local)
     admin = Admin(cluster)
     problems: list[str] = []
     quorum: dict[str, Any] | None
@@ -99,16 +145,18 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
         if broker == "fenced":
             problems.append(f"broker {node_id} is fenced")
         address = unfenced.get(node_id)
-        nodes.append(
-            {
-                "node_id": node_id,
-                "process": process,
-                "voter": node_id in voter_leo,
-                "voter_lag": lag,
-                "broker": broker,
-                "address": f"{address[0]}:{address[1]}" if address else None,
-            }
-        )
+        row: dict[str, Any] = {
+            "node_id": node_id,
+            "process": process,
+            "voter": node_id in voter_leo,
+            "voter_lag": lag,
+            "broker": broker,
+            "address": f"{address[0]}:{address[1]}" if address else None,
+        }
+        if figures is not None:
+            own = figures.get(node_id)
+            row["metrics"] = None if own is None else {k: int(v) for k, v in own.items()}
+        nodes.append(row)
     under_replicated: list[str] = []
     offline: list[str] = []
     reasons: dict[str, str] = {}
@@ -127,8 +175,14 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
             reasons[label] = replica_reasons(p, unfenced, unsafe.get(label, set()))
     if quorum is not None and quorum["leader_id"] < 0:
         problems.append("the metadata quorum has no leader")
-    healthy = quorum is not None and not problems and not under_replicated and not offline
-    return {
+    counts: dict[str, int] | None = None
+    if figures and any(f is not None for f in figures.values()):
+        counts = cluster_figures(figures)
+        degraded = bool(counts["under_replicated_partitions"] or counts["offline_partitions"])
+    else:
+        degraded = bool(under_replicated or offline)
+    healthy = quorum is not None and not problems and not degraded
+    report = {
         "cluster_id": cluster.cluster_id,
         "healthy": healthy,
         "quorum": quorum
@@ -140,6 +194,10 @@ async def gather_status(cluster: Cluster, local: LocalCluster | None) -> dict[st
         "reasons": reasons,
         "problems": [p for p in problems if not p.startswith("broker ")],
     }
+    if counts is not None:
+        # The source of the counts above, named so a reader knows which one was used.
+        report["metrics"] = counts
+    return report
 
 
 async def probe_ready(
