@@ -51,7 +51,7 @@ class ConfigValueError(RemoteError, ValueError):
 class ConfigKey:
     # Parses the stored text to its type; raises ConfigValueError with Kafka's bounds.
     parse: Callable[[str], Any]
-    # The value DescribeConfigs shows when the key is unset; None: Kafka's default, not shown.
+    # The value DescribeConfigs shows when the key is unset (every listed key has one).
     default: Callable[[NodeConfig], str] | None = None
     # The LogConfig field this topic key sets; "" for a key storage accepts and ignores (our
     # indexes grow as needed, so segment.index.bytes has nothing to size); None when storage
@@ -128,8 +128,13 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     "delete.retention.ms": ConfigKey(
         _int(0, INT64_MAX), lambda c: str(c.delete_retention_ms), "delete_retention_ms"
     ),
-    "file.delete.delay.ms": ConfigKey(_int(0, INT64_MAX)),
-    "flush.messages": ConfigKey(_int(1, INT64_MAX)),
+    # Keys below with a fixed default: accepted and stored, the behaviour being Kafka's
+    # default (DescribeConfigs must show every key it lists with a value).
+    "file.delete.delay.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "60000"),
+    # flush.policy=always fsyncs every produce before it counts: a flush per message batch.
+    "flush.messages": ConfigKey(
+        _int(1, INT64_MAX), lambda c: "1" if c.flush_policy == "always" else str(INT64_MAX)
+    ),
     # At least 1: an interval flusher wakes every flush.ms.
     "flush.ms": ConfigKey(
         _int(1, INT64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
@@ -138,7 +143,7 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     "index.interval.bytes": ConfigKey(
         _int(0, INT32_MAX), lambda c: str(c.index_interval_bytes), "index_interval_bytes"
     ),
-    "max.compaction.lag.ms": ConfigKey(_int(1, INT64_MAX)),
+    "max.compaction.lag.ms": ConfigKey(_int(1, INT64_MAX), lambda c: str(INT64_MAX)),
     # Nothing smaller than a batch header can be appended (nor fill a segment).
     "max.message.bytes": ConfigKey(
         _int(HEADER_SIZE_BYTES, INT32_MAX),
@@ -151,11 +156,11 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
         lambda c: DEFAULT_MESSAGE_TIMESTAMP_TYPE,
         "message_timestamp_type",
     ),
-    "message.timestamp.difference.max.ms": ConfigKey(_int(0, INT64_MAX)),
-    "min.cleanable.dirty.ratio": ConfigKey(_double(0.0, 1.0)),
-    "min.compaction.lag.ms": ConfigKey(_int(0, INT64_MAX)),
+    "message.timestamp.difference.max.ms": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
+    "min.cleanable.dirty.ratio": ConfigKey(_double(0.0, 1.0), lambda c: "0.5"),
+    "min.compaction.lag.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "0"),
     "min.insync.replicas": ConfigKey(_int(1, INT32_MAX), lambda c: str(c.min_insync_replicas)),
-    "preallocate": ConfigKey(_bool),
+    "preallocate": ConfigKey(_bool, lambda c: "false"),
     "retention.bytes": ConfigKey(
         _int(-1, INT64_MAX), lambda c: str(c.retention_bytes), "retention_bytes"
     ),
@@ -163,8 +168,8 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     "segment.bytes": ConfigKey(
         _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(c.segment_bytes), "segment_bytes"
     ),
-    "segment.index.bytes": ConfigKey(_int(4, INT32_MAX), log_field=""),
-    "segment.jitter.ms": ConfigKey(_int(0, INT64_MAX)),
+    "segment.index.bytes": ConfigKey(_int(4, INT32_MAX), lambda c: "10485760", log_field=""),
+    "segment.jitter.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "0"),
     "segment.ms": ConfigKey(_int(1, INT64_MAX), lambda c: str(c.segment_ms), "segment_ms"),
     "unclean.leader.election.enable": ConfigKey(
         _bool, lambda c: _show_bool(c.unclean_leader_election)
@@ -181,9 +186,9 @@ BROKER_CONFIGS: Mapping[str, ConfigKey] = {
     "auto.create.topics.enable": ConfigKey(
         _bool, lambda c: _show_bool(c.auto_create_topics_enable)
     ),
-    "compression.type": ConfigKey(_choice(*_COMPRESSION)),
-    "follower.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX)),
-    "leader.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX)),
+    "compression.type": ConfigKey(_choice(*_COMPRESSION), lambda c: "producer"),
+    "follower.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
+    "leader.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
     "log.cleanup.policy": ConfigKey(_CLEANUP, lambda c: c.cleanup_policy),
     "log.retention.bytes": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_bytes)),
     "log.retention.ms": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_ms)),
