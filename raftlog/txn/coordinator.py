@@ -21,6 +21,12 @@ A transaction is completed only when every one of its partitions has its marker;
 written only after the decision is durable, so a coordinator that fails over finds the Prepare
 record when it loads and writes the same markers again (`load` emits them).
 
+KIP-890 part 2 (transaction version 2, docs/transactions.md): EndTxn v5 bumps the epoch in
+the Prepare record (`_end_txn_tv2`; a retry naming the epoch it ended with gets the outcome),
+moves the producer to a fresh id when the epoch would pass the top, and the partition leaders'
+implicit adds for Produce v12 / TxnOffsetCommit v5 arrive as AddPartitionsTxn with
+client_transaction_version 2. An EndTxn below v5 keeps the part 1 behaviour exactly.
+
 Kafka's TransactionCoordinator and TransactionStateManager decide what is answered; the
 comments name the Kafka rule where it is not obvious.
 """
