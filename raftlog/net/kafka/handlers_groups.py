@@ -32,6 +32,7 @@ from raftlog.groups.service import CoordinatorLocation, GroupService
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
+from raftlog.net.kafka.handlers_consumer_group import register_consumer_group_apis
 from raftlog.net.kafka.handlers_txn_offsets import register_txn_offset_commit
 from raftlog.net.kafka.handlers_txn_partitions import valid_transactional_id
 from raftlog.net.kafka.handlers_util import partition_counts, to_ms
@@ -45,8 +46,8 @@ log = logging.getLogger("raftlog.kafka")
 # FindCoordinator key types (KIP-98 transaction, KIP-932 share).
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
-# Every group this coordinator serves speaks the classic protocol (KIP-848 groups are
-# "consumer"); ListGroups v5 reports and filters by it.
+# ListGroups v5 reports and filters by group type: "classic" (JoinGroup/SyncGroup) or
+# "consumer" (KIP-848, handlers_consumer_group.py).
 CLASSIC_GROUP_TYPE = "classic"
 # Bounds on one request's fan-out, so a single request cannot make the node do unbounded
 # work (Kafka has no such limit; real clients send one group or a handful).
@@ -95,6 +96,12 @@ def register_group_apis(
         registry.register(api_key, lo, hi, table[api_key])
     if txn_service is not None:
         register_txn_offset_commit(registry, service)
+    # KIP-848 (handlers_consumer_group.py): served once authz.API_RULES names what its two
+    # APIs check (every served API must; test_authz holds the node to it).
+    if all(
+        name in authz.API_RULES for name in ("consumer_group_heartbeat", "consumer_group_describe")
+    ):
+        register_consumer_group_apis(registry, service)
 
 
 # FindCoordinator: what each key type needs (a transactional id is its own resource).
@@ -448,8 +455,8 @@ class GroupHandlers:
                 ctx, authz.DESCRIBE_GROUP, (g.group_id for g in groups), log_denied=False
             )
             groups = tuple(g for g in groups if g.group_id in describable)
-        if types_filter and CLASSIC_GROUP_TYPE not in types_filter:
-            groups = ()
+        if types_filter:
+            groups = tuple(g for g in groups if g.group_type in types_filter)
         return {
             "error_code": resp.error_code,
             "groups": [
@@ -457,7 +464,7 @@ class GroupHandlers:
                     "group_id": g.group_id,
                     "protocol_type": g.protocol_type,
                     "group_state": g.state,
-                    "group_type": CLASSIC_GROUP_TYPE,
+                    "group_type": g.group_type,
                 }
                 for g in groups
             ],
