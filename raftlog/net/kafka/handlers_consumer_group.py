@@ -110,7 +110,8 @@ def decode_heartbeat(ctx: RequestContext, request: Any) -> m.ConsumerHeartbeatRe
     rebalance_timeout_ms = to_ms(request.rebalance_timeout, -1)
     if rebalance_timeout_ms != -1 and not 0 < rebalance_timeout_ms <= MAX_REBALANCE_TIMEOUT_MS:
         raise BadRequest(f"RebalanceTimeoutMs {rebalance_timeout_ms} is out of range.")
-    if getattr(request, "subscribed_topic_regex", None) is not None:
+    # librdkafka sends "" with topic names: no regex (Kafka reads "" as "none" too).
+    if getattr(request, "subscribed_topic_regex", None):
         raise BadRequest(
             "SubscribedTopicRegex is not supported, subscribe to topic names.",
             ErrorCode.invalid_regular_expression,
