@@ -37,6 +37,7 @@ QUORUM_API_VERSIONS: dict[str, tuple[int, int]] = {
     "describe_quorum": (0, 2),
     "add_raft_voter": (0, 0),
     "remove_raft_voter": (0, 0),
+    "update_raft_voter": (0, 0),
 }
 METADATA_TOPIC = "__cluster_metadata"
 # How long the controller may wait for a voter change to commit (AddRaftVoter's TimeoutMs).

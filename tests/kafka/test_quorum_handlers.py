@@ -14,7 +14,8 @@ import trio
 
 from raftlog.client import open_cluster
 from raftlog.client.cluster import Cluster
-from raftlog.client.quorum import QuorumAdmin
+from raftlog.client.connection import call_negotiated
+from raftlog.client.quorum import QUORUM_API_VERSIONS, QuorumAdmin
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.metadata.raft.describe import QuorumDescription, ReplicaProgress
@@ -152,3 +153,23 @@ async def test_fields_are_range_checked_and_the_cluster_id_must_match(
         await admin.remove_voter(1, cluster_id="another-cluster")
     assert caught.value.code == ErrorCode.inconsistent_cluster_id
     assert quorum.calls == []  # nothing out of range reached the quorum
+
+
+async def test_update_raft_voter(cluster: Cluster, quorum: ScriptedQuorum) -> None:
+    connection = await cluster.controller()
+    values = {
+        "cluster_id": CLUSTER_ID,
+        "current_leader_epoch": 3,
+        "voter_id": 2,
+        "voter_directory_id": None,
+        "listeners": [{"name": "CONTROLLER", "host": "h2-new", "port": 9102}],
+        "k_raft_version_feature": {"min_supported_version": 0, "max_supported_version": 1},
+    }
+    response = await call_negotiated(connection, "update_raft_voter", values, QUORUM_API_VERSIONS)
+    assert response.error_code == ErrorCode.none
+    assert quorum.calls == [
+        ("update", Voter(2, NO_DIRECTORY_ID, (Endpoint("CONTROLLER", "h2-new", 9102),)))
+    ]
+    values["listeners"] = []
+    response = await call_negotiated(connection, "update_raft_voter", values, QUORUM_API_VERSIONS)
+    assert response.error_code == ErrorCode.invalid_request
