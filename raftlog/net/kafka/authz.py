@@ -152,6 +152,9 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "describe_acls": (DESCRIBE_CLUSTER,),
         "describe_user_scram_credentials": (DESCRIBE_CLUSTER,),
         "alter_user_scram_credentials": (ALTER_CLUSTER,),
+        "alter_partition_reassignments": (ALTER_CLUSTER,),
+        "list_partition_reassignments": (DESCRIBE_CLUSTER,),
+        "elect_leaders": (ALTER_CLUSTER,),
         # Transactions (handlers_txn*.py); AddPartitionsToTxn v4+ is sent by brokers and
         # checked against CLUSTER_ACTION instead.
         "add_partitions_to_txn": (WRITE_TRANSACTIONAL_ID, WRITE_TOPIC, CLUSTER_ACTION),
