@@ -75,8 +75,10 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     # v3 (flexible) is what librdkafka asks for; v4 is left out until a client needs it.
     ApiKey.API_VERSIONS: (0, 3, handlers_core.handle_api_versions),
     # v3 is the first with record batch v2 (headers); librdkafka enables zstd only with
-    # Produce 7 + Fetch 10; v10 carries KIP-951 current_leader/node_endpoints. v11+
-    # (KIP-890 transactions, topic ids) not implemented.
+    # Produce 7 + Fetch 10; v10 carries KIP-951 current_leader/node_endpoints. v11 and v12
+    # (KIP-890 part 2: the leader adds the partition to the transaction) are registered by
+    # handlers_txn.register_txn_apis with the coordinator that serves them; v13 addresses
+    # topics by id.
     ApiKey.PRODUCE: (3, 10, handlers_core.handle_produce),
     # v12 is the last version addressing topics by name; v13+ needs topic ids in fetch.
     ApiKey.FETCH: (4, 12, handlers_fetch.handle_fetch),
