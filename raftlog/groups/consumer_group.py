@@ -85,6 +85,8 @@ class ConsumerGroup:
     target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
     # Partition counts of the subscribed topics the target was computed from.
     subscribed_partitions: dict[str, int] = field(default_factory=dict)
+    # Changed since last stored (consumer_format.py): the coordinator writes it and clears it.
+    dirty: bool = False
 
     # ------------------------------------------------------------------ views
     @property
@@ -159,6 +161,7 @@ class ConsumerGroup:
         if isinstance(member_or_error, ErrorCode):
             return ConsumerHeartbeatResponse(member_or_error, req.member_id or None)
         member = member_or_error
+        before = self._fingerprint(member)
         joining = req.member_epoch == JOIN_EPOCH
         sent = (member.member_epoch, member.assigned)
         if self._update_member(member, req, now_ms):
@@ -168,12 +171,28 @@ class ConsumerGroup:
         # As Kafka: the assignment goes back on a join, when it changed, and whenever the
         # member reported what it owns (so a lost response is repaired by the next one).
         changed = (member.member_epoch, member.assigned) != sent
+        # A session refresh alone is not stored: sessions restart when a group is loaded.
+        self.dirty |= self._fingerprint(member) != before
         return ConsumerHeartbeatResponse(
             ErrorCode.none,
             member.member_id,
             member.member_epoch,
             self.config.group_consumer_heartbeat_interval_ms,
             member.assigned if joining or changed or req.owned is not None else None,
+        )
+
+    def _fingerprint(self, member: ConsumerMember) -> tuple[object, ...]:
+        """What a heartbeat of `member` can change of the stored group."""
+        m = member
+        return (
+            self.group_epoch,
+            self.assignment_epoch,
+            len(self.members),
+            self.members.get(m.member_id) is m,
+            self.target.get(m.member_id),
+            (m.member_id, m.instance_id, m.rack_id, m.client_id, m.client_host),
+            (m.subscribed_topics, m.server_assignor, m.rebalance_timeout_ms, m.left_static),
+            (m.member_epoch, m.previous_member_epoch, m.state, m.assigned, m.pending_revocation),
         )
 
     def _leave(
@@ -187,6 +206,7 @@ class ConsumerGroup:
         if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
             # Kept (partitions reserved) until the instance rejoins or its session ends.
             member.left_static = True
+            self.dirty = True
             member.session_deadline_ms = now_ms + self.config.group_consumer_session_timeout_ms
             return ConsumerHeartbeatResponse(
                 ErrorCode.none, req.member_id, STATIC_LEAVE_EPOCH, 0, None
@@ -212,6 +232,7 @@ class ConsumerGroup:
                 previous.member_id = member_id
                 previous.left_static = False
                 self.members[member_id] = previous
+                self.dirty = True
                 return previous
         member = self.members.get(member_id)
         if member is not None:
@@ -236,6 +257,7 @@ class ConsumerGroup:
         )
         self.members[member_id] = member
         self.group_epoch += 1
+        self.dirty = True
         return member
 
     def _static_member(self, instance_id: str) -> ConsumerMember | None:
@@ -355,6 +377,7 @@ class ConsumerGroup:
         known partition counts unless new ones are given)."""
         self.members.pop(member_id, None)
         self.target.pop(member_id, None)
+        self.dirty = True
         self.group_epoch += 1
         self._refresh_target(
             self.subscribed_partitions if partition_counts is None else partition_counts

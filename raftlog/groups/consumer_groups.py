@@ -7,9 +7,9 @@ JoinGroup for a consumer group with members, is INCONSISTENT_GROUP_PROTOCOL; a g
 members (only committed offsets) changes protocol with its next member, keeping its offsets
 (Kafka's conversion of empty groups).
 
-The state lives in memory only: after a coordinator failover the members' heartbeats get
-UNKNOWN_MEMBER_ID and they rejoin with epoch 0, owning nothing, and resume from the committed
-offsets, which are in `__consumer_offsets` as for classic groups. Sans-IO.
+Each group is stored in `__consumer_offsets` as one record (consumer_format.py), written by
+the coordinator whenever a heartbeat, leave or timeout changed it; a new coordinator replays
+it and members carry on at their epochs. Sans-IO.
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ class ConsumerGroups:
         deadlines = [d for g in self.groups.values() if (d := g.next_deadline_ms()) is not None]
         return min(deadlines, default=None)
 
-    def tick(self, now_ms: int) -> None:
+    def tick(self, now_ms: int) -> list[str]:
+        """Expire members; returns the groups that changed (to be stored)."""
+        changed = []
         for group in self.groups.values():
             deadline_ms = group.next_deadline_ms()
             if deadline_ms is not None and deadline_ms <= now_ms:
@@ -96,6 +98,9 @@ class ConsumerGroups:
                         group.group_id,
                         member_id,
                     )
+                if group.dirty:
+                    changed.append(group.group_id)
+        return changed
 
     def listed(self, states: set[str]) -> list[ListedGroup]:
         return [

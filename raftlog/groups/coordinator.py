@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode
 from raftlog.groups import offsets_format as fmt
+from raftlog.groups.consumer_format import group_from_value as consumer_from_value
+from raftlog.groups.consumer_format import group_to_value as consumer_to_value
 from raftlog.groups.consumer_groups import ConsumerGroups
 from raftlog.groups.group import Group, GroupEffects, GroupState, StoreGroup, Token
 from raftlog.groups.group_codec import group_from_value, group_to_value
@@ -146,6 +148,13 @@ class _PendingTxnCommit:
 
 
 @dataclass
+class _PendingConsumerStore:
+    group_id: str
+    reply: tuple[Token, ConsumerHeartbeatResponse] | None
+    epoch: int
+
+
+@dataclass
 class _DeleteRequest:
     token: Token
     results: dict[str, ErrorCode]  # request order
@@ -177,7 +186,12 @@ class GroupCoordinator:
         # Bumped on every load and resign: a completion from an older ownership is stale.
         self._epochs: dict[int, int] = {}
         self._pending: dict[
-            int, _PendingStore | _PendingCommit | _PendingTxnCommit | _PendingDelete
+            int,
+            _PendingStore
+            | _PendingCommit
+            | _PendingTxnCommit
+            | _PendingDelete
+            | _PendingConsumerStore,
         ] = {}
         self._next_append_id = 0
         # Append order of committed offsets (see the module docstring); only compared
@@ -226,6 +240,15 @@ class GroupCoordinator:
         self._next_position += replayed.entries
         for group_id, value in replayed.groups.items():
             self._groups[group_id] = group_from_value(group_id, value, self.config, now_ms)
+        for group_id, cvalue in replayed.consumer_groups.items():
+            try:
+                cgroup = consumer_from_value(group_id, cvalue, self.config, now_ms)
+            except ValueError as exc:
+                # Its members get UNKNOWN_MEMBER_ID and rejoin; the offsets are kept.
+                log.error("offsets partition %d: not loading %s", partition, exc)
+                continue
+            self._groups.pop(group_id, None)
+            self.consumer.groups[group_id] = cgroup
         for key, committed in replayed.offsets.items():
             self._set_committed(key, committed, base + replayed.positions[key], now_ms)
         deferred = self._txn.load(
@@ -327,6 +350,7 @@ class GroupCoordinator:
                 code = ErrorCode.inconsistent_group_protocol
             else:
                 self.consumer.remove(req.group_id)  # empty: becomes a classic group
+                self._store_consumer(fx, req.group_id, None)
         group = self._groups.get(req.group_id)
         if code is ErrorCode.none and group is None:
             if req.member_id != UNKNOWN_MEMBER_ID:
@@ -358,25 +382,60 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ KIP-848
     def consumer_group_heartbeat(
-        self, req: ConsumerHeartbeatRequest, partition_counts: dict[str, int], now_ms: int
-    ) -> ConsumerHeartbeatResponse:
+        self,
+        token: Token,
+        req: ConsumerHeartbeatRequest,
+        partition_counts: dict[str, int],
+        now_ms: int,
+    ) -> Effects:
         """ConsumerGroupHeartbeat; `partition_counts` covers the topics the group and the
-        request subscribe to (consumer_subscriptions tells the caller which)."""
+        request subscribe to (consumer_subscriptions tells the caller which). Replies a
+        ConsumerHeartbeatResponse, once the group's record is replicated if it changed."""
+        fx = Effects()
         code = self._route_member_api(req.group_id)
-        if code is not ErrorCode.none:
-            return ConsumerHeartbeatResponse(code, req.member_id)
         classic = self._groups.get(req.group_id)
-        if classic is not None:
+        if code is ErrorCode.none and classic is not None:
             if classic.state not in (GroupState.EMPTY, GroupState.DEAD) or classic.members:
-                return ConsumerHeartbeatResponse(ErrorCode.inconsistent_group_protocol)
-            if classic.state is GroupState.DEAD:
-                return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
+                code = ErrorCode.inconsistent_group_protocol
+            elif classic.state is GroupState.DEAD:
+                code = ErrorCode.coordinator_not_available
+        if code is not ErrorCode.none:
+            fx.replies.append((token, ConsumerHeartbeatResponse(code, req.member_id or None)))
+            return fx
         total = len(self._groups) + len(self.consumer.groups)
         may_create = classic is not None or total < self.config.max_groups
         resp = self.consumer.heartbeat(req, partition_counts, now_ms, may_create)
-        if classic is not None and self.consumer.get(req.group_id) is not None:
-            del self._groups[req.group_id]  # an empty classic group, now a consumer group
-        return resp
+        group = self.consumer.get(req.group_id)
+        converted: list[Record] = []
+        if classic is not None and group is not None:
+            # An empty classic group, now a consumer group (its offsets stay).
+            del self._groups[req.group_id]
+            converted.append(fmt.group_tombstone(req.group_id))
+        if group is None or not group.dirty:
+            fx.replies.append((token, resp))
+            return fx
+        self._store_consumer(fx, req.group_id, (token, resp), converted)
+        return fx
+
+    def _store_consumer(
+        self,
+        fx: Effects,
+        group_id: str,
+        reply: tuple[Token, ConsumerHeartbeatResponse] | None,
+        before: list[Record] | None = None,
+    ) -> None:
+        """Append consumer group `group_id`'s record (a tombstone if it is gone), then
+        deliver `reply` (consumer_format.py)."""
+        partition = self.partition_for(group_id)
+        group = self.consumer.get(group_id)
+        records = list(before or ())
+        if group is None:
+            records.append(fmt.consumer_group_tombstone(group_id))
+        else:
+            group.dirty = False
+            records.append(fmt.consumer_group_record(group_id, consumer_to_value(group)))
+        pending = _PendingConsumerStore(group_id, reply, self._epochs.get(partition, 0))
+        self._append(fx, partition, records, pending)
 
     def consumer_subscriptions(self, group_id: str) -> set[str]:
         return self.consumer.subscribed_topics(group_id)
@@ -654,6 +713,7 @@ class GroupCoordinator:
         fx = Effects()
         results: dict[str, ErrorCode] = {}
         by_partition: dict[int, list[str]] = {}
+        was_consumer: set[str] = set()
         for group_id in group_ids:
             if group_id in results:
                 continue
@@ -665,6 +725,7 @@ class GroupCoordinator:
                 # An empty consumer group is deleted as an empty classic one (its offsets).
                 self.consumer.remove(group_id)
                 self._groups[group_id] = Group(group_id, self.config, now_ms)
+                was_consumer.add(group_id)
             group = self._groups.get(group_id)
             if code is ErrorCode.none:
                 if group is None or group.state is GroupState.DEAD:
@@ -689,6 +750,8 @@ class GroupCoordinator:
                 keys.update(self._inflight_keys.get(group_id, ()))
                 records.extend(fmt.offset_tombstone(k) for k in sorted(keys, key=_key_order))
                 records.append(fmt.group_tombstone(group_id))
+                if group_id in was_consumer:
+                    records.append(fmt.consumer_group_tombstone(group_id))
             pending = _PendingDelete(request, ids, self._epochs[partition])
             self._append(fx, partition, records, pending)
         return fx
@@ -707,6 +770,19 @@ class GroupCoordinator:
             return fx
         if isinstance(pending, _PendingDelete):
             self._finish_delete(fx, pending, code, now_ms)
+            return fx
+        if isinstance(pending, _PendingConsumerStore):
+            if pending.epoch != self._epochs.get(self.partition_for(pending.group_id)):
+                code = ErrorCode.not_coordinator
+            if code is not ErrorCode.none:
+                # The group in memory stays ahead of the log: the member retries (its
+                # previous epoch is accepted), a failover replays only what was written.
+                log.warning("storing consumer group %r failed: %s", pending.group_id, code.name)
+            if pending.reply is not None:
+                token, resp = pending.reply
+                if code is not ErrorCode.none:
+                    resp = ConsumerHeartbeatResponse(code, resp.member_id)
+                fx.replies.append((token, resp))
             return fx
         group = self._groups.get(pending.group_id)
         partition = self.partition_for(pending.group_id)
@@ -766,7 +842,8 @@ class GroupCoordinator:
 
     def tick(self, now_ms: int) -> Effects:
         fx = Effects()
-        self.consumer.tick(now_ms)
+        for group_id in self.consumer.tick(now_ms):
+            self._store_consumer(fx, group_id, None)
         for group in list(self._groups.values()):
             deadline_ms = group.next_deadline_ms()
             if deadline_ms is not None and deadline_ms <= now_ms:

@@ -168,9 +168,13 @@ class GroupCoordinatorShell:
     async def consumer_group_heartbeat(
         self, req: ConsumerHeartbeatRequest, partition_counts: dict[str, int]
     ) -> ConsumerHeartbeatResponse:
-        resp = self.coordinator.consumer_group_heartbeat(req, partition_counts, self._clock_ms())
-        self._wakeup.set()  # session deadlines moved
-        return resp
+        # Answered once the group's record is replicated, if the heartbeat changed it; the
+        # timer is woken in _apply (session deadlines moved).
+        return await self._call(
+            lambda token, now: self.coordinator.consumer_group_heartbeat(
+                token, req, partition_counts, now
+            )
+        )
 
     async def consumer_group_describe(
         self, group_ids: Iterable[str]

@@ -1,8 +1,10 @@
 """Records of the internal compacted topic `__consumer_offsets`.
 
-Two record kinds share the topic, told apart by the first element of the key:
+Three record kinds share the topic, told apart by the first element of the key:
 - offset commit:   key [1, group_id, topic, partition]  value {"v": 1, offset fields...}
 - group metadata:  key [2, group_id]                    value {"v": 1, group fields...}
+- consumer group:  key [3, group_id]                    value {"v": 1, KIP-848 group...}
+  (declared in consumer_format.py)
 A value of None is a tombstone: compaction eventually drops the key, replay deletes it.
 
 Transactional offset commits (KIP-98) are offset records in a transactional batch of the
@@ -25,6 +27,7 @@ from typing import Any, ClassVar
 
 from raftlog.codec import Array, Codec, DecodeError, Int32, Map
 from raftlog.errors import CorruptRecordError
+from raftlog.groups import consumer_format as cf
 
 OFFSET_KEY_KIND = 1
 GROUP_KEY_KIND = 2
@@ -146,9 +149,31 @@ def _decode(tp: Any, data: bytes, what: str) -> Any:
         raise OffsetsRecordError(f"{what}: {exc}") from None
 
 
-def decode_key(data: bytes) -> OffsetKey | GroupKey:
-    key: OffsetKey | GroupKey = _decode(OffsetKey | GroupKey, data, "offsets key")
+def decode_key(data: bytes) -> OffsetKey | GroupKey | cf.ConsumerGroupKey:
+    key: OffsetKey | GroupKey | cf.ConsumerGroupKey = _decode(
+        OffsetKey | GroupKey | cf.ConsumerGroupKey, data, "offsets key"
+    )
     return key
+
+
+def consumer_group_key(group_id: str) -> bytes:
+    return CODEC.encode(cf.ConsumerGroupKey(group_id))
+
+
+def consumer_group_record(group_id: str, value: cf.ConsumerGroupValue) -> Record:
+    return consumer_group_key(group_id), CODEC.encode(value)
+
+
+def consumer_group_tombstone(group_id: str) -> Record:
+    return consumer_group_key(group_id), None
+
+
+def decode_consumer_group_value(data: bytes) -> cf.ConsumerGroupValue:
+    value: cf.ConsumerGroupValue = _decode(cf.ConsumerGroupValue, data, "consumer group value")
+    problem = cf.check_value(value)
+    if problem is not None:
+        raise OffsetsRecordError(f"consumer group value: {problem}")
+    return value
 
 
 def decode_offset_value(data: bytes) -> CommittedOffset:
@@ -174,6 +199,7 @@ class ReplayedPartition:
     offsets: dict[OffsetKey, CommittedOffset]
     groups: dict[str, GroupMetadataValue]
     positions: dict[OffsetKey, int] = field(default_factory=dict)
+    consumer_groups: dict[str, cf.ConsumerGroupValue] = field(default_factory=dict)
     pending: dict[int, dict[OffsetKey, tuple[CommittedOffset, int]]] = field(default_factory=dict)
     entries: int = 0  # how many entries were replayed (positions are below it)
 
@@ -214,6 +240,11 @@ def replay(entries: Iterable[LogEntry]) -> ReplayedPartition:
             else:
                 out.offsets[key] = decode_offset_value(value_bytes)
                 out.positions[key] = position
+        elif isinstance(key, cf.ConsumerGroupKey):
+            if value_bytes is None:
+                out.consumer_groups.pop(key.group_id, None)
+            else:
+                out.consumer_groups[key.group_id] = decode_consumer_group_value(value_bytes)
         elif value_bytes is None:
             out.groups.pop(key.group_id, None)
         else:

@@ -1,10 +1,11 @@
 """KIP-848 reconciliation in the pure ConsumerGroup: epochs, revocation before assignment,
 leaving, timing out, fencing, static members, and the assignors' balance.
 
-The randomized test drives simulated clients through joins, leaves, crashes, lost responses,
-slow revocations and forged heartbeats in a seeded random order and checks, after every step,
-that no partition is held by two members (on the coordinator, and by what the clients were
-told), then that the group converges to a balanced, complete assignment.
+The randomized test drives simulated clients through joins, leaves, lost responses, slow
+revocations, coordinator failovers (the group replayed from its record) and forged
+heartbeats in a seeded random order and checks, after every step, that no partition is held
+by two members (on the coordinator, and by what the clients were told), then that the group
+converges to a balanced, complete assignment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from raftlog.errors import ErrorCode
+from raftlog.groups import offsets_format as fmt
 from raftlog.groups.assignors import range_assign, uniform_assign
+from raftlog.groups.consumer_format import group_from_value, group_to_value
 from raftlog.groups.consumer_group import ConsumerGroup, MemberState
 from raftlog.groups.messages import ConsumerHeartbeatRequest, ConsumerHeartbeatResponse
 from raftlog.groups.settings import GroupConfig
@@ -321,6 +324,9 @@ def run_random(seed: int, steps: int = 400) -> None:
             c = clients.pop(rng.choice(live))
             if c.joined:
                 assert g.beat(hb(c.member_id, -1)).error_code is ErrorCode.none
+        elif action < 0.15:
+            # A coordinator failover: the group comes back from its stored record.
+            g.group = replayed(g.group, g.now_ms)
         elif action < 0.2:
             # A forged heartbeat: a member's id, an epoch that is not its own.
             victim = g.group.members.get(rng.choice(live))
@@ -368,6 +374,16 @@ def run_random(seed: int, steps: int = 400) -> None:
         sizes = [len(c.owned) for c in clients.values()]
         assert max(sizes) - min(sizes) <= 1
         assert all(c.epoch == g.group.assignment_epoch for c in clients.values())
+
+
+def replayed(group: ConsumerGroup, now_ms: int) -> ConsumerGroup:
+    """`group` written to and replayed from `__consumer_offsets` records."""
+    record = fmt.consumer_group_record(group.group_id, group_to_value(group))
+    (value,) = fmt.replay([record]).consumer_groups.values()
+    back = group_from_value(group.group_id, value, group.config, now_ms)
+    assert back.describe() == group.describe()
+    assert back.subscribed_partitions == group.subscribed_partitions
+    return back
 
 
 def test_random_join_leave_ack_orders() -> None:
