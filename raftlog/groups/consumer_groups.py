@@ -72,6 +72,10 @@ class ConsumerGroups:
             if not may_create:
                 return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
             group = self.groups[req.group_id] = ConsumerGroup(req.group_id, self.config)
+            resp = group.heartbeat(req, partition_counts, now_ms, self._new_uuid())
+            if not group.members:
+                del self.groups[req.group_id]  # the join was refused: no group after all
+            return resp
         return group.heartbeat(req, partition_counts, now_ms, self._new_uuid())
 
     def remove(self, group_id: str) -> None:

@@ -63,6 +63,13 @@ def test_one_group_id_speaks_one_protocol() -> None:
     assert join(h, "b", "classic")[0] is ErrorCode.inconsistent_group_protocol
 
 
+def test_a_refused_join_leaves_no_group() -> None:
+    h = Harness()
+    resp = beat(h, ConsumerHeartbeatRequest(G, "a", 0, owned=frozenset()))
+    assert resp.error_code is ErrorCode.invalid_request
+    assert h.coord.list_groups().groups == ()
+
+
 def test_an_empty_group_changes_protocol_and_keeps_its_offsets() -> None:
     h = Harness()
     assert do_commit(h) == {ErrorCode.none}  # a standalone commit: an Empty classic group

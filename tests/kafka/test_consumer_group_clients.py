@@ -1,18 +1,21 @@
 """librdkafka's KIP-848 consumer (`group.protocol=consumer`) against the server on loopback,
 while an aiokafka classic group runs beside it.
 
-Two confluent-kafka consumers split a 4-partition topic through ConsumerGroupHeartbeat, each
-commits an offset per partition it owns (OffsetCommit v9 at its member epoch), one leaves,
-and the other takes over its partitions and resumes exactly at the offsets committed for
-them. The admin client then lists the group as a consumer-protocol group and reads its
-offsets. Meanwhile the aiokafka scenario of test_groups_clients.py (JoinGroup/SyncGroup)
-runs to completion on another topic and group of the same broker.
+Two confluent-kafka consumers split a 4-partition topic through ConsumerGroupHeartbeat; the
+coordinator then fails over (resigns its offsets partition and loads it again from the log)
+and both carry on at the same epochs with the same partitions; each commits an offset per
+partition it owns (OffsetCommit v9 at its member epoch), one leaves, and the other takes
+over its partitions and resumes exactly at the offsets committed for them. The admin client
+then lists the group as a consumer-protocol group and reads its offsets. Meanwhile the
+aiokafka scenario of test_groups_clients.py (JoinGroup/SyncGroup) runs to completion on
+another topic and group of the same broker.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,9 @@ async def gb(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[GroupBroker
     started.broker.backend.close()
 
 
-def _kip848_scenario(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
+def _kip848_scenario(
+    bootstrap: str, topic: str, group: str, failover: Callable[[], Any]
+) -> dict[str, Any]:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -103,6 +108,13 @@ def _kip848_scenario(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
         lambda: (drain("a", a), drain("b", b)),
     )
     split = (owned(a), owned(b))
+    epochs = failover()
+    # Heartbeats go on at the reloaded coordinator (several intervals' worth of polls).
+    deadline = time.monotonic() + 10 * HEARTBEAT_INTERVAL_MS / 1000
+    while time.monotonic() < deadline:
+        drain("a", a)
+        drain("b", b)
+    after_failover = (owned(a), owned(b))
     # Each commits an offset (distinct per partition) for what it owns, at its member epoch.
     for consumer in (a, b):
         consumer.commit(
@@ -135,6 +147,8 @@ def _kip848_scenario(bootstrap: str, topic: str, group: str) -> dict[str, Any]:
     a.close()
     return {
         "split": split,
+        "epochs": epochs,
+        "after_failover": after_failover,
         "resumed": resumed,
         "committed": {tp.partition: (tp.offset, tp.metadata) for tp in committed},
         "listed_type": str(getattr(listed[group], "type", "")),
@@ -151,9 +165,27 @@ def _offsets_request(group: str) -> Any:
 async def test_kip848_consumers_split_hand_over_and_resume(gb: GroupBroker) -> None:
     results: dict[str, Any] = {}
 
+    group = "k848-group"
+    coordinator = gb.service.shell.coordinator
+
+    def member_epochs() -> dict[str, int]:
+        cg = coordinator.consumer.get(group)
+        assert cg is not None
+        return {m.member_id: m.member_epoch for m in cg.members.values()}
+
+    async def reload() -> tuple[dict[str, int], dict[str, int]]:
+        before = member_epochs()
+        partition = coordinator.partition_for(group)
+        gb.service.shell.resign(partition)
+        await gb.service.shell.become_coordinator(partition)
+        return before, member_epochs()
+
+    def failover() -> Any:
+        return trio.from_thread.run(reload)
+
     async def kip848() -> None:
         results["kip848"] = await _in_thread(
-            lambda: _kip848_scenario(gb.bootstrap, "k848-topic", "k848-group")
+            lambda: _kip848_scenario(gb.bootstrap, "k848-topic", group, failover)
         )
 
     async def classic() -> None:
@@ -167,6 +199,9 @@ async def test_kip848_consumers_split_hand_over_and_resume(gb: GroupBroker) -> N
 
     r = results["kip848"]
     assert is_split(*r["split"]), r["split"]
+    before, reloaded = r["epochs"]
+    assert reloaded == before and len(before) == 2  # replayed from __consumer_offsets
+    assert r["after_failover"] == r["split"]
     # The survivor starts the partitions it took over exactly at the offsets committed there.
     assert r["resumed"] == {
         p: (COMMITTED[p], expected_value(p, COMMITTED[p])) for p in r["split"][1]
