@@ -131,10 +131,10 @@ class BrokerBackend:
         timeout_ms: int,
         producer: object = None,
     ) -> ProduceResult:
-        """The replication layer's produce, unless this broker's session lease lapsed: cut
-        off from the controller for a session, it may have been replaced as leader, and
-        NOT_LEADER_OR_FOLLOWER is what sends a client to ask someone else."""
-        if self.lease_lapsed():
+        """The replication layer's produce, unless this broker gave up leading the partition
+        (stepped_down): cut off from the controller for a session, it may have been
+        replaced, and NOT_LEADER_OR_FOLLOWER is what sends a client to ask someone else."""
+        if self.stepped_down(topic, partition):
             return ProduceResult(
                 ErrorCode.not_leader_or_follower,
                 error_message="this broker lost contact with the controller",
@@ -142,17 +142,54 @@ class BrokerBackend:
         return await self._produce(topic, partition, records, acks, timeout_ms, producer)
 
     def lease_lapsed(self) -> bool:
-        """This broker must not act as a leader now (BrokerLifecycle.lease_lapsed)."""
+        """No heartbeat of this broker was answered for a session (BrokerLifecycle)."""
         return self.lifecycle is not None and self.lifecycle.lease_lapsed()
+
+    def stepped_down(self, topic: str, partition: int) -> bool:
+        """Whether this broker must not act as the partition's leader now: its lease lapsed
+        and nothing says it still leads. Its followers still fetching from it does: they
+        have not been told of another leader, so the controller has not replaced it (the
+        controller itself may be what is silent: a paused or cut-off controller must not
+        stop every broker). Nor can it be replaced when no other replica is in sync."""
+        return self.lease_lapsed() and not self._still_followed((topic, partition))
+
+    def _still_followed(self, key: tuple[str, int]) -> bool:
+        replicas = self._replica_manager.replicas
+        hosted = replicas.partitions.get(key)
+        leader = None if hosted is None else hosted.replica.leader
+        if leader is None:
+            return False
+        others = leader.isr - {self.config.node_id}
+        if not others:
+            return True
+        # A follower fetches again at once after each answer, and an answer waits at most
+        # replica_fetch_wait_max_ms: a heartbeat interval on top of that is quiet enough.
+        window_ms = self.config.replica_fetch_wait_max_ms + self.config.broker_heartbeat_interval_ms
+        since_ms = replicas.clock_ms() - window_ms
+        return any(
+            progress.last_fetch_time_ms >= since_ms
+            for replica_id, progress in leader.followers.items()
+            if replica_id in others
+        )
+
+    def _cut_off(self) -> bool:
+        """Lapsed, and no partition it leads is still followed: nobody reaches it."""
+        if not self.lease_lapsed():
+            return False
+        partitions = self._replica_manager.replicas.partitions
+        return not any(
+            hosted.replica.leader is not None and self._still_followed(key)
+            for key, hosted in list(partitions.items())
+        )
 
     def _lease_changed(self, lapsed: bool) -> None:
         if not lapsed:
             return
-        # Produces already parked here wait for followers that may now follow another
-        # leader: answer them now rather than at their timeout.
+        # Produces already parked on a partition it gives up wait for followers that may
+        # now follow another leader: answer them now rather than at their timeout.
         replicas = self._replica_manager.replicas
         for key, hosted in list(replicas.partitions.items()):
-            if hosted.replica.leader is not None:
+            if hosted.replica.leader is not None and not self._still_followed(key):
                 replicas.fail_waiters(key)
 
     # ---------------------------------------------------------------- cluster view
@@ -182,14 +219,14 @@ class BrokerBackend:
         return self.config.node_id
 
     def brokers(self) -> Sequence[BrokerInfo]:
-        # A broker whose lease lapsed counts itself fenced, as the controller is about to:
-        # left out, it is no client's choice for the next metadata request either (a client
-        # asks a broker it is connected to, and this one's view is stale).
-        lapsed = self.lease_lapsed()
+        # A broker cut off from everyone counts itself fenced, as the controller is about
+        # to: left out, it is no client's choice for the next metadata request either (a
+        # client asks a broker it is connected to, and this one's view is stale).
+        cut_off = self._cut_off()
         return [
             BrokerInfo(b, *reg.client_endpoint, reg.rack)
             for b, reg in sorted(self.image.brokers.items())
-            if not reg.fenced and not (lapsed and b == self.config.node_id)
+            if not reg.fenced and not (cut_off and b == self.config.node_id)
         ]
 
     def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:
@@ -201,17 +238,24 @@ class BrokerBackend:
         # broker's own that lost or damaged data or sit on a failed disk (KIP-966's unsafe
         # replicas). Each broker knows only its own: `raftlog cluster status` asks them all.
         unsafe_here = set(self._unsafe_partitions())
-        # A broker whose lease lapsed names no leader where its image says it leads: the
+        # A broker that stepped down names no leader where its image says it leads: the
         # controller may have elected another, and a client told "this broker" would come
         # straight back (Kafka: LEADER_NOT_AVAILABLE makes it ask again shortly).
-        not_leading = self.config.node_id if self.lease_lapsed() else None
+        lapsed = self.lease_lapsed()
         out = []
         for name in wanted:
             topic = by_name[name]
+            stepped_down = {
+                index
+                for index, state in topic.partitions.items()
+                if lapsed
+                and state.leader == self.config.node_id
+                and not self._still_followed((name, index))
+            }
             partitions = [
                 PartitionInfo(
                     index,
-                    NO_LEADER if state.leader == not_leading else state.leader,
+                    NO_LEADER if index in stepped_down else state.leader,
                     state.leader_epoch,
                     tuple(state.replicas),
                     tuple(state.isr),
@@ -222,7 +266,7 @@ class BrokerBackend:
                         or (r == self.config.node_id and (topic.topic_id, index) in unsafe_here)
                     ),
                     ErrorCode.leader_not_available
-                    if state.leader in (NO_LEADER, not_leading)
+                    if state.leader == NO_LEADER or index in stepped_down
                     else ErrorCode.none,
                 )
                 for index, state in sorted(topic.partitions.items())

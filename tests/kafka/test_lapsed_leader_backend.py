@@ -1,8 +1,12 @@
 """What a broker whose session lease lapsed tells clients: NOT_LEADER_OR_FOLLOWER to every
 produce, no leader where its (stale) image names itself, itself left out of the brokers, and
-produces already parked on its partitions answered at the lapse."""
+produces already parked on its partitions answered at the lapse; unless its followers still
+fetch from it (then the controller, not this broker, is what is cut off) or no other replica
+is in sync (nobody could replace it)."""
 
 from types import SimpleNamespace
+
+import pytest
 
 from raftlog.broker import BrokerBackend
 from raftlog.config import NodeConfig
@@ -28,7 +32,23 @@ class _Lifecycle:
             listener(True)
 
 
-def _backend():
+NOW_MS = 100_000
+# A follower fetch this long ago still counts (replica_fetch_wait_max_ms + heartbeat interval).
+RECENT_MS = 100
+LONG_AGO_MS = 5_000
+
+
+def _leader(isr: set[int], last_fetch_ago_ms: int | None) -> SimpleNamespace:
+    followers = {
+        r: SimpleNamespace(
+            last_fetch_time_ms=-1 if last_fetch_ago_ms is None else NOW_MS - last_fetch_ago_ms
+        )
+        for r in (2, 3)
+    }
+    return SimpleNamespace(isr=frozenset(isr), followers=followers)
+
+
+def _backend(isr: frozenset[int] = frozenset({1, 2, 3}), last_fetch_ago_ms: int | None = None):
     controller = cluster(3)
     create(controller, "t", partitions=2, rf=3)
     image = controller.image
@@ -39,7 +59,7 @@ def _backend():
         produced.append(args)
         return ProduceResult(base_offset=0)
 
-    leading = SimpleNamespace(replica=SimpleNamespace(leader=object()))
+    leading = SimpleNamespace(replica=SimpleNamespace(leader=_leader(set(isr), last_fetch_ago_ms)))
     following = SimpleNamespace(replica=SimpleNamespace(leader=None))
     replicas = SimpleNamespace(
         writes=SimpleNamespace(produce=produce),
@@ -48,6 +68,7 @@ def _backend():
             data_event=None,
             partitions={("t", 0): leading, ("t", 1): following},
             fail_waiters=failed.append,
+            clock_ms=lambda: NOW_MS,
         ),
         unsafe_partitions=tuple,
     )
@@ -68,8 +89,9 @@ def _leaders(backend) -> dict[int, tuple[int, ErrorCode]]:
     return {p.partition: (p.leader_id, p.error) for p in topic.partitions}
 
 
-async def test_a_lapsed_broker_refuses_produces_and_names_no_leader_of_its_own():
-    backend, lifecycle, produced, failed = _backend()
+@pytest.mark.parametrize("last_fetch_ago_ms", [None, LONG_AGO_MS])
+async def test_a_lapsed_broker_refuses_produces_and_names_no_leader_of_its_own(last_fetch_ago_ms):
+    backend, lifecycle, produced, failed = _backend(last_fetch_ago_ms=last_fetch_ago_ms)
     before = _leaders(backend)
     assert NODE_ID in {leader for leader, _ in before.values()}, before
     assert NODE_ID in {b.node_id for b in backend.brokers()}
@@ -91,6 +113,24 @@ async def test_a_lapsed_broker_refuses_produces_and_names_no_leader_of_its_own()
     # It counts itself fenced: a client's next metadata request goes to another broker.
     assert NODE_ID not in {b.node_id for b in backend.brokers()}
     assert {b.node_id for b in backend.brokers()} == {2, 3}
+
+
+@pytest.mark.parametrize(
+    ("isr", "last_fetch_ago_ms"),
+    [(frozenset({1, 2, 3}), RECENT_MS), (frozenset({1}), None)],
+    ids=["followers-still-fetch", "no-other-replica-in-sync"],
+)
+async def test_a_lapsed_broker_keeps_a_partition_nobody_could_have_taken(isr, last_fetch_ago_ms):
+    """Followers still fetching have not been told of another leader (a silent controller,
+    not a cut-off leader); an ISR of this broker alone has no one to elect."""
+    backend, lifecycle, produced, failed = _backend(isr, last_fetch_ago_ms)
+    before = _leaders(backend)
+    lifecycle.lapse()
+    assert failed == []
+    assert (await backend.produce("t", 0, b"x", -1, 1000)).error == ErrorCode.none
+    assert len(produced) == 1
+    assert _leaders(backend) == before
+    assert NODE_ID in {b.node_id for b in backend.brokers()}
 
 
 async def test_a_broker_without_a_lifecycle_serves_as_before():
