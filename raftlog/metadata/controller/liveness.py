@@ -1,8 +1,8 @@
 """What this node's internal connections say about brokers, fed to the active controller.
 
 A broker that is `kill -9`'d stops heartbeating, but the controller would only notice when
-its session expires (broker_session_timeout_ms, 9 s by default): the whole time, producers
-wait on a leader that is gone. Its process being gone is visible much sooner: the connection
+its session expires (broker_session_timeout_ms): the whole time, producers wait on a leader
+that is gone. Its process being gone is visible much sooner: the connection
 this node keeps to its internal listener breaks and every reconnect is refused (PeerSet's
 unreachable signal, which the Raft driver already uses to elect sooner). This driver keeps
 such a connection to every registered broker while this node is the active controller, and
