@@ -1,10 +1,13 @@
-"""Consumer-group coordinator: Kafka's classic group protocol and committed offsets.
+"""Consumer-group coordinator: Kafka's classic group protocol, the consumer group protocol
+(KIP-848) and committed offsets.
 
 group.py is one group's pure state machine (group_members.py its member bookkeeping),
 coordinator.py routes requests for the offsets partitions this broker leads and owns
 committed offsets, txn_offsets.py the transactional offsets awaiting their transaction's
 marker, offsets_format.py is the `__consumer_offsets` record format, coordinator_shell.py is
-the trio driver. See docs/groups.md.
+the trio driver. KIP-848: consumer_group.py (one group: epochs, reconciliation),
+assignors.py, consumer_groups.py, consumer_coordinator.py, consumer_format.py. See
+docs/groups.md.
 
 Rules of this package: group.py and coordinator.py are sans-IO (requests and the time in,
 replies and offsets-topic appends out); only coordinator_shell.py and node_service.py do I/O.

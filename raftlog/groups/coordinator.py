@@ -18,6 +18,9 @@ it meets in the log; offsets whose marker is not in the log yet stay pending. Ev
 offset remembers its position in the partition's append order, so a transaction's offsets never
 replace a plain commit written after them (the order of the log, not of the markers).
 
+KIP-848 (consumer protocol) groups are served by the ConsumerProtocol mixin
+(consumer_coordinator.py) with the same routing, appends and committed offsets.
+
 Every method takes `now_ms` and returns Effects (replies to deliver by token, appends to
 perform); the trio shell (coordinator_shell.py) performs them.
 """
@@ -28,22 +31,19 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
 from raftlog.groups import offsets_format as fmt
-from raftlog.groups.consumer_format import group_from_value as consumer_from_value
-from raftlog.groups.consumer_format import group_to_value as consumer_to_value
+from raftlog.groups.consumer_coordinator import ConsumerProtocol, _PendingConsumerStore
 from raftlog.groups.consumer_groups import ConsumerGroups
+from raftlog.groups.effects import Append, Effects, TxnProducer, map_append_error
 from raftlog.groups.group import Group, GroupEffects, GroupState, StoreGroup, Token
 from raftlog.groups.group_codec import group_from_value, group_to_value
 from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.messages import (
     UNKNOWN_MEMBER_ID,
-    ConsumerHeartbeatRequest,
-    ConsumerHeartbeatResponse,
     DeleteGroupResult,
-    DescribedConsumerGroup,
     DescribedGroup,
     FetchedOffset,
     FetchedTopic,
@@ -73,53 +73,6 @@ from raftlog.groups.txn_offsets import PendingTxnOffsets, validate_txn_commit
 
 log = logging.getLogger(__name__)
 
-# How append failures surface to clients (Kafka's GroupMetadataManager mapping): retriable
-# ones become "find the coordinator / retry", a lost leadership becomes NOT_COORDINATOR.
-_APPEND_ERROR_MAP = {
-    ErrorCode.unknown_topic_or_partition: ErrorCode.coordinator_not_available,
-    ErrorCode.not_enough_replicas: ErrorCode.coordinator_not_available,
-    ErrorCode.not_enough_replicas_after_append: ErrorCode.coordinator_not_available,
-    ErrorCode.request_timed_out: ErrorCode.coordinator_not_available,
-    ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
-    ErrorCode.kafka_storage_error: ErrorCode.not_coordinator,
-    ErrorCode.message_too_large: ErrorCode.invalid_commit_offset_size,
-    ErrorCode.record_list_too_large: ErrorCode.invalid_commit_offset_size,
-    ErrorCode.invalid_fetch_size: ErrorCode.invalid_commit_offset_size,
-}
-
-
-def map_append_error(code: ErrorCode) -> ErrorCode:
-    return _APPEND_ERROR_MAP.get(code, code)
-
-
-@dataclass(frozen=True)
-class TxnProducer:
-    """Whose transaction an append belongs to: the records go in a transactional batch of
-    this producer id and epoch (the transactional id lets the log verify, KIP-890, that the
-    offsets partition is in the producer's ongoing transaction)."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-
-
-@dataclass(frozen=True)
-class Append:
-    """Append `records` to `__consumer_offsets` partition `partition` with acks=all, then call
-    GroupCoordinator.on_append_done(append_id, error_code, now_ms). With `txn`, the records
-    are one transactional batch of that producer, never batched with anyone else's."""
-
-    append_id: int
-    partition: int
-    records: list[Record]
-    txn: TxnProducer | None = None
-
-
-@dataclass
-class Effects:
-    replies: list[tuple[Token, object]] = field(default_factory=list)
-    appends: list[Append] = field(default_factory=list)
-
 
 @dataclass
 class _PendingStore:
@@ -148,13 +101,6 @@ class _PendingTxnCommit:
 
 
 @dataclass
-class _PendingConsumerStore:
-    group_id: str
-    reply: tuple[Token, ConsumerHeartbeatResponse] | None
-    epoch: int
-
-
-@dataclass
 class _DeleteRequest:
     token: Token
     results: dict[str, ErrorCode]  # request order
@@ -168,7 +114,7 @@ class _PendingDelete:
     epoch: int
 
 
-class GroupCoordinator:
+class GroupCoordinator(ConsumerProtocol):
     def __init__(
         self,
         config: GroupConfig,
@@ -199,7 +145,7 @@ class GroupCoordinator:
         self._positions: dict[OffsetKey, int] = {}
         self._next_position = 0
         self._txn = PendingTxnOffsets()
-        # KIP-848 groups (in memory; see consumer_groups.py).
+        # KIP-848 groups (consumer_coordinator.py serves them).
         self.consumer = ConsumerGroups(config, new_uuid)
 
     # ------------------------------------------------------------------ ownership
@@ -240,15 +186,7 @@ class GroupCoordinator:
         self._next_position += replayed.entries
         for group_id, value in replayed.groups.items():
             self._groups[group_id] = group_from_value(group_id, value, self.config, now_ms)
-        for group_id, cvalue in replayed.consumer_groups.items():
-            try:
-                cgroup = consumer_from_value(group_id, cvalue, self.config, now_ms)
-            except ValueError as exc:
-                # Its members get UNKNOWN_MEMBER_ID and rejoin; the offsets are kept.
-                log.error("offsets partition %d: not loading %s", partition, exc)
-                continue
-            self._groups.pop(group_id, None)
-            self.consumer.groups[group_id] = cgroup
+        self._load_consumer_groups(partition, replayed, now_ms)
         for key, committed in replayed.offsets.items():
             self._set_committed(key, committed, base + replayed.positions[key], now_ms)
         deferred = self._txn.load(
@@ -379,76 +317,6 @@ class GroupCoordinator:
             return fx
         self._absorb(fx, group, group.sync(token, req, now_ms), now_ms)
         return fx
-
-    # ------------------------------------------------------------------ KIP-848
-    def consumer_group_heartbeat(
-        self,
-        token: Token,
-        req: ConsumerHeartbeatRequest,
-        partition_counts: dict[str, int],
-        now_ms: int,
-    ) -> Effects:
-        """ConsumerGroupHeartbeat; `partition_counts` covers the topics the group and the
-        request subscribe to (consumer_subscriptions tells the caller which). Replies a
-        ConsumerHeartbeatResponse, once the group's record is replicated if it changed."""
-        fx = Effects()
-        code = self._route_member_api(req.group_id)
-        classic = self._groups.get(req.group_id)
-        if code is ErrorCode.none and classic is not None:
-            if classic.state not in (GroupState.EMPTY, GroupState.DEAD) or classic.members:
-                code = ErrorCode.inconsistent_group_protocol
-            elif classic.state is GroupState.DEAD:
-                code = ErrorCode.coordinator_not_available
-        if code is not ErrorCode.none:
-            fx.replies.append((token, ConsumerHeartbeatResponse(code, req.member_id or None)))
-            return fx
-        total = len(self._groups) + len(self.consumer.groups)
-        may_create = classic is not None or total < self.config.max_groups
-        resp = self.consumer.heartbeat(req, partition_counts, now_ms, may_create)
-        group = self.consumer.get(req.group_id)
-        converted: list[Record] = []
-        if classic is not None and group is not None:
-            # An empty classic group, now a consumer group (its offsets stay).
-            del self._groups[req.group_id]
-            converted.append(fmt.group_tombstone(req.group_id))
-        if group is None or not group.dirty:
-            fx.replies.append((token, resp))
-            return fx
-        self._store_consumer(fx, req.group_id, (token, resp), converted)
-        return fx
-
-    def _store_consumer(
-        self,
-        fx: Effects,
-        group_id: str,
-        reply: tuple[Token, ConsumerHeartbeatResponse] | None,
-        before: list[Record] | None = None,
-    ) -> None:
-        """Append consumer group `group_id`'s record (a tombstone if it is gone), then
-        deliver `reply` (consumer_format.py)."""
-        partition = self.partition_for(group_id)
-        group = self.consumer.get(group_id)
-        records = list(before or ())
-        if group is None:
-            records.append(fmt.consumer_group_tombstone(group_id))
-        else:
-            group.dirty = False
-            records.append(fmt.consumer_group_record(group_id, consumer_to_value(group)))
-        pending = _PendingConsumerStore(group_id, reply, self._epochs.get(partition, 0))
-        self._append(fx, partition, records, pending)
-
-    def consumer_subscriptions(self, group_id: str) -> set[str]:
-        return self.consumer.subscribed_topics(group_id)
-
-    def consumer_group_describe(self, group_ids: Iterable[str]) -> list[DescribedConsumerGroup]:
-        out = []
-        for group_id in group_ids:
-            code = self._route(group_id)
-            if code is not ErrorCode.none:
-                out.append(DescribedConsumerGroup(group_id, code))
-            else:
-                out.extend(self.consumer.describe([group_id]))
-        return out
 
     def heartbeat(self, req: HeartbeatRequest, now_ms: int) -> HeartbeatResponse:
         code = self._route_member_api(req.group_id)
@@ -772,17 +640,7 @@ class GroupCoordinator:
             self._finish_delete(fx, pending, code, now_ms)
             return fx
         if isinstance(pending, _PendingConsumerStore):
-            if pending.epoch != self._epochs.get(self.partition_for(pending.group_id)):
-                code = ErrorCode.not_coordinator
-            if code is not ErrorCode.none:
-                # The group in memory stays ahead of the log: the member retries (its
-                # previous epoch is accepted), a failover replays only what was written.
-                log.warning("storing consumer group %r failed: %s", pending.group_id, code.name)
-            if pending.reply is not None:
-                token, resp = pending.reply
-                if code is not ErrorCode.none:
-                    resp = ConsumerHeartbeatResponse(code, resp.member_id)
-                fx.replies.append((token, resp))
+            self._finish_consumer_store(fx, pending, code)
             return fx
         group = self._groups.get(pending.group_id)
         partition = self.partition_for(pending.group_id)
