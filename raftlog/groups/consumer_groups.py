@@ -18,6 +18,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 
+from raftlog.client.consumer_protocol import Subscription, encode_assignment, encode_subscription
 from raftlog.errors import ErrorCode
 from raftlog.groups.consumer_group import ConsumerGroup
 from raftlog.groups.messages import (
@@ -124,13 +125,22 @@ class ConsumerGroups:
         return out
 
     def describe_classic(self, group_id: str) -> DescribedGroup | None:
-        """DescribeGroups (the classic API) of a consumer group: state, protocol type and
-        members, without classic metadata and assignment bytes."""
+        """DescribeGroups (the classic API) of a consumer group: state, protocol type "consumer"
+        and members, whose metadata and assignment are the classic consumer protocol's
+        encodings of their subscription and current partitions (what a classic client's admin
+        tool decodes for protocol type "consumer")."""
         group = self.groups.get(group_id)
         if group is None:
             return None
         members = tuple(
-            DescribedMember(m.member_id, m.instance_id, m.client_id, m.client_host, b"", b"")
+            DescribedMember(
+                m.member_id,
+                m.instance_id,
+                m.client_id,
+                m.client_host,
+                encode_subscription(Subscription(m.subscribed_topics)),
+                encode_assignment(m.assigned),
+            )
             for m in group.members.values()
         )
         return DescribedGroup(

@@ -14,6 +14,7 @@ import pytest
 import trio
 from kio.schema.errors import ErrorCode
 
+from raftlog.client.consumer_protocol import decode_assignment, decode_subscription
 from raftlog.groups.service import InProcessGroupService
 from raftlog.groups.settings import GroupConfig
 from raftlog.metadata.controller.messages import NewTopic
@@ -222,7 +223,13 @@ async def test_describe_list_commit_and_protocol_conflict(
         ("cg2", "consumer", "consumer")
     ]
     classic_view = await call(client, ApiKey.DESCRIBE_GROUPS, 5, groups=("cg2",))
-    assert classic_view.groups[0].protocol_type == "consumer"
+    (described_group,) = classic_view.groups
+    assert (described_group.protocol_type, described_group.group_state) == ("consumer", "Stable")
+    (classic_member,) = described_group.members
+    assert decode_subscription(classic_member.member_metadata).topics == (TOPIC,)
+    assert decode_assignment(classic_member.member_assignment) == {
+        (TOPIC, p) for p in range(PARTITIONS)
+    }
 
     async def commit(epoch: int, member_id: str = "a") -> ErrorCode:
         topic = nested(
