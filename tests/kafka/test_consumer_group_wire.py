@@ -281,3 +281,36 @@ async def test_describe_list_commit_and_protocol_conflict(
 def _commit_partition(**values: Any) -> Any:
     topic_cls = item_class(request_class(ApiKey.OFFSET_COMMIT, 9), "topics")
     return make(item_class(topic_cls, "partitions"), committed_metadata=None, **values)
+
+
+async def test_static_member_restarts_without_a_rebalance(
+    gb: GroupBroker, client: WireClient
+) -> None:
+    a = await heartbeat(client, gb, "a-1", 0, group="static", instance_id="host-a")
+    b = await heartbeat(client, gb, "b-1", 0, group="static", instance_id="host-b")
+    assert a.error_code == b.error_code == ErrorCode.none
+    # b leaves for a while (-2): its partitions stay reserved for host-b.
+    away = await heartbeat(client, gb, "b-1", -2, group="static", instance_id="host-b")
+    assert (away.error_code, away.member_epoch) == (ErrorCode.none, -2)
+    epoch_before = (await describe_one(client, "static")).group_epoch
+    # Another process cannot take host-a's id while host-a is live.
+    clash = await heartbeat(client, gb, "a-2", 0, group="static", instance_id="host-a")
+    assert clash.error_code == ErrorCode.unreleased_instance_id
+    # host-b comes back under a new member id and gets its old epoch and target back.
+    back = await heartbeat(client, gb, "b-2", 0, group="static", instance_id="host-b")
+    assert back.error_code == ErrorCode.none and back.member_id == "b-2"
+    described = await describe_one(client, "static")
+    assert {m.member_id: m.instance_id for m in described.members} == {
+        "a-1": "host-a",
+        "b-2": "host-b",
+    }
+    assert described.group_epoch == epoch_before  # no rebalance
+    assert assigned(back, gb) is not None
+
+
+async def describe_one(client: WireClient, group: str) -> Any:
+    response = await call(
+        client, CONSUMER_GROUP_DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False
+    )
+    (described,) = response.groups
+    return described
