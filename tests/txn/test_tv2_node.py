@@ -306,7 +306,11 @@ async def _commit_offset(groups: WireClient, pid: int, epoch: int, offset: int) 
         )
     )
     ((code,),) = [[p.error_code for p in t.partitions] for t in response.topics]
-    assert code in (ErrorCode.none, ErrorCode.coordinator_load_in_progress), code
+    # Retriable while the offsets topic is new: the node FindCoordinator named may not yet
+    # know it leads the group's partition (its image lags the one that answered), or its
+    # group coordinator is still loading.
+    retriable = (ErrorCode.coordinator_load_in_progress, ErrorCode.not_coordinator)
+    assert code == ErrorCode.none or code in retriable, code
     return code == ErrorCode.none
 
 

@@ -44,7 +44,6 @@ from raftlog.net.kafka.handlers_txn_offsets import TXN_OFFSET_COMMIT_TV2_SINCE, 
 from raftlog.net.kafka.handlers_txn_partitions import (
     MAX_PARTITIONS_PER_REQUEST,
     by_topic,
-    existing_partitions,
     handle_describe_producers,
     handle_write_txn_markers,
     partition_count,
@@ -54,7 +53,7 @@ from raftlog.net.kafka.handlers_txn_partitions import (
     valid_producer,
     valid_transactional_id,
 )
-from raftlog.net.kafka.handlers_util import guarded, to_ms
+from raftlog.net.kafka.handlers_util import guarded, partition_counts, to_ms
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn.log_format import (
     NO_PRODUCER_EPOCH,
@@ -261,7 +260,7 @@ class TxnHandlers:
                     request_pairs(topics, "partitions"),
                 )
             ]
-        existing = existing_partitions(ctx, (topic for *_, pairs in entries for topic, _ in pairs))
+        existing = partition_counts(ctx, (topic for *_, pairs in entries for topic, _ in pairs))
         answers: list[dict[TopicPartitionKey, ErrorCode] | None] = []
         asked: list[AddPartitionsTxn] = []
         asked_at: list[int] = []

@@ -27,7 +27,6 @@ registered handler with it and raises the range to v5.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 from raftlog.errors import ErrorCode
@@ -37,6 +36,7 @@ from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_txn_partitions import valid_producer, valid_transactional_id
+from raftlog.net.kafka.handlers_util import partition_counts
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn.messages import AddOffsetsToTxnRequest
 from raftlog.txn.service import TxnService
@@ -114,12 +114,12 @@ class TxnOffsetHandlers:
             return _response(dict.fromkeys(requested, code))
         errors: dict[TopicPartition, ErrorCode] = dict.fromkeys(requested, ErrorCode.none)
         readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in topics))
-        partition_counts = _partition_counts(ctx, readable)
+        counts = partition_counts(ctx, readable)
         accepted: dict[str, list[m.OffsetCommitPartition]] = {}
         for topic in topics:
             for p in topic.partitions:
                 key = (topic.name, int(p.partition_index))
-                code = _check_partition(topic.name, p, readable, partition_counts)
+                code = _check_partition(topic.name, p, readable, counts)
                 if code is not ErrorCode.none:
                     errors[key] = code
                     continue
@@ -213,14 +213,6 @@ def _refuse(ctx: RequestContext, what: str) -> None:
         ctx.connection.peer,
         what,
     )
-
-
-def _partition_counts(ctx: RequestContext, names: Iterable[str]) -> dict[str, int]:
-    """topic -> partition count, for the named topics that exist."""
-    wanted = list(dict.fromkeys(names))
-    if not wanted:
-        return {}
-    return {t.name: len(t.partitions) for t in ctx.backend.topics(wanted)}
 
 
 def _check_partition(

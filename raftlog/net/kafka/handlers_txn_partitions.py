@@ -25,7 +25,7 @@ from raftlog.net.kafka.backend import (
     TxnMarkerWrite,
 )
 from raftlog.net.kafka.context import RequestContext
-from raftlog.net.kafka.handlers_util import guarded
+from raftlog.net.kafka.handlers_util import guarded, partition_counts
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn.log_format import (
     MAX_PRODUCER_EPOCH,
@@ -70,14 +70,6 @@ def request_pairs(topics: Iterable[Any], field: str) -> list[TopicPartitionKey]:
 
 def partition_count(topics: Iterable[Any], field: str) -> int:
     return sum(len(getattr(t, field)) for t in topics)
-
-
-def existing_partitions(ctx: RequestContext, names: Iterable[str]) -> dict[str, int]:
-    """topic -> partition count, for the named topics that exist."""
-    wanted = list(dict.fromkeys(names))
-    if not wanted:
-        return {}
-    return {t.name: len(t.partitions) for t in ctx.backend.topics(wanted)}
 
 
 def partition_exists(partitions: dict[str, int], key: TopicPartitionKey) -> bool:
@@ -127,7 +119,7 @@ async def handle_write_txn_markers(ctx: RequestContext, request: Any) -> dict[st
         for answer, pairs in zip(answers, per_marker, strict=True):
             answer.update(dict.fromkeys(pairs, authz.CLUSTER_ACTION.error))
         return _markers_response(markers, per_marker, answers)
-    existing = existing_partitions(ctx, (topic for pairs in per_marker for topic, _ in pairs))
+    existing = partition_counts(ctx, (topic for pairs in per_marker for topic, _ in pairs))
     writes: list[TxnMarkerWrite] = []
     write_at: list[int] = []
     for index, (marker, pairs) in enumerate(zip(markers, per_marker, strict=True)):
@@ -183,7 +175,7 @@ async def handle_describe_producers(ctx: RequestContext, request: Any) -> dict[s
     ):
         return {"topics": []}
     readable = authz.allowed_names(ctx, authz.READ_TOPIC, (t.name for t in topics))
-    existing = existing_partitions(ctx, (t.name for t in topics if t.name in readable))
+    existing = partition_counts(ctx, (t.name for t in topics if t.name in readable))
     # A repeated partition is answered once, as every other transaction API answers it.
     jobs = request_pairs(topics, "partition_indexes")
     results: list[PartitionProducers] = [PartitionProducers()] * len(jobs)
