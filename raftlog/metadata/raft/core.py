@@ -203,7 +203,7 @@ class RaftCore(Membership):
             deadline = self._check_quorum_deadline_ms()
             for _, parked_deadline in self._parked.values():
                 deadline = min(deadline, parked_deadline)
-            if len(self._last_fetch_ms) < len(self.voters) - 1:
+            if len(self._last_fetch_ms) < len(self.voters - {self.node_id}):
                 deadline = min(deadline, self._begin_resend_ms)
             return deadline
         return role.election_deadline_ms

@@ -23,7 +23,11 @@ from raftlog.constants import MIB
 from raftlog.errors import LocalError
 from raftlog.metadata.raft.messages import Entry
 from raftlog.metadata.raft.types import QuorumState, Snapshot, SnapshotCheck
-from raftlog.metadata.raft.voters import decode_voters_record, encode_voters_record
+from raftlog.metadata.raft.voters import (
+    decode_voters_record,
+    encode_voters_record,
+    is_voters_record,
+)
 from raftlog.records import Record, build_batch, iter_batches, iter_records
 from raftlog.storage.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from raftlog.storage.config import LogConfig
@@ -193,6 +197,8 @@ class MetadataLogStore:
         leader's snapshot, and every snapshot that covers its start is unusable) an observer
         starts over from an empty log and fetches a snapshot from the leader; a voter refuses
         to start, since forgetting entries it acknowledged could lose committed metadata.
+        `is_voter` is the bootstrap set's word; a node that any voter set on this disk names
+        (a passed-over snapshot's, a VotersRecord in the log: KIP-853) counts as a voter too.
         """
         passed_over: list[Path] = []
         snapshot = self.load_snapshot(check, passed_over=passed_over)
@@ -202,7 +208,7 @@ class MetadataLogStore:
                 f"(passed over: {', '.join(p.name for p in passed_over) or 'none'}) and the "
                 f"metadata log starts at {self.log.log_start_offset}, not 0"
             )
-            if is_voter:
+            if is_voter or self._named_voter(node_id, passed_over):
                 log.critical("%s: refusing to start this voter", where)
                 raise MetadataRecoveryError(
                     f"{where}: this voter cannot rebuild its metadata from its own disk, and "
@@ -228,6 +234,26 @@ class MetadataLogStore:
             self.log.truncate_fully_and_start_at(snapshot.end_offset)
             return snapshot, []
         return snapshot, self.load_entries()
+
+    def _named_voter(self, node_id: int, snapshot_paths: Sequence[Path]) -> bool:
+        """Whether a voter set on this disk names node_id: the `voters` of a snapshot file
+        (readable even when its image is not) or a VotersRecord in the log. Only asked when
+        recovery would otherwise empty the log, so reading it all is affordable."""
+        for path in snapshot_paths:
+            try:
+                voters_bytes = read_checkpoint(path, "metadata-snapshot").get("voters")
+                if voters_bytes is not None and node_id in decode_voters_record(voters_bytes).ids:
+                    return True
+            except (CheckpointError, DecodeError, TypeError, AttributeError):
+                continue
+        for entry in self.load_entries():
+            if is_voters_record(entry.data):
+                try:
+                    if node_id in decode_voters_record(entry.data).ids:
+                        return True
+                except DecodeError:
+                    continue
+        return False
 
     # ---------------------------------------------------------------- entries
     def load_entries(self) -> list[Entry]:
