@@ -77,11 +77,21 @@ _STREAM_CODECS = {
 }
 
 
-class InvalidRecordError(KafkaError):
-    """A batch whose bytes read but do not form a valid batch (Kafka's INVALID_RECORD)."""
+# Records a refused batch names to its producer at most (KIP-467's record_errors): a batch of
+# a hundred thousand keyless records must not make a response of megabytes.
+MAX_RECORD_ERRORS = 1_000
 
-    def __init__(self, message: str) -> None:
+
+class InvalidRecordError(KafkaError):
+    """A batch whose bytes read but do not form a valid batch (Kafka's INVALID_RECORD).
+
+    `record_errors` names the records at fault by their index in the batch, with why (KIP-467:
+    a producer fails those records with INVALID_RECORD and the batch's others with a retriable
+    error of their own), at most MAX_RECORD_ERRORS of them."""
+
+    def __init__(self, message: str, record_errors: tuple[tuple[int, str], ...] = ()) -> None:
         super().__init__(ErrorCode.invalid_record, message)
+        self.record_errors = record_errors
 
 
 class BatchTooLargeError(KafkaError):
@@ -184,13 +194,20 @@ def _check_records(
             raise CorruptRecordError(f"batch at byte {pos}: {exc.message}") from None
         start, end = 0, len(body)
     try:
-        _walk_records(body, start, end, header.record_count, require_keys)
+        keyless = _walk_records(body, start, end, header.record_count, require_keys)
     except _Malformed as exc:
         raise InvalidRecordError(f"batch at byte {pos}: {exc}") from None
     except IndexError:
         raise InvalidRecordError(
             f"batch at byte {pos}: a record runs past the end of the batch"
         ) from None
+    if keyless:
+        why = "Compacted topic cannot accept message without key"
+        raise InvalidRecordError(
+            f"batch at byte {pos}: {len(keyless)} of its {header.record_count} records have no "
+            "key; a compacted topic needs one",
+            tuple((index, why) for index in keyless[:MAX_RECORD_ERRORS]),
+        )
 
 
 # ------------------------------------------------------------------------- the record walk
@@ -216,8 +233,10 @@ def _uvarint(buf: bytes | bytearray | memoryview, p: int, max_bytes: int) -> tup
 
 def _walk_records(
     buf: bytes | bytearray | memoryview, p: int, end: int, count: int, require_keys: bool
-) -> None:
-    """Check that buf[p:end] holds exactly `count` well-formed records, offsetDelta 0..n-1.
+) -> list[int]:
+    """Check that buf[p:end] holds exactly `count` well-formed records, offsetDelta 0..n-1;
+    with `require_keys`, return the indexes of the records that have no key (every one is
+    named to the producer, so the walk goes on past the first).
 
     Raises _Malformed or IndexError. Each varint has a one- and two-byte fast path inline
     (record lengths and 1 KiB values take two bytes). A read may pass the record's end
@@ -226,6 +245,7 @@ def _walk_records(
     """
     if count > (end - p) // MIN_RECORD_BYTES:
         raise _Malformed(f"recordCount {count} cannot fit in {end - p} bytes of records")
+    keyless: list[int] = []
     for index in range(count):
         # length (varint)
         b = buf[p]
@@ -288,7 +308,7 @@ def _walk_records(
         elif n != -1:
             raise _Malformed(f"record {index} has key length {n}")
         elif require_keys:
-            raise _Malformed(f"record {index} has no key; a compacted topic needs one")
+            keyless.append(index)
         # valueLength (varint; -1 is a null value), value
         b = buf[p]
         if b < 0x80:
@@ -321,6 +341,7 @@ def _walk_records(
             )
     if p != end:
         raise _Malformed(f"{end - p} bytes follow the last of the {count} records")
+    return keyless
 
 
 def _walk_headers(

@@ -15,7 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from raftlog.batch_validation import validate_client_batches
+from raftlog.batch_validation import (
+    MAX_RECORD_ERRORS,
+    InvalidRecordError,
+    validate_client_batches,
+)
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import (
     HEADER_SIZE_BYTES,
@@ -296,6 +300,23 @@ def test_lying_batches_are_refused_with_kafkas_code(what: str) -> None:
 def test_a_compacted_topic_refuses_a_record_without_a_key() -> None:
     batch = build_batch([Record(key=b"k", value=b"1"), Record(key=None, value=b"2")])
     assert refused_code(batch, require_keys=True) == INVALID
+
+
+def test_every_keyless_record_is_named_to_the_producer_up_to_a_bound() -> None:
+    """KIP-467: the refusal names each record without a key by its index in the batch, so
+    the producer fails just those with INVALID_RECORD (librdkafka's 0011)."""
+    records = [Record(key=None if i % 10 == 0 else b"k", value=b"v") for i in range(100)]
+    with pytest.raises(InvalidRecordError) as info:
+        validate_client_batches(
+            build_batch(records), max_message_bytes=MAX_MESSAGE_BYTES, require_keys=True
+        )
+    assert [index for index, _ in info.value.record_errors] == list(range(0, 100, 10))
+    assert all("without key" in why for _, why in info.value.record_errors)
+    many = build_batch([Record(key=None, value=b"") for _ in range(MAX_RECORD_ERRORS + 5)])
+    with pytest.raises(InvalidRecordError) as info:
+        validate_client_batches(many, max_message_bytes=MAX_MESSAGE_BYTES, require_keys=True)
+    assert len(info.value.record_errors) == MAX_RECORD_ERRORS
+    assert f"{MAX_RECORD_ERRORS + 5} of its" in info.value.message
 
 
 def test_a_batch_above_max_message_bytes_is_refused_before_it_is_walked() -> None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import trio
 
-from raftlog.batch_validation import validate_client_batches
+from raftlog.batch_validation import InvalidRecordError, validate_client_batches
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
 from raftlog.net.limits import RateLimitedLog
@@ -216,7 +216,11 @@ class ProducePath:
                 exc.code.name,
                 exc.message,
             )
-            return ProduceResult(exc.code, error_message=exc.message)
+            return ProduceResult(
+                exc.code,
+                error_message=exc.message,
+                record_errors=exc.record_errors if isinstance(exc, InvalidRecordError) else (),
+            )
         opening = _opening_transactions(hosted.producers.table, headers)
         if opening:
             refused = await self._verify_opening(

@@ -240,3 +240,28 @@ def test_a_forged_transactional_batch_is_refused_while_no_coordinator_exists(clu
     error, _ = trio.run(_raw_produce, leader, TOPIC, 0, forged)
     assert error == ErrorCode.invalid_txn_state
     assert trio.run(_log_end, leader, TOPIC, 0) == end
+
+
+def test_keyless_records_to_a_compacted_topic_fail_alone(cluster):
+    """KIP-467 with librdkafka (its test 0011): a batch to a compacted topic whose every tenth
+    record has no key is refused, and the delivery reports fail exactly those records with
+    INVALID_RECORD and the others with _INVALID_DIFFERENT_RECORD, which a producer may send
+    again."""
+    topic = "compacted-keys"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    created = admin.create_topics([NewTopic(topic, 1, 3, config={"cleanup.policy": "compact"})])
+    created[topic].result(DEADLINE_S)
+    reports: dict[int, str] = {}
+
+    def on_delivery(error, message) -> None:
+        reports[int(message.value().decode())] = error.name() if error else "ok"
+
+    # One batch: a long linger and one flush.
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 1000})
+    for i in range(100):
+        key = None if i % 10 == 0 else f"k{i}"
+        producer.produce(topic, str(i).encode(), key=key, partition=0, on_delivery=on_delivery)
+    assert producer.flush(DEADLINE_S) == 0
+    assert {i for i, name in reports.items() if name == "INVALID_RECORD"} == set(range(0, 100, 10))
+    others = {name for i, name in reports.items() if i % 10}
+    assert others == {"_INVALID_DIFFERENT_RECORD"}, reports

@@ -115,6 +115,8 @@ class ProduceResult:
     log_start_offset: int = -1
     error_message: str | None = None
     current_leader: LeaderHint | None = None  # set with NOT_LEADER_OR_FOLLOWER
+    # KIP-467: (index in the batch, why) of the records that made INVALID_RECORD refuse it.
+    record_errors: tuple[tuple[int, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------ fetch

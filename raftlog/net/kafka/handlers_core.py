@@ -317,7 +317,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
             "base_offset": r.base_offset,
             "log_append_time": r.log_append_time_ms,
             "log_start_offset": r.log_start_offset,
-            "record_errors": [],
+            "record_errors": [
+                {"batch_index": index, "batch_index_error_message": why}
+                for index, why in r.record_errors
+            ],
             "error_message": r.error_message,
         }
         if r.current_leader is not None:
