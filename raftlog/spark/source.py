@@ -1,4 +1,5 @@
-"""The PySpark Python Data Source `raftlog`: batch and micro-batch streaming reads.
+"""The PySpark Python Data Source `raftlog`: batch and micro-batch streaming reads, and
+writes (raftlog.spark.sink).
 
     from raftlog.spark import register
     register(spark)
@@ -23,6 +24,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -42,6 +45,7 @@ from raftlog.spark.options import ReadOptions, parse_options
 from raftlog.spark.planner import end_offsets, plan
 from raftlog.spark.ranges import OffsetRange, split_ranges
 from raftlog.spark.reader import read_range
+from raftlog.spark.sink import batch_writer, stream_writer
 
 FORMAT_NAME = "raftlog"
 
@@ -202,6 +206,14 @@ class RaftlogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RaftlogStreamReader(parse_options(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """`df.write.format("raftlog").mode("append")`: see raftlog.spark.sink."""
+        return batch_writer(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """`df.writeStream.format("raftlog")`: exactly-once micro-batches (raftlog.spark.sink)."""
+        return stream_writer(dict(self.options), schema, overwrite)
 
 
 def register(spark: Any) -> None:
