@@ -36,6 +36,7 @@ DAY_MS = 24 * HOUR_MS
 ROLES = ("controller", "broker")
 FLUSH_POLICIES = ("always", "interval")
 CLEANUP_POLICIES = ("delete", "compact")
+GROUP_CONSUMER_ASSIGNORS = ("uniform", "range")
 
 
 def _key(
@@ -388,6 +389,25 @@ class NodeConfig:
     group_initial_rebalance_delay_ms: int = _key(
         0, "Delay before the first rebalance of a new group.", lo=0, hi=600_000
     )
+    group_consumer_session_timeout_ms: int = _key(
+        45_000,
+        "Kafka's group.consumer.session.timeout.ms: a KIP-848 (group.protocol=consumer) member "
+        "whose heartbeats stop for this long leaves its group.",
+        lo=1_000,
+        hi=3_600_000,
+    )
+    group_consumer_heartbeat_interval_ms: int = _key(
+        5_000,
+        "Kafka's group.consumer.heartbeat.interval.ms: how often KIP-848 members are told to "
+        "heartbeat (below group_consumer_session_timeout_ms).",
+        lo=100,
+        hi=3_600_000,
+    )
+    group_consumer_assignors: list[str] = _key(
+        ["uniform", "range"],
+        "Kafka's group.consumer.assignors: the server-side assignors KIP-848 members may "
+        "name, the first being the default (uniform, range).",
+    )
     # -- transactions (Kafka's names; fewer partitions than Kafka's 50, as for offsets)
     transaction_state_log_num_partitions: int = _key(
         6, "Partitions of __transaction_state.", lo=1, hi=1000
@@ -572,6 +592,17 @@ class NodeConfig:
         if len(self.broker_rack) > MAX_RACK_CHARS or not self.broker_rack.isprintable():
             raise ConfigError(
                 f"{source}: broker_rack must be at most {MAX_RACK_CHARS} printable characters"
+            )
+        if self.group_consumer_heartbeat_interval_ms >= self.group_consumer_session_timeout_ms:
+            raise ConfigError(
+                f"{source}: group_consumer_heartbeat_interval_ms must be below "
+                "group_consumer_session_timeout_ms"
+            )
+        assignors = self.group_consumer_assignors
+        if not assignors or not set(assignors) <= set(GROUP_CONSUMER_ASSIGNORS):
+            raise ConfigError(
+                f"{source}: group_consumer_assignors must name some of "
+                f"{list(GROUP_CONSUMER_ASSIGNORS)}, got {assignors!r}"
             )
         if self.broker_heartbeat_interval_ms >= self.broker_session_timeout_ms:
             raise ConfigError(

@@ -36,6 +36,12 @@ def test_round_trip_through_toml(tmp_path):
         ({"node_id": 5}, "node 5 has the controller role but is not in"),
         ({"broker_rack": "rack\n1"}, "broker_rack must be at most 255 printable"),
         ({"broker_rack": "r" * 256}, "broker_rack must be at most 255 printable"),
+        ({"group_consumer_assignors": ["sticky"]}, "group_consumer_assignors must name some"),
+        ({"group_consumer_assignors": []}, "group_consumer_assignors must name some"),
+        (
+            {"group_consumer_heartbeat_interval_ms": 45_000},
+            "group_consumer_heartbeat_interval_ms must be below",
+        ),
     ],
 )
 def test_bad_values_are_refused_clearly(values, message):

@@ -67,24 +67,10 @@ class GroupConfig:
 
     @classmethod
     def from_node_config(cls, config: NodeConfig) -> GroupConfig:
-        # The KIP-848 keys are read once NodeConfig has them (Kafka's names:
-        # group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms,
-        # group.consumer.assignors); until then Kafka's defaults apply.
-        defaults = cls()
         return cls(
             offsets_topic_num_partitions=config.offsets_topic_num_partitions,
             group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-            group_consumer_session_timeout_ms=getattr(
-                config,
-                "group_consumer_session_timeout_ms",
-                defaults.group_consumer_session_timeout_ms,
-            ),
-            group_consumer_heartbeat_interval_ms=getattr(
-                config,
-                "group_consumer_heartbeat_interval_ms",
-                defaults.group_consumer_heartbeat_interval_ms,
-            ),
-            group_consumer_assignors=tuple(
-                getattr(config, "group_consumer_assignors", defaults.group_consumer_assignors)
-            ),
+            group_consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            group_consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            group_consumer_assignors=tuple(config.group_consumer_assignors),
         )

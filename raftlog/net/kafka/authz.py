@@ -132,6 +132,8 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "sync_group": (READ_GROUP,),
         "heartbeat": (READ_GROUP,),
         "leave_group": (READ_GROUP,),
+        "consumer_group_heartbeat": (READ_GROUP,),
+        "consumer_group_describe": (DESCRIBE_GROUP,),
         "offset_commit": (READ_GROUP, READ_TOPIC),
         "offset_fetch": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
         "describe_groups": (DESCRIBE_GROUP,),
