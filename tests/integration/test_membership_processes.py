@@ -92,6 +92,8 @@ def test_grow_to_four_voters_then_remove_the_leader(tmp_path: Path) -> None:
         quorum = trio.run(_describe, bootstrap)
         assert {v.replica_id for v in quorum.voters} == {1, 2, 3, 4}
         assert {n.node_id for n in quorum.nodes} == {1, 2, 3, 4}
+        # The leader recorded the directory node 4 fetched with (KIP-853's replica key).
+        assert next(v for v in quorum.voters if v.replica_id == NEW_NODE).directory_id
         trio.run(_create_topic, bootstrap, "after-add")
 
         leader = quorum.leader_id

@@ -339,3 +339,18 @@ def test_a_forged_voter_change_from_a_non_leader_changes_nothing() -> None:
         core.receive(now_ms=1, from_id=sender, message=forged_response)
     core.receive(now_ms=1, from_id=9, message=FetchResponse(5, 3, 0, 0, 0, forged))
     assert core.log_end == 0 and core.voters == {1, 2, 3}
+
+
+def test_add_voter_adds_the_directory_the_observer_fetches_with() -> None:
+    sim, leader = cluster()
+    disk = uuid.uuid4()
+    sim.core(4).directory_id = disk  # what the driver gives it from its log directory
+    sim.run_until(sim.now_ms + 1_000)  # its next fetches name that directory
+    core = sim.core(leader)
+    other_disk = Voter(4, uuid.uuid4(), voter(4).endpoints)
+    with pytest.raises(MembershipRefused) as refused:
+        core.add_voter(now_ms=sim.now_ms, voter=other_disk)
+    assert refused.value.error_code is ErrorCode.request_timed_out
+    core.add_voter(now_ms=sim.now_ms, voter=voter(4))  # no directory named: the fetched one
+    added = core.voter_set.get(4)
+    assert added is not None and added.directory_id == disk

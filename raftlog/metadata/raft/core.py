@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -86,17 +87,20 @@ class RaftCore(Membership):
         rng: random.Random,
         now_ms: int = 0,
         snapshot_check: SnapshotCheck | None = None,
+        directory_id: uuid.UUID | None = None,
     ) -> None:
         """`voters` is the bootstrap voter set (the static config), used until the log or the
         snapshot holds a VotersRecord. `snapshot_check` vets every snapshot downloaded from the
         leader before anything of it is installed; None accepts every snapshot (the
-        simulator's byte-level digests)."""
+        simulator's byte-level digests). `directory_id` names this node's metadata log
+        directory in its fetches (KIP-853's replica key)."""
         if not voters:
             raise ValueError("voters must not be empty")
         bootstrap = voters if isinstance(voters, VoterSet) else VoterSet.of_ids(voters)
         if not bootstrap.voters:
             raise ValueError("voters must not be empty")
         self.node_id = node_id
+        self.directory_id = directory_id
         self.config = config
         self._rng = rng
         self._snapshot = snapshot
@@ -348,6 +352,7 @@ class RaftCore(Membership):
             self._last_fetch_ms = {}
             self._sent_hw = {}
             self._observer_fetch = {}
+            self._observer_directory = {}
         # Any real transition (a new epoch or leader) voids the fetch in flight: its answer
         # would come from the old leader, so fetch from the new one at once.
         self._fetch_inflight_deadline_ms = None
@@ -363,6 +368,7 @@ class RaftCore(Membership):
         self._leader_since_ms = now_ms
         self._last_fetch_ms = {}
         self._observer_fetch = {}
+        self._observer_directory = {}
         self._begin_resend_ms = now_ms + self.config.fetch_max_wait_ms
         for v in others:
             self._send(v, BeginQuorumEpoch(epoch, self.node_id))

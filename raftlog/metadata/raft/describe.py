@@ -94,7 +94,7 @@ def describe(core: RaftCore, now_ms: int, wall_now_ms: int) -> QuorumDescription
             _progress(voter.voter_id, voter.directory_id, end_offset, last_fetch_ms, **common)
         )
     observer_list = [
-        _progress(replica_id, None, end_offset, last_ms, **common)
+        _progress(replica_id, core.observer_directory(replica_id), end_offset, last_ms, **common)
         for replica_id, (end_offset, last_ms) in sorted(observers.items())
     ][:MAX_OBSERVERS_DESCRIBED]
     if not core.is_voter:

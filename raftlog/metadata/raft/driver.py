@@ -154,6 +154,7 @@ class QuorumDriver:
             rng=rng or random.Random(),
             now_ms=self.now_ms(),
             snapshot_check=self._check_snapshot,
+            directory_id=store.load_or_create_directory_id(),
         )
         self.high_watermark = self.core.high_watermark
         self._wake = trio.Event()

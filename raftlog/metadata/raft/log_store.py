@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ log = logging.getLogger("raftlog.quorum")
 
 METADATA_LOG_NAME = "__cluster_metadata-0"
 QUORUM_STATE_FILE = "quorum-state"
+# This replica's directory id (KIP-853's replica key: a voter is an id *and* a disk).
+DIRECTORY_ID_FILE = "directory-id"
 SNAPSHOT_SUFFIX = ".snapshot"
 # A snapshot file that could not be used at start-up is renamed to this (etcd's ".broken"):
 # out of the way of the next start and of retention, kept for the operator to look at.
@@ -88,6 +91,23 @@ class MetadataLogStore:
             flush_policy="always",
         )
         self.log = PartitionLog.open(self.directory, config, now_ms=now_ms)
+
+    def load_or_create_directory_id(self) -> uuid.UUID:
+        """The id this metadata log directory was given when the Raft driver first ran on
+        it; a new, random one the first time (Kafka's directory.id). Blocking (fsync) then."""
+        path = self.directory / DIRECTORY_ID_FILE
+        if not path.exists():
+            created = uuid.uuid4()
+            write_checkpoint(path, "directory-id", {"directory_id": created.hex})
+            return created
+        payload = read_checkpoint(path, "directory-id")
+        try:
+            loaded = uuid.UUID(hex=payload["directory_id"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise MetadataRecoveryError(f"{path}: not a directory id") from None
+        if loaded.int == 0:
+            raise MetadataRecoveryError(f"{path}: the zero directory id is reserved")
+        return loaded
 
     # ---------------------------------------------------------------- quorum state
     def load_quorum_state(self) -> QuorumState:

@@ -18,6 +18,7 @@ caught up to the high watermark, so the new majority can commit at once.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from raftlog.codec import DecodeError
@@ -62,8 +63,10 @@ class Membership(Replication):
     _base_voters: VoterSet  # the snapshot's voter set, else the bootstrap set
     _voter_records: list[tuple[int, VoterSet]]  # VotersRecords in the in-memory log, by offset
     voter_set: VoterSet
-    # leader: non-voters that fetched this epoch -> (fetch offset, last fetch ms)
+    # leader: non-voters that fetched this epoch -> (fetch offset, last fetch ms), and the
+    # directory id each named in its last fetch
     _observer_fetch: dict[int, tuple[int, int]]
+    _observer_directory: dict[int, uuid.UUID | None]
 
     # ---------------------------------------------------------------- tracking
 
@@ -72,6 +75,7 @@ class Membership(Replication):
         self._base_voters = snapshot_voters or bootstrap
         self._voter_records = []
         self._observer_fetch = {}
+        self._observer_directory = {}
         self.voter_set = self._base_voters
         self.voters = self.voter_set.ids
         self.is_voter = self.node_id in self.voters
@@ -167,11 +171,24 @@ class Membership(Replication):
         if not voter.endpoints:
             raise MembershipRefused(ErrorCode.invalid_request, "a new voter needs an endpoint")
         progress = self._observer_fetch.get(voter.voter_id)
+        fetched_directory = self._observer_directory.get(voter.voter_id)
         if progress is None or now_ms - progress[1] > self.config.fetch_timeout_ms:
             raise MembershipRefused(
                 ErrorCode.request_timed_out,
                 f"node {voter.voter_id} is not an observer fetching from this leader",
             )
+        if voter.directory_id != NO_DIRECTORY_ID and fetched_directory not in (
+            None,
+            voter.directory_id,
+        ):
+            # KIP-853 adds a replica key (id, directory): not another disk of the same id.
+            raise MembershipRefused(
+                ErrorCode.request_timed_out,
+                f"node {voter.voter_id} fetches with directory {fetched_directory}, "
+                f"not {voter.directory_id}",
+            )
+        if voter.directory_id == NO_DIRECTORY_ID and fetched_directory is not None:
+            voter = dataclasses.replace(voter, directory_id=fetched_directory)
         if progress[0] < self.high_watermark:
             raise MembershipRefused(
                 ErrorCode.request_timed_out,
@@ -258,3 +275,7 @@ class Membership(Replication):
         if not isinstance(self._role, Leader):
             return None
         return dict(self._observer_fetch)
+
+    def observer_directory(self, replica_id: int) -> uuid.UUID | None:
+        """The directory id an observer named in its last fetch (None: unknown)."""
+        return self._observer_directory.get(replica_id)

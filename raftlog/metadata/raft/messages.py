@@ -13,10 +13,11 @@ the sender's current epoch, ``leader_id`` is the leader the sender knows for tha
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from raftlog.codec import Array, Codec, Epoch, Int16, MaxLen, NodeId, Offset, Port, Size
+from raftlog.codec import Added, Array, Codec, Epoch, Int16, MaxLen, NodeId, Offset, Port, Size
 from raftlog.epochs import DivergingEpoch
 from raftlog.errors import ErrorCode
 
@@ -153,6 +154,9 @@ class Fetch(Message):
     # The latest read_sequence this replica got from the leader: a fetch carrying the number
     # of a read_index() call was sent after that call (the leader's ReadIndex confirmation).
     read_sequence: Size = 0
+    # KIP-853's ReplicaDirectoryId: the fetching replica's metadata log directory, so the
+    # leader adds exactly the observer an AddRaftVoter names (None: not known).
+    replica_directory_id: Annotated[uuid.UUID | None, Added()] = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ log and the state declared below.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any
 
 from raftlog.codec import DecodeError
@@ -74,6 +75,8 @@ class Replication(Elections):
     _served_blob: tuple[Snapshot, bytes] | None
     _bootstrap_voters: VoterSet
     _observer_fetch: dict[int, tuple[int, int]]
+    _observer_directory: dict[int, uuid.UUID | None]
+    directory_id: uuid.UUID | None
 
     # --- provided by RaftCore
     def _append(self, entries: list[Entry]) -> None:
@@ -244,6 +247,7 @@ class Replication(Elections):
         else:
             # An observer's progress: AddRaftVoter only adds one that has caught up.
             self._observer_fetch[replica] = (msg.fetch_offset, now_ms)
+            self._observer_directory[replica] = msg.replica_directory_id
         has_news = msg.fetch_offset < self.log_end or self._sent_hw.get(replica, -1) < (
             self.high_watermark
         )
@@ -326,6 +330,7 @@ class Replication(Elections):
                 self.last_epoch,
                 self.config.fetch_max_wait_ms,
                 self._read_sequence,
+                self.directory_id,
             )
         self._send(target, message)
         self._fetch_inflight_deadline_ms = (
@@ -335,7 +340,15 @@ class Replication(Elections):
     def _probe_for_leader(self, now_ms: int) -> None:
         """Observer without a leader: ask a random voter (its answer names the leader)."""
         target = self._rng.choice(sorted(self.voters))
-        self._send(target, Fetch(self.node_id, self.epoch, self.log_end, self.last_epoch, 0))
+        fetch = Fetch(
+            self.node_id,
+            self.epoch,
+            self.log_end,
+            self.last_epoch,
+            0,
+            replica_directory_id=self.directory_id,
+        )
+        self._send(target, fetch)
 
     def _from_leader(self, now_ms: int, from_id: int, epoch: int, leader_id: int | None) -> bool:
         """Observe the response's epoch; True if it is from our leader in our epoch."""
