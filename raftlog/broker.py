@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -69,6 +70,14 @@ QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
 
 QuorumDescriber = Callable[[], Awaitable[QuorumInfo]]
 
+# A broker this node saw fenced stays in the broker list of Metadata this long after (a
+# workaround for librdkafka): a producer whose leader was fenced learns the new leader and
+# the old broker's absence from one answer; dropping the old broker then races with moving
+# the partition off it ("Reverting from preferred replica ... to leader -1" in its trace) and
+# costs one more 1 s metadata scan. Listed a little longer, the partition has moved by the
+# time the client drops the broker. Clients that connect to it are refused and go elsewhere.
+FENCED_BROKER_LISTED_MS = 3000
+
 
 class BrokerBackend:
     """Implements raftlog.net.kafka.backend.KafkaBackend for one node."""
@@ -99,6 +108,14 @@ class BrokerBackend:
         # None only in tests that exercise the data path alone (no controller, no lease).
         if lifecycle is not None:
             lifecycle.lease_listeners.append(self._lease_changed)
+        # broker id -> when this node saw it fenced (trio clock, s), for brokers it had seen
+        # unfenced: a broker fenced since start-up is never listed.
+        self._fenced_at_s: dict[int, float] = {}
+        self._seen_unfenced: set[int] = set()
+        # Not trio's clock: image listeners also run outside trio (tests replaying images).
+        self.clock_s: Callable[[], float] = time.monotonic
+        if metadata is not None:
+            metadata.add_listener(self._note_fences)
         self._producer_ids: list[int] = []  # the rest of this broker's allocated block
         self._producer_id_lock = trio.Lock()
         # The ACL authorizer the Kafka handlers ask (raftlog.net.kafka.authz), or None when
@@ -218,15 +235,35 @@ class BrokerBackend:
             return leader
         return self.config.node_id
 
+    def _note_fences(self, image: MetadataImage, delta: MetadataDelta) -> None:
+        now_s = self.clock_s()
+        for broker_id, reg in image.brokers.items():
+            if not reg.fenced:
+                self._seen_unfenced.add(broker_id)
+                self._fenced_at_s.pop(broker_id, None)
+            elif broker_id in self._seen_unfenced:
+                self._fenced_at_s.setdefault(broker_id, now_s)
+        for broker_id in self._fenced_at_s.keys() - image.brokers.keys():
+            del self._fenced_at_s[broker_id]
+
+    def _listed(self, broker_id: int, fenced: bool, now_s: float) -> bool:
+        if not fenced:
+            return True
+        fenced_at_s = self._fenced_at_s.get(broker_id)
+        return fenced_at_s is not None and (now_s - fenced_at_s) * 1000 < FENCED_BROKER_LISTED_MS
+
     def brokers(self) -> Sequence[BrokerInfo]:
+        """The unfenced brokers (KRaft lists no others), and one fenced moments ago
+        (FENCED_BROKER_LISTED_MS)."""
         # A broker cut off from everyone counts itself fenced, as the controller is about
         # to: left out, it is no client's choice for the next metadata request either (a
         # client asks a broker it is connected to, and this one's view is stale).
         cut_off = self._cut_off()
+        now_s = self.clock_s()
         return [
             BrokerInfo(b, *reg.client_endpoint, reg.rack)
             for b, reg in sorted(self.image.brokers.items())
-            if not reg.fenced and not (cut_off and b == self.config.node_id)
+            if self._listed(b, reg.fenced, now_s) and not (cut_off and b == self.config.node_id)
         ]
 
     def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from raftlog.broker import BrokerBackend
+from raftlog.broker import FENCED_BROKER_LISTED_MS, BrokerBackend
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka.backend import ProduceResult
-from tests.metadata.test_controller import cluster, create
+from tests.metadata.test_controller import SESSION_MS, cluster, create, heartbeat
 
 NODE_ID = 1
 
@@ -75,7 +75,7 @@ def _backend(isr: frozenset[int] = frozenset({1, 2, 3}), last_fetch_ago_ms: int 
     lifecycle = _Lifecycle()
     backend = BrokerBackend(
         NodeConfig(node_id=NODE_ID),
-        SimpleNamespace(image=image),  # type: ignore[arg-type]
+        SimpleNamespace(image=image, add_listener=lambda listener: None),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         lifecycle,  # type: ignore[arg-type]
         replicas,  # type: ignore[arg-type]
@@ -140,3 +140,29 @@ async def test_a_broker_without_a_lifecycle_serves_as_before():
     assert not backend.lease_lapsed()
     assert (await backend.produce("t", 1, b"x", -1, 1000)).error == ErrorCode.none
     assert len(produced) == 1
+
+
+def test_a_broker_fenced_moments_ago_stays_listed_for_a_while():
+    """librdkafka drops a broker missing from Metadata in the same step as it moves the
+    partition off it, and that race costs it another metadata scan: a broker this node saw
+    fenced stays listed for FENCED_BROKER_LISTED_MS. One never seen unfenced is not."""
+    backend, _lifecycle, _produced, _failed = _backend()
+    now_s = [100.0]
+    backend.clock_s = lambda: now_s[0]
+    controller = cluster(3)
+    backend._note_fences(controller.image, None)
+    # Brokers 1 and 3 heartbeat on; broker 2 goes silent and is fenced at session expiry.
+    heartbeat(controller, 1, now_ms=SESSION_MS - 1)
+    heartbeat(controller, 3, now_ms=SESSION_MS - 1)
+    controller.tick(SESSION_MS + 1)
+    assert controller.image.brokers[2].fenced
+    backend.metadata.image = controller.image
+    backend._note_fences(controller.image, None)
+    assert {b.node_id for b in backend.brokers()} == {1, 2, 3}
+    now_s[0] += FENCED_BROKER_LISTED_MS / 1000
+    assert {b.node_id for b in backend.brokers()} == {1, 3}
+
+    fresh, _lifecycle, _produced, _failed = _backend()
+    fresh.metadata.image = controller.image
+    fresh._note_fences(controller.image, None)
+    assert {b.node_id for b in fresh.brokers()} == {1, 3}
