@@ -221,13 +221,12 @@ class MetadataService:
         assert self.quorum is not None
         data = encode_snapshot(self.image)
         end_offset = last.offset + 1
-        self.quorum.snapshot_written(end_offset, last.epoch, data)
+        written = self.quorum.snapshot_written(end_offset, last.epoch, data)
         self._records_since_snapshot = 0
-        # The core's snapshot carries the voter set in force at its end (KIP-853). If the
-        # core holds another one, a newer snapshot was installed meanwhile: nothing to save.
-        snapshot = self.quorum.core.snapshot
-        if snapshot is None or snapshot.end_offset != end_offset:
-            return
+        # The core's snapshot carries the voter set in force at its end (KIP-853).
+        snapshot = (
+            written if isinstance(written, Snapshot) else Snapshot(end_offset, last.epoch, data)
+        )
         store = self.quorum.store
 
         async def persist() -> None:
@@ -307,11 +306,7 @@ class MetadataService:
         if isinstance(request, BROKER_SCOPED_REQUESTS):
             if request.broker_id != sender_id:
                 raise IdentityMismatch(f"{type(request).__name__} names another broker")
-        elif (
-            sender_id not in self.config.voters
-            and (self.quorum is None or sender_id not in self.quorum.core.voters)
-            and sender_id not in controller.image.brokers
-        ):
+        elif sender_id not in self.config.voters and sender_id not in controller.image.brokers:
             raise IdentityMismatch(f"{type(request).__name__} from a node that is not known")
 
     async def _append(self, records: tuple[r.Record, ...]) -> None:

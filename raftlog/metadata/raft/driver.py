@@ -336,8 +336,12 @@ class QuorumDriver:
             timeout_ms=timeout_ms,
         )
 
-    def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> None:
+    def snapshot_written(self, end_offset: int, epoch: int, data: bytes) -> Snapshot | None:
+        """Tell the core; the Snapshot it now holds (with its voter set, KIP-853) to persist,
+        or None when it already holds a newer one (installed from the leader meanwhile)."""
         self.core.snapshot_written(end_offset=end_offset, epoch=epoch, data=data)
+        snapshot = self.core.snapshot
+        return snapshot if snapshot is not None and snapshot.end_offset == end_offset else None
 
     def resign(self) -> bool:
         """Hand leadership over (EndQuorumEpoch); True if this node was the leader."""
