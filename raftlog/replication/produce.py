@@ -169,7 +169,28 @@ class ProducePath:
         timeout_ms: int,
         producer: object = None,
     ) -> ProduceResult:
-        """Append as leader and answer when `acks` is met (see the module docstring)."""
+        """Append as leader and answer when `acks` is met (see the module docstring).
+        `producer.appended()`, when the sender gave one, is called once the batches are
+        appended or refused, before any wait for acks (the connection's next Produce may
+        go then: raftlog.net.kafka.turns)."""
+        appended = getattr(producer, "appended", None) or _nothing
+        try:
+            return await self._produce(
+                topic, partition, records, acks, timeout_ms, producer, appended
+            )
+        finally:
+            appended()
+
+    async def _produce(
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        producer: object,
+        appended: Callable[[], None],
+    ) -> ProduceResult:
         replicas = self.replicas
         if acks not in (-1, 0, 1):
             return ProduceResult(ErrorCode.invalid_required_acks, error_message=f"acks={acks}")
@@ -309,6 +330,7 @@ class ProducePath:
             pending.error = completion.error
         else:
             replicas.deadline_wakeup()
+            appended()  # in the log: what follows on the connection may append after it
             await pending.event.wait()
         if pending.error != ErrorCode.none:
             hint = None
@@ -316,6 +338,10 @@ class ProducePath:
                 hint = replicas.leader_hint(topic, partition)
             return ProduceResult(pending.error, current_leader=hint)
         return done
+
+
+def _nothing() -> None:
+    pass
 
 
 def _opening_transactions(

@@ -525,6 +525,31 @@ def test_zombie_producer_is_fenced_and_its_records_never_visible(cluster: Proces
     assert not visible & set(zombie_values + late)
 
 
+def test_pipelined_batches_of_a_transaction_keep_their_order(cluster: ProcessCluster) -> None:
+    """One batch per record with several requests in flight on one connection (librdkafka's
+    0137 does this): the first batch of each transaction waits for the coordinator's
+    verification, and the batches behind it on the connection must not pass it, or the
+    partition refuses them OUT_OF_ORDER_SEQUENCE_NUMBER, which a transactional producer
+    takes as fatal."""
+    topic = "pipelined"
+    _create_topic(cluster, topic, 1)
+    producer = _txn_producer(
+        cluster,
+        "pipelined-id",
+        **{"batch.num.messages": 1, "linger.ms": 0, "max.in.flight.requests.per.connection": 5},
+    )
+    values = []
+    for txn in range(5):
+        producer.begin_transaction()
+        for i in range(8):
+            values.append(f"t{txn}-{i}".encode())
+            producer.produce(topic, value=values[-1], partition=0)
+        assert _end_transaction(producer, True) == "committed"
+    _write_end(cluster, topic, 1)
+    seen = _read_committed_confluent(cluster, topic, 1)
+    assert seen[0] == values
+
+
 # ---------------------------------------------------------------- transaction timeout
 TIMEOUT_MS = 3000
 

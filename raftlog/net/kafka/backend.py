@@ -14,8 +14,8 @@ logs the traceback.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
@@ -105,6 +105,9 @@ class ProducerInfo:
 
     client_id: str | None = None
     transactional_id: str | None = None
+    # Called once the partition's batches are appended, or refused, before any acks wait:
+    # the next Produce of the connection may then go (raftlog.net.kafka.turns).
+    appended: Callable[[], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

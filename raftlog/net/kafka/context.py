@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from raftlog.config import NodeConfig
 from raftlog.net.kafka.backend import KafkaBackend
+from raftlog.net.kafka.turns import Turn
 from raftlog.security.authorizer import Authorizer
 
 
@@ -124,6 +125,8 @@ class RequestContext:
     # The ACL authorizer (raftlog.net.kafka.authz asks it); None: authorization is off and
     # every request is allowed.
     authorizer: Authorizer | None = None
+    # A Produce's place in its connection's order of appends (turns.py); None: no order.
+    turn: Turn | None = None
 
     def throttle(self, throttle_ms: int) -> None:
         self.throttle_ms = max(self.throttle_ms, throttle_ms)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,7 +277,38 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     if ctx.authorizer is not None:
         refused = _refuse_unauthorized(ctx, request.transactional_id, jobs, results)
 
+    # Wait for the connection's earlier Produce requests to append (turns.py); this one's
+    # turn ends once each of its partitions has appended or failed.
+    turn = ctx.turn
+    if turn is not None:
+        await turn.wait()
+    unappended = len(jobs) - len(refused)
+    if unappended == 0 and turn is not None:
+        turn.done()
+
+    def appended_once() -> Callable[[], None]:
+        called = False
+
+        def appended() -> None:
+            nonlocal called, unappended
+            if not called:
+                called = True
+                unappended -= 1
+                if unappended == 0 and turn is not None:
+                    turn.done()
+
+        return appended
+
     async def one(i: int, topic: str, partition: int, records: bytes | None) -> None:
+        appended = appended_once()
+        try:
+            await produce_one(i, topic, partition, records, appended)
+        finally:
+            appended()
+
+    async def produce_one(
+        i: int, topic: str, partition: int, records: bytes | None, appended: Callable[[], None]
+    ) -> None:
         if acks not in VALID_ACKS:
             results[i] = ProduceResult(ErrorCode.invalid_required_acks)
         elif topic in CLIENT_READ_ONLY_TOPICS:
@@ -293,7 +325,12 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
             results[i] = await guarded(
                 f"produce {topic}-{partition}",
                 lambda: ctx.backend.produce(
-                    topic, partition, bytes(records), acks, timeout_ms, producer
+                    topic,
+                    partition,
+                    bytes(records),
+                    acks,
+                    timeout_ms,
+                    dataclasses.replace(producer, appended=appended),
                 ),
                 lambda code, msg: ProduceResult(code, error_message=msg),
             )

@@ -60,6 +60,7 @@ from raftlog.net.kafka.handlers_sasl import (
     handle_sasl_unexpected,
     user_of,
 )
+from raftlog.net.kafka.turns import Turns
 from raftlog.net.limits import ListenerGuard, ListenerLimits
 from raftlog.security.sasl import CredentialLookup
 
@@ -141,6 +142,7 @@ class Connection:
         self._stream = stream
         self._use_sendfile = sendfile_capable(stream)
         self._inflight = trio.Semaphore(state.config.max_inflight_requests_per_connection)
+        self._produce_turns = Turns()
         self._muted_until = 0.0
         self.client_id = ""
         self.principal = principal
@@ -281,6 +283,8 @@ class Connection:
             # The backend swaps in a new authorizer when the ACLs change; each request
             # uses the one current when it was read.
             authorizer=getattr(self._state.backend, "authorizer", None),
+            # Taken here, in the reader, so tickets follow the order requests were sent.
+            turn=self._produce_turns.take() if api_key == ApiKey.PRODUCE else None,
         )
         nursery.start_soon(self._handle, spec, ctx, body, slot)
         return slot
@@ -340,6 +344,8 @@ class Connection:
             failed = ErrorCode.unknown_server_error
             slot.segments = self._error_response(response_cls, ctx, failed)
         finally:
+            if ctx.turn is not None:
+                ctx.turn.done()  # however the handler ended, the next Produce may go
             slot.done.set()
         self.mute(ctx.throttle_ms)
         metrics = self._state.metrics
