@@ -10,6 +10,7 @@ a key storage knows. Values stay strings everywhere they are stored, exactly as 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,17 @@ def _show_bool(value: bool) -> str:
 
 
 _COMPRESSION = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+_MESSAGE_FORMAT_VERSION = re.compile(r"\d{1,2}(\.\d{1,2}){1,3}(-IV\d{1,2})?")
+
+
+def _message_format_version(text: str) -> str:
+    """A Kafka version as message.format.version takes it: 0.10.0, 2.8-IV1, 3.0-IV1."""
+    value = text.strip()
+    if not _MESSAGE_FORMAT_VERSION.fullmatch(value):
+        raise ConfigValueError(f"{text!r} is not a Kafka version")
+    return value
+
+
 _CLEANUP = _choice_list(*CLEANUP_POLICIES)
 # Keys whose value is a comma-separated list (IncrementalAlterConfigs APPEND/SUBTRACT apply).
 LIST_KEYS = frozenset({"cleanup.policy", "log.cleanup.policy"})
@@ -156,6 +168,9 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
         lambda c: DEFAULT_MESSAGE_TIMESTAMP_TYPE,
         "message_timestamp_type",
     ),
+    # Deprecated in Kafka 3 and ignored there since 3.0 (every batch is RecordBatch v2, as
+    # here); accepted so that tools written for Kafka 3 can still set it.
+    "message.format.version": ConfigKey(_message_format_version, lambda c: "3.0-IV1"),
     "message.timestamp.difference.max.ms": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
     "min.cleanable.dirty.ratio": ConfigKey(_double(0.0, 1.0), lambda c: "0.5"),
     "min.compaction.lag.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "0"),

@@ -93,3 +93,13 @@ def test_compact_and_delete_together_keep_both_policies():
     assert config.compact and config.delete
     assert LogConfig(cleanup_policy="compact").delete is False
     assert LogConfig().compact is False
+
+
+def test_message_format_version_is_accepted_as_kafka_3_accepts_it():
+    """Deprecated and ignored (every batch is RecordBatch v2), but tools for Kafka 3 set it
+    (librdkafka's 0092): Kafka version strings only."""
+    assert validate_configs(TOPIC_CONFIGS, {"message.format.version": "0.10.0.0"}) is None
+    assert validate_configs(TOPIC_CONFIGS, {"message.format.version": "3.0-IV1"}) is None
+    for bad in ("latest", "3", "1.2.3.4.5", "3.0-IV1; x", "9" * 40):
+        assert validate_configs(TOPIC_CONFIGS, {"message.format.version": bad}), bad
+

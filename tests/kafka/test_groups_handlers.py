@@ -247,9 +247,13 @@ async def test_offset_fetch_per_version(
 async def test_handlers_module_covers_the_table() -> None:
     """Every advertised API has a handler that a registry accepts (kio models the range)."""
     from raftlog.net.kafka.apis import ApiRegistry
+    from raftlog.net.kafka.handlers_consumer_group import CONSUMER_GROUP_VERSION_TABLE
     from raftlog.net.kafka.handlers_groups import register_group_apis
 
     registry = ApiRegistry()
     register_group_apis(registry, ScriptedService())  # type: ignore[arg-type]
-    assert {k: (lo, hi) for k, lo, hi in registry.table()} == GROUP_VERSION_TABLE
+    assert {k: (lo, hi) for k, lo, hi in registry.table()} == {
+        **GROUP_VERSION_TABLE,
+        **CONSUMER_GROUP_VERSION_TABLE,
+    }
     await trio.lowlevel.checkpoint()

@@ -96,12 +96,7 @@ def register_group_apis(
         registry.register(api_key, lo, hi, table[api_key])
     if txn_service is not None:
         register_txn_offset_commit(registry, service)
-    # KIP-848 (handlers_consumer_group.py): served once authz.API_RULES names what its two
-    # APIs check (every served API must; test_authz holds the node to it).
-    if all(
-        name in authz.API_RULES for name in ("consumer_group_heartbeat", "consumer_group_describe")
-    ):
-        register_consumer_group_apis(registry, service)
+    register_consumer_group_apis(registry, service)  # KIP-848 (handlers_consumer_group.py)
 
 
 # FindCoordinator: what each key type needs (a transactional id is its own resource).
