@@ -68,6 +68,9 @@ class ApiKey(enum.IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["alter_partition_reassignments"]
     LIST_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["list_partition_reassignments"]
     ELECT_LEADERS = _KEY_BY_NAME["elect_leaders"]
+    ADD_RAFT_VOTER = _KEY_BY_NAME["add_raft_voter"]
+    REMOVE_RAFT_VOTER = _KEY_BY_NAME["remove_raft_voter"]
+    UPDATE_RAFT_VOTER = _KEY_BY_NAME["update_raft_voter"]
 
 
 # api key -> (min version, max version, handler). Why each range: docs/protocol.md.

@@ -157,6 +157,10 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "alter_partition_reassignments": (ALTER_CLUSTER,),
         "list_partition_reassignments": (DESCRIBE_CLUSTER,),
         "elect_leaders": (ALTER_CLUSTER,),
+        # KIP-853 (handlers_quorum.py).
+        "add_raft_voter": (ALTER_CLUSTER,),
+        "remove_raft_voter": (ALTER_CLUSTER,),
+        "update_raft_voter": (CLUSTER_ACTION,),
         # Transactions (handlers_txn*.py); AddPartitionsToTxn v4+ is sent by brokers and
         # checked against CLUSTER_ACTION instead.
         "add_partitions_to_txn": (WRITE_TRANSACTIONAL_ID, WRITE_TOPIC, CLUSTER_ACTION),

@@ -44,9 +44,6 @@ __all__ = [
 DEFAULT_VOTER_CHANGE_TIMEOUT_MS = 30_000
 # A request may not hold its handler (and a connection slot) longer than this.
 MAX_VOTER_CHANGE_TIMEOUT_MS = 120_000
-_UPDATE_RAFT_VOTER = 82  # kio's update_raft_voter; ApiKey (apis.py) does not name it yet
-_ADD_RAFT_VOTER = 80
-_REMOVE_RAFT_VOTER = 81
 
 _CODEC = Codec()
 
@@ -222,9 +219,9 @@ def register_quorum_apis(
             "nodes": nodes,
         }
 
-    registry.register(_ADD_RAFT_VOTER, 0, 0, handle_add_raft_voter)
-    registry.register(_REMOVE_RAFT_VOTER, 0, 0, handle_remove_raft_voter)
-    registry.register(_UPDATE_RAFT_VOTER, 0, 0, handle_update_raft_voter)
+    registry.register(ApiKey.ADD_RAFT_VOTER, 0, 0, handle_add_raft_voter)
+    registry.register(ApiKey.REMOVE_RAFT_VOTER, 0, 0, handle_remove_raft_voter)
+    registry.register(ApiKey.UPDATE_RAFT_VOTER, 0, 0, handle_update_raft_voter)
     registry.register(ApiKey.DESCRIBE_QUORUM, 0, 2, handle_describe_quorum)
 
 
