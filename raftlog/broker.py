@@ -39,6 +39,8 @@ from raftlog.net.kafka.backend import (
     ConfigsResult,
     CreateTopicResult,
     DeleteTopicResult,
+    FetchResult,
+    IsolationLevel,
     PartitionInfo,
     PartitionProducers,
     ProducerDescription,
@@ -99,7 +101,7 @@ class BrokerBackend:
         # The data path is the replication layer's own: a produce or a fetch goes from the
         # protocol handler straight to ProducePath / ReadPaths, with no call of its own here.
         self._produce = replicas.writes.produce
-        self.fetch = replicas.reads.fetch
+        self._fetch = replicas.reads.fetch
         self.list_offset = replicas.reads.list_offset
         self.offset_for_leader_epoch = replicas.reads.offset_for_leader_epoch
         self.data_event = replicas.replicas.data_event
@@ -157,6 +159,24 @@ class BrokerBackend:
                 error_message="this broker lost contact with the controller",
             )
         return await self._produce(topic, partition, records, acks, timeout_ms, producer)
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        partition_max_bytes: int,
+        current_leader_epoch: int,
+        isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+    ) -> FetchResult:
+        """The replication layer's consumer fetch, unless this broker stepped down from the
+        partition: what it holds is committed, but its high watermark no longer moves, and a
+        consumer told NOT_LEADER_OR_FOLLOWER finds the new leader."""
+        if self.stepped_down(topic, partition):
+            return FetchResult(ErrorCode.not_leader_or_follower)
+        return await self._fetch(
+            topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch, isolation
+        )
 
     def lease_lapsed(self) -> bool:
         """No heartbeat of this broker was answered for a session (BrokerLifecycle)."""

@@ -12,7 +12,7 @@ from raftlog.broker import FENCED_BROKER_LISTED_MS, BrokerBackend
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
-from raftlog.net.kafka.backend import ProduceResult
+from raftlog.net.kafka.backend import FetchResult, ProduceResult
 from tests.metadata.test_controller import SESSION_MS, cluster, create, heartbeat
 
 NODE_ID = 1
@@ -59,11 +59,15 @@ def _backend(isr: frozenset[int] = frozenset({1, 2, 3}), last_fetch_ago_ms: int 
         produced.append(args)
         return ProduceResult(base_offset=0)
 
+    async def fetch(*args):
+        produced.append(("fetch", *args))
+        return FetchResult(high_watermark=7)
+
     leading = SimpleNamespace(replica=SimpleNamespace(leader=_leader(set(isr), last_fetch_ago_ms)))
     following = SimpleNamespace(replica=SimpleNamespace(leader=None))
     replicas = SimpleNamespace(
         writes=SimpleNamespace(produce=produce),
-        reads=SimpleNamespace(fetch=None, list_offset=None, offset_for_leader_epoch=None),
+        reads=SimpleNamespace(fetch=fetch, list_offset=None, offset_for_leader_epoch=None),
         replicas=SimpleNamespace(
             data_event=None,
             partitions={("t", 0): leading, ("t", 1): following},
@@ -103,7 +107,10 @@ async def test_a_lapsed_broker_refuses_produces_and_names_no_leader_of_its_own(l
     assert failed == [("t", 0)]
     result = await backend.produce("t", 0, b"x", -1, 1000)
     assert result.error == ErrorCode.not_leader_or_follower
-    assert len(produced) == 1  # never reached the log
+    # Consumers too are sent to look for the new leader (its high watermark is stuck here).
+    fetched = await backend.fetch("t", 0, 0, 1024, -1)
+    assert fetched.error == ErrorCode.not_leader_or_follower
+    assert len(produced) == 1  # neither reached the log
     after = _leaders(backend)
     for partition, (leader, error) in before.items():
         if leader == NODE_ID:
@@ -128,7 +135,8 @@ async def test_a_lapsed_broker_keeps_a_partition_nobody_could_have_taken(isr, la
     lifecycle.lapse()
     assert failed == []
     assert (await backend.produce("t", 0, b"x", -1, 1000)).error == ErrorCode.none
-    assert len(produced) == 1
+    assert (await backend.fetch("t", 0, 0, 1024, -1)).high_watermark == 7
+    assert len(produced) == 2
     assert _leaders(backend) == before
     assert NODE_ID in {b.node_id for b in backend.brokers()}
 
