@@ -75,6 +75,7 @@ def _backend(isr: frozenset[int] = frozenset({1, 2, 3}), last_fetch_ago_ms: int 
             clock_ms=lambda: NOW_MS,
         ),
         unsafe_partitions=tuple,
+        delete_records=None,
     )
     lifecycle = _Lifecycle()
     backend = BrokerBackend(
