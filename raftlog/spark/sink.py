@@ -37,7 +37,13 @@ from pyspark.sql.types import (
 from raftlog.client.transactional import TransactionHandle
 from raftlog.spark.options import OptionError
 from raftlog.spark.write_options import WriteOptions, parse_write_options
-from raftlog.spark.writer import StreamMarker, TaskResult, end_transactions, write_task
+from raftlog.spark.writer import (
+    StreamMarker,
+    TaskResult,
+    end_transactions,
+    fence_open_transactions,
+    write_task,
+)
 
 log = logging.getLogger("raftlog.spark")
 
@@ -138,9 +144,15 @@ class RaftlogBatchWriter(DataSourceArrowWriter):
         log.info("raftlog sink: committed %d rows of job %s", _rows(messages), self.job_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        # Tasks that never reported (killed executors) left theirs open: the coordinator
-        # aborts them at kafka.transaction.timeout.ms. A read_committed reader sees none.
         end_transactions(self.options, _handles(messages), commit=False)
+        # Tasks Spark cancelled when the job failed never reported: their transactions are
+        # found by id and aborted here rather than left to kafka.transaction.timeout.ms
+        # (which still covers an executor that cannot be reached).
+        fenced = fence_open_transactions(
+            self.options, f"{self.options.transactional_id_prefix}-{self.job_id}-"
+        )
+        if fenced:
+            log.info("raftlog sink: aborted unreported task transactions %s", fenced)
 
 
 class RaftlogStreamWriter(DataSourceStreamArrowWriter):

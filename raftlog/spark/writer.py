@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import trio
 
-from raftlog.client import open_cluster
+from raftlog.client import TransactionAdmin, open_cluster
 from raftlog.client.cluster import Cluster
 from raftlog.client.producer import partition_for_key
 from raftlog.client.transactional import (
@@ -272,3 +272,25 @@ def end_transactions(
     """EndTxn for every task's transaction, concurrently (blocking; on the driver)."""
     if handles:
         run_blocking(_end_all, options, handles, commit)
+
+
+async def _fence_open(options: WriteOptions, id_prefix: str) -> list[str]:
+    async with open_cluster(
+        options.bootstrap_servers, client_id="raftlog-spark-sink", security=options.security
+    ) as cluster:
+        listed = await TransactionAdmin(cluster).list_transactions(states=["Ongoing"])
+        ids = sorted(
+            {t.transactional_id for t in listed if t.transactional_id.startswith(id_prefix)}
+        )
+        for transactional_id in ids:
+            # A new epoch aborts the open transaction and fences whoever holds the old one.
+            await TransactionalProducer(
+                cluster, transactional_id, transaction_timeout_ms=options.transaction_timeout_ms
+            ).init()
+        return ids
+
+
+def fence_open_transactions(options: WriteOptions, id_prefix: str) -> list[str]:
+    """Abort every still-open transaction whose id starts with id_prefix (a failed job's tasks
+    that Spark cancelled before they reported): InitProducerId on each (blocking; driver)."""
+    return run_blocking(_fence_open, options, id_prefix)

@@ -6,11 +6,18 @@ read_committed: both see exactly the rows written. Bad schemas and overwrite fai
 with the sink's message. Streaming: a raftlog -> raftlog query whose last micro-batch is
 replayed after a restart (its commit-log entry removed, as when the driver dies between the
 sink's commit and Spark's) leaves every input exactly once in the output topic.
+
+`make test` runs the batch round trip and the short streaming replay (about a minute with
+Spark warm); the rest are `slow`: refusals through Spark, a failed job, 100k rows, a stream
+whose driver is killed twice and whose sink partition leader is killed once, fencing.
 """
 
 from __future__ import annotations
 
 import collections
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,11 +32,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from raftlog.client import open_cluster
-from raftlog.client.transactional import TransactionalProducer
+from raftlog.client import Consumer, IsolationLevel, open_cluster
+from raftlog.client.admin import list_offset
+from raftlog.client.transactional import ProducerFenced, TransactionalProducer
 from raftlog.records import Record
 from raftlog.testing.cluster import ProcessCluster
-from tests.spark.conftest import create_topic, produce
+from tests.spark.conftest import create_topic, partition_replicas, produce
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
@@ -169,6 +177,7 @@ def test_batch_write_round_trip(spark, cluster):
     assert len(by_raftlog) == count
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
@@ -196,6 +205,7 @@ def test_bad_schemas_are_refused_at_planning(spark, cluster, schema, message):
         )
 
 
+@pytest.mark.slow
 def test_overwrite_and_missing_topic_are_refused(spark, cluster):
     df = spark.createDataFrame([("v",)], "value string")
     writer = df.write.format("raftlog").option("kafka.bootstrap.servers", cluster.bootstrap_servers)
@@ -207,8 +217,20 @@ def test_overwrite_and_missing_topic_are_refused(spark, cluster):
         ).save()
 
 
-def _values(spark, bootstrap: str, topic: str) -> collections.Counter:
-    return collections.Counter(v for _, _, _, v, _ in read_raftlog(spark, bootstrap, topic))
+def committed_values(bootstrap: str, topic: str, partitions: int) -> collections.Counter:
+    """Values a read_committed reader sees in topic now (the project client: cheaper than a
+    Spark job for polling)."""
+
+    async def run() -> collections.Counter:
+        async with open_cluster(bootstrap) as cluster:
+            consumer = Consumer(cluster, isolation_level=IsolationLevel.READ_COMMITTED)
+            values: collections.Counter = collections.Counter()
+            for partition in range(partitions):
+                for record in await consumer.fetch_range(topic, partition, 0):
+                    values[record.value] += 1
+            return values
+
+    return trio.run(run)
 
 
 def _start_stream(spark, bootstrap: str, source: str, sink: str, checkpoint: Path):
@@ -249,7 +271,7 @@ def test_streaming_replay_leaves_no_duplicates(spark, cluster, tmp_path):
     query = _start_stream(spark, bootstrap, source, sink, checkpoint)
     try:
         cluster.wait_for(
-            lambda: sum(_values(spark, bootstrap, sink).values()) >= 300,
+            lambda: sum(committed_values(bootstrap, sink, 2).values()) >= 300,
             "the first 300 inputs in the output topic",
             WAIT_S,
         )
@@ -266,7 +288,7 @@ def test_streaming_replay_leaves_no_duplicates(spark, cluster, tmp_path):
     try:
         _produce_range(bootstrap, source, 300, 400, 2)
         cluster.wait_for(
-            lambda: sum(_values(spark, bootstrap, sink).values()) >= 400,
+            lambda: sum(committed_values(bootstrap, sink, 2).values()) >= 400,
             "all 400 inputs in the output topic",
             WAIT_S,
         )
@@ -275,5 +297,125 @@ def test_streaming_replay_leaves_no_duplicates(spark, cluster, tmp_path):
         )
     finally:
         query.stop()
-    values = _values(spark, bootstrap, sink)
+    values = committed_values(bootstrap, sink, 2)
     assert values == collections.Counter(f"in-{i}".encode() for i in range(400))
+
+
+@pytest.mark.slow
+def test_failed_job_leaves_nothing_visible(spark, cluster):
+    """One task names a partition the topic does not have: it fails and aborts its own
+    transaction, the driver aborts the others, and no transaction is left hanging (the last
+    stable offset reaches the high watermark long before the transaction timeout)."""
+    bootstrap = cluster.bootstrap_servers
+    topic, partitions = "sink-failed", 3
+    create_topic(bootstrap, topic, partitions)
+    rows = [(f"k{i}", f"v{i}".encode(), 99 if i == 399 else i % partitions, []) for i in range(400)]
+    df = spark.createDataFrame(rows, SINK_SCHEMA).coalesce(2)
+    with pytest.raises(Exception, match="row partition 99 does not exist"):
+        # Small batches: the failing task has produced (and must abort) rows before row 399.
+        df.write.format("raftlog").mode("append").option(
+            "kafka.bootstrap.servers", bootstrap
+        ).option("topic", topic).option("kafka.batch.size", "200").save()
+
+    async def stable() -> bool:
+        async with open_cluster(bootstrap) as cluster_client:
+            for p in range(partitions):
+                hw = await list_offset(cluster_client, topic, p, "latest")
+                lso = await list_offset(
+                    cluster_client, topic, p, "latest", IsolationLevel.READ_COMMITTED
+                )
+                if lso.offset != hw.offset:
+                    return False
+        return True
+
+    cluster.wait_for(lambda: trio.run(stable), "every transaction of the job ended", 30)
+    assert committed_values(bootstrap, topic, partitions) == collections.Counter()
+
+
+@pytest.mark.slow
+def test_batch_write_of_100k_rows(spark, cluster):
+    topic, partitions, count = "sink-100k", 6, 100_000
+    create_topic(cluster.bootstrap_servers, topic, partitions)
+    rows = sink_rows(count, partitions)
+    df = spark.createDataFrame(rows, SINK_SCHEMA).repartition(4)
+    df.write.format("raftlog").mode("append").option(
+        "kafka.bootstrap.servers", cluster.bootstrap_servers
+    ).option("topic", topic).save()
+    by_raftlog = read_raftlog(spark, cluster.bootstrap_servers, topic)
+    by_confluent = read_confluent(cluster.bootstrap_servers, topic, partitions, count)
+    assert len(by_raftlog) == count
+    assert by_raftlog == by_confluent
+
+
+@pytest.mark.slow
+def test_a_newer_producer_fences_the_older(cluster):
+    bootstrap = cluster.bootstrap_servers
+    create_topic(bootstrap, "fenced", 1)
+
+    async def run() -> None:
+        async with open_cluster(bootstrap) as cluster_client:
+            old = TransactionalProducer(cluster_client, "fencing-test")
+            await old.init()
+            old.begin()
+            await old.send("fenced", 0, [Record(value=b"zombie")])
+            new = TransactionalProducer(cluster_client, "fencing-test")
+            await new.init()  # aborts the old instance's open transaction
+            with pytest.raises(ProducerFenced):
+                await old.send("fenced", 0, [Record(value=b"late")])
+            new.begin()
+            await new.send("fenced", 0, [Record(value=b"fresh")])
+            await new.commit()
+
+    trio.run(run)
+    assert committed_values(bootstrap, "fenced", 1) == collections.Counter({b"fresh": 1})
+
+
+def _start_driver(bootstrap: str, source: str, sink: str, checkpoint: Path, log: Path):
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark.stream_driver", bootstrap, source, sink,
+             str(checkpoint)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2],
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_stream_survives_driver_kills_and_a_leader_kill(cluster, tmp_path):
+    bootstrap = cluster.bootstrap_servers
+    source, sink, partitions, total = "kill-in", "kill-out", 3, 6_000
+    create_topic(bootstrap, source, partitions)
+    create_topic(bootstrap, sink, partitions)
+    _produce_range(bootstrap, source, 0, total // 2, partitions)
+    checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
+
+    def written() -> int:
+        return sum(committed_values(bootstrap, sink, partitions).values())
+
+    seen = 0
+    for kill in range(2):
+        driver = _start_driver(bootstrap, source, sink, checkpoint, log)
+        try:
+            # Kill mid-stream: once this run has committed something new.
+            cluster.wait_for(
+                lambda floor=seen: written() > floor, f"progress before kill {kill}", WAIT_S * 2
+            )
+        finally:
+            driver.send_signal(signal.SIGKILL)
+            driver.wait()
+        seen = written()
+        if kill == 0:
+            _produce_range(bootstrap, source, total // 2, total, partitions)
+    leader, _ = partition_replicas(bootstrap, sink, 0)
+    driver = _start_driver(bootstrap, source, sink, checkpoint, log)
+    try:
+        cluster.wait_for(lambda: written() > seen, "progress after restart", WAIT_S * 2)
+        cluster.kill(leader)
+        cluster.wait_for(lambda: written() >= total, "every input in the sink", WAIT_S * 3)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        cluster.start(leader)
+    values = committed_values(bootstrap, sink, partitions)
+    assert values == collections.Counter(f"in-{i}".encode() for i in range(total)), log.read_text()[
+        -3000:
+    ]
