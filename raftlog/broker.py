@@ -38,6 +38,7 @@ from raftlog.net.kafka.backend import (
     ConfigResourceType,
     ConfigsResult,
     CreateTopicResult,
+    DeleteRecordsResult,
     DeleteTopicResult,
     FetchResult,
     IsolationLevel,
@@ -177,6 +178,13 @@ class BrokerBackend:
         return await self._fetch(
             topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch, isolation
         )
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
+        """DeleteRecords on a partition this broker leads (replication/delete_records.py),
+        unless it stepped down as for produce."""
+        if self.stepped_down(topic, partition):
+            return DeleteRecordsResult(ErrorCode.not_leader_or_follower)
+        return await self._replica_manager.delete_records(topic, partition, offset)
 
     def lease_lapsed(self) -> bool:
         """No heartbeat of this broker was answered for a session (BrokerLifecycle)."""

@@ -216,6 +216,11 @@ class ReplicaFetcher:
             partition_log = hosted.log
             if step.action is FollowerAction.NOTHING:
                 answered.append((hosted, follower, response.high_watermark))
+                # Nothing new, but the leader's log start may have moved (retention,
+                # DeleteRecords): an idle partition follows it too (not while a worker thread
+                # cuts its log).
+                if not follower.awaiting_truncation:
+                    self._follow_log_start(hosted, follower, response.log_start_offset)
             try:
                 if step.action is FollowerAction.APPEND:
                     # Storage time is wall-clock (segment.ms); now_ms here is monotonic.

@@ -32,9 +32,11 @@ from raftlog.clock import wall_clock_ms
 from raftlog.config import NodeConfig
 from raftlog.metadata.image import MetadataDelta, MetadataImage
 from raftlog.metrics.instruments import ReplicationMetrics
+from raftlog.net.kafka.backend import DeleteRecordsResult
 from raftlog.replication.assignment import ReplicaAssignment
 from raftlog.replication.core.follower import FollowerAction, FollowerState, FollowerStep
 from raftlog.replication.core.types import ReplicationSettings
+from raftlog.replication.delete_records import delete_records
 from raftlog.replication.fetcher import FetcherPool, FetcherSettings, SendFetch
 from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.idempotence import PRODUCER_SNAPSHOT_INTERVAL_MS
@@ -148,6 +150,11 @@ class ReplicaManager:
         """Write each COMMIT/ABORT marker on its partitions as their leader and answer once
         each is committed (acks=all); one ErrorCode per partition (txn_markers.py)."""
         return await self.markers.write_markers(markers, timeout_ms)
+
+    # ------------------------------------------------------------------ DeleteRecords
+    async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
+        """KIP-107 on a partition this broker leads (delete_records.py)."""
+        return await delete_records(self.replicas, topic, partition, offset)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -8,6 +8,8 @@ One cluster serves the whole module.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import trio
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -18,6 +20,8 @@ from kafka.admin import ConfigResourceType as KConfigResourceType
 from kafka.admin import NewTopic as KNewTopic
 
 from raftlog.client import open_connection
+from raftlog.storage.checkpoint import CheckpointError, read_checkpoint
+from raftlog.storage.recovery import LOG_START_FILE
 from raftlog.testing.cluster import ProcessCluster
 
 pytestmark = pytest.mark.cluster
@@ -266,3 +270,62 @@ def test_confluent_describe_cluster(cluster, cadmin):
     assert brokers == {n.node_id: n.client_address for n in cluster.nodes.values()}
     assert described.cluster_id == cluster.nodes[1].config.cluster_id
     assert described.controller.id in cluster.nodes
+
+
+def test_delete_records_moves_the_log_start_on_every_replica(cluster, cadmin):
+    """KIP-107 with confluent-kafka's AdminClient: records below the offset are gone for
+    readers (earliest is the new start, a consumer from the beginning starts there), on the
+    leader and, after their next fetch, on the followers; an offset past the high watermark
+    is refused; -1 deletes up to the high watermark."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    topic = "delete-records"
+    cadmin.create_topics([CNewTopic(topic, 1, 3)])[topic].result(FUTURE_TIMEOUT_S)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+    for i in range(10):
+        producer.produce(topic, f"r{i}".encode(), partition=0)
+    assert producer.flush(FUTURE_TIMEOUT_S) == 0
+
+    deleted = cadmin.delete_records([TopicPartition(topic, 0, 4)])
+    result = deleted[TopicPartition(topic, 0)].result(FUTURE_TIMEOUT_S)
+    assert result.low_watermark == 4
+    earliest = cadmin.list_offsets({TopicPartition(topic, 0): OffsetSpec.earliest()})
+    assert earliest[TopicPartition(topic, 0)].result(FUTURE_TIMEOUT_S).offset == 4
+
+    consumer = Consumer(
+        {"bootstrap.servers": cluster.bootstrap_servers, "group.id": "delete-records-reader"}
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    first = None
+    for _ in range(100):
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            first = message
+            break
+    consumer.close()
+    assert first is not None and (first.offset(), first.value()) == (4, b"r4")
+
+    too_far = cadmin.delete_records([TopicPartition(topic, 0, 11)])
+    with pytest.raises(Exception, match="OFFSET_OUT_OF_RANGE"):
+        too_far[TopicPartition(topic, 0)].result(FUTURE_TIMEOUT_S)
+    everything = cadmin.delete_records([TopicPartition(topic, 0, -1)])
+    assert everything[TopicPartition(topic, 0)].result(FUTURE_TIMEOUT_S).low_watermark == 10
+
+    # Every replica follows the leader's log start on its next fetch, and checkpoints it.
+    cluster.wait_for(
+        lambda: [_log_start(node, topic) for node in cluster.nodes.values()] == [10] * 3,
+        "every replica's checkpointed log start at 10",
+    )
+
+
+def _log_start(node, topic: str) -> int | None:
+    """The log start offset partition 0 of `topic` has checkpointed on `node`'s disk."""
+    directory = Path(node.config.data_dir)
+    found = list(directory.rglob(f"{topic}-0/{LOG_START_FILE}"))
+    if not found:
+        return None
+    try:
+        return int(read_checkpoint(found[0], LOG_START_FILE.split(".")[0])["log_start_offset"])
+    except (OSError, CheckpointError):
+        return None  # being replaced right now: asked again

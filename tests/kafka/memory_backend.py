@@ -29,6 +29,7 @@ from raftlog.net.kafka.backend import (
     ConfigSource,
     ConfigsResult,
     CreateTopicResult,
+    DeleteRecordsResult,
     DeleteTopicResult,
     EpochEndOffset,
     FetchResult,
@@ -253,6 +254,14 @@ class MemoryBackend:
             return self._partition(topic, partition).event
         except KafkaError:
             return trio.Event()
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
+        # The in-memory log has no log start to move: the answer's shape only.
+        p = self._partition(topic, partition)
+        target = p.end_offset if offset == -1 else offset
+        if not 0 <= target <= p.end_offset:
+            return DeleteRecordsResult(ErrorCode.offset_out_of_range)
+        return DeleteRecordsResult(low_watermark=target)
 
     async def list_offset(
         self,

@@ -20,6 +20,7 @@ from raftlog.net.kafka import (
     handlers_core,
     handlers_fetch,
     handlers_reassign,
+    handlers_records,
 )
 from raftlog.net.kafka.context import Handler
 
@@ -68,6 +69,7 @@ class ApiKey(enum.IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["alter_partition_reassignments"]
     LIST_PARTITION_REASSIGNMENTS = _KEY_BY_NAME["list_partition_reassignments"]
     ELECT_LEADERS = _KEY_BY_NAME["elect_leaders"]
+    DELETE_RECORDS = _KEY_BY_NAME["delete_records"]
     ADD_RAFT_VOTER = _KEY_BY_NAME["add_raft_voter"]
     REMOVE_RAFT_VOTER = _KEY_BY_NAME["remove_raft_voter"]
     UPDATE_RAFT_VOTER = _KEY_BY_NAME["update_raft_voter"]
@@ -94,6 +96,8 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.CREATE_TOPICS: (2, 7, handlers_admin.handle_create_topics),
     ApiKey.DELETE_TOPICS: (1, 6, handlers_admin.handle_delete_topics),
     ApiKey.CREATE_PARTITIONS: (0, 3, handlers_admin.handle_create_partitions),
+    # KIP-107; v2 is the flexible form.
+    ApiKey.DELETE_RECORDS: (0, 2, handlers_records.handle_delete_records),
     ApiKey.DESCRIBE_CONFIGS: (1, 4, handlers_admin.handle_describe_configs),
     ApiKey.ALTER_CONFIGS: (0, 2, handlers_admin.handle_alter_configs),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1, handlers_admin.handle_incremental_alter_configs),

@@ -171,9 +171,9 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "describe_transactions": (DESCRIBE_TRANSACTIONAL_ID, DESCRIBE_TOPIC),
         "list_transactions": (DESCRIBE_TRANSACTIONAL_ID,),
         "describe_producers": (READ_TOPIC,),
+        "delete_records": (DELETE_TOPIC,),
         # Not served yet: the checks Kafka makes, for the handlers that will serve them.
         "offset_delete": (DELETE_GROUP, READ_TOPIC),
-        "delete_records": (DELETE_TOPIC,),
     }
 )
 

@@ -122,6 +122,15 @@ class ProduceResult:
     record_errors: tuple[tuple[int, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class DeleteRecordsResult:
+    """DeleteRecords for one partition: the log start it has now (its low watermark)."""
+
+    error: ErrorCode = ErrorCode.none
+    low_watermark: int = -1
+    error_message: str | None = None
+
+
 # ------------------------------------------------------------------------------ fetch
 @dataclass(frozen=True)
 class FetchResult:
@@ -394,6 +403,11 @@ class KafkaBackend(Protocol):
     ) -> ListOffsetsResult:
         """EARLIEST_TIMESTAMP: log start; LATEST_TIMESTAMP: HW (LSO); MAX_TIMESTAMP: the
         batch with the largest timestamp; else first offset with timestamp >= timestamp_ms."""
+        ...
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
+        """Move the log start of a partition this broker leads to `offset` (-1: the high
+        watermark); answered once the new start is durable on the leader (KIP-107)."""
         ...
 
     async def offset_for_leader_epoch(
