@@ -308,7 +308,7 @@ class BrokerLifecycle:
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.reachability = BrokerReachability(
-            self.config.node_id, self.client.peers, self.metadata
+            self.config.node_id, self.client.peers, self.metadata, self.config
         )
         async with trio.open_nursery() as nursery:
             await nursery.start(self.reachability.run)

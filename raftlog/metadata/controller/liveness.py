@@ -18,15 +18,25 @@ makes one look refused.
 The observations outlive a change of controller: a node that was a follower when the broker
 died hands its new controller the time the connects began failing, so a killed broker that
 also led the metadata quorum is fenced without waiting for fresh failures.
+
+One silence counts as well, and only at a change of controller: a node that takes over
+because it stopped hearing from the previous metadata leader (its Raft fetches went
+unanswered) hands the new controller the time it last heard from it, when that is a whole
+broker session ago. The new controller would otherwise give that broker a fresh session
+although a majority has not heard from it for longer than one (a leader cut off the network
+kept leading its partitions that much longer); it still keeps it if the broker heartbeats
+the new controller (Controller.broker_unreachable's rule).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
+from raftlog.config import NodeConfig
 from raftlog.metadata.controller.controller import Controller
+from raftlog.metadata.raft.roles import Follower
 from raftlog.net.rpc import PeerSet
 
 # How often the observations are handed to the active controller and reconnects noticed;
@@ -40,17 +50,34 @@ class ActiveController(Protocol):
     @property
     def controller(self) -> Controller | None: ...
 
+    @property
+    def quorum(self) -> Any: ...
+
 
 class BrokerReachability:
     """Run `await nursery.start(reachability.run)` on every node; it only acts while the
     node is the active controller, but it listens all the time."""
 
-    def __init__(self, node_id: int, peers: PeerSet, metadata: ActiveController) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        peers: PeerSet,
+        metadata: ActiveController,
+        config: NodeConfig | None = None,
+    ) -> None:
         self.node_id = node_id
         self.peers = peers
         self.metadata = metadata
+        # Without a config (a caller that predates it) the silence of a metadata leader is
+        # not watched, only refusals.
+        self.config = config
         # peer id -> since when every connect to it failed (none succeeded since).
         self._unreachable_since_ms: dict[int, int] = {}
+        # (metadata leader, when this node last heard from it), while following it.
+        self._leader_heard: tuple[int, int] | None = None
+        # broker id -> since when a majority has not heard from it: the previous metadata
+        # leader, as this node saw it when it took over as controller.
+        self._silent_since_ms: dict[int, int] = {}
         self._fed: Controller | None = None
         self._fed_ids: set[int] = set()
         peers.add_unreachable_listener(self._peer_unreachable)
@@ -77,6 +104,7 @@ class BrokerReachability:
                 client = self.peers.get(peer_id)
                 if client is not None and client.connected:
                     del self._unreachable_since_ms[peer_id]
+            self._watch_metadata_leader()
             self._watch_brokers()
             self._feed()
 
@@ -94,15 +122,51 @@ class BrokerReachability:
             # for the same node): a new one is only made where there is none.
             self.peers.peer(broker_id, *reg.internal_endpoint)
 
+    def _watch_metadata_leader(self) -> None:
+        """Remember when this node last heard from the metadata leader it follows (its last
+        answered Raft fetch: the follower's deadline is that plus fetch_timeout_ms)."""
+        if self.config is None:
+            return
+        quorum = self.metadata.quorum
+        role = None if quorum is None else quorum.core.role
+        if isinstance(role, Follower) and role.leader_heard and role.leader_id != self.node_id:
+            heard_ms = role.fetch_deadline_ms - self.config.fetch_timeout_ms
+            self._leader_heard = (role.leader_id, heard_ms)
+
+    def _took_over(self, controller: Controller) -> None:
+        """This node just became the active controller: the previous metadata leader counts
+        as silent since this node last heard from it, if that is a whole session ago."""
+        self._silent_since_ms = {}
+        if self.config is None or self._leader_heard is None:
+            return
+        leader_id, heard_ms = self._leader_heard
+        registration = controller.image.brokers.get(leader_id)
+        if leader_id == self.node_id or registration is None or registration.fenced:
+            return
+        silent_ms = self._now_ms() - heard_ms
+        if silent_ms >= self.config.broker_session_timeout_ms:
+            self._silent_since_ms[leader_id] = heard_ms
+
+    def observations(self) -> dict[int, int]:
+        """What the active controller is told: broker id -> since when it has been
+        unreachable (refused connects, or the previous metadata leader's silence)."""
+        merged = dict(self._silent_since_ms)
+        for peer_id, since_ms in self._unreachable_since_ms.items():
+            merged[peer_id] = min(since_ms, merged.get(peer_id, since_ms))
+        return merged
+
     def _feed(self) -> None:
         controller = self.metadata.controller
         if controller is None:
             self._fed, self._fed_ids = None, set()
+            self._silent_since_ms = {}
             return
         if controller is not self._fed:
             self._fed, self._fed_ids = controller, set()
-        for peer_id in self._fed_ids - self._unreachable_since_ms.keys():
+            self._took_over(controller)
+        observed = self.observations()
+        for peer_id in self._fed_ids - observed.keys():
             controller.broker_reachable(peer_id)
-        for peer_id, since_ms in self._unreachable_since_ms.items():
+        for peer_id, since_ms in observed.items():
             controller.broker_unreachable(peer_id, since_ms)
-        self._fed_ids = set(self._unreachable_since_ms)
+        self._fed_ids = set(observed)

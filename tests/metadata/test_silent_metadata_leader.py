@@ -1,0 +1,105 @@
+"""A node that takes over as controller because the previous metadata leader fell silent
+(its Raft fetches went unanswered for longer than a broker session) hands the new controller
+that silence, so the old leader is fenced at once instead of after a fresh session; one that
+heartbeats the new controller, or was heard from recently, keeps its place."""
+
+from types import SimpleNamespace
+
+import trio
+
+from raftlog.config import NodeConfig
+from raftlog.metadata import records as r
+from raftlog.metadata.controller.controller import Controller
+from raftlog.metadata.controller.liveness import REACHABILITY_POLL_MS, BrokerReachability
+from raftlog.metadata.raft.roles import Follower
+from tests.metadata.test_broker_liveness_fencing import FakePeers
+from tests.metadata.test_controller import cluster, heartbeat, topic_ids
+
+SESSION_MS = 1500
+FETCH_TIMEOUT_MS = 2000
+NODE_ID = 2
+OLD_LEADER = 1
+
+
+def fenced_in(result) -> set[int]:
+    return {rec.broker_id for rec in result.records if isinstance(rec, r.FenceBroker)}
+
+
+class Metadata:
+    """The surface BrokerReachability reads: the active controller and the Raft role."""
+
+    def __init__(self) -> None:
+        self.controller: Controller | None = None
+        self.quorum = SimpleNamespace(core=SimpleNamespace(role=None))
+
+    def follow(self, leader_id: int, heard_ms: int) -> None:
+        self.quorum.core.role = Follower(
+            epoch=1,
+            leader_id=leader_id,
+            voted_for=None,
+            fetch_deadline_ms=heard_ms + FETCH_TIMEOUT_MS,
+            leader_heard=True,
+        )
+
+
+def _config() -> NodeConfig:
+    return NodeConfig.from_dict(
+        {
+            "node_id": NODE_ID,
+            "broker_session_timeout_ms": SESSION_MS,
+            "fetch_timeout_ms": FETCH_TIMEOUT_MS,
+            "controller_quorum_voters": "1@127.0.0.1:1,2@127.0.0.1:2,3@127.0.0.1:3",
+        }
+    )
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+async def _take_over(silent_ms: int, *, heartbeats: bool = False) -> set[int]:
+    """This node followed OLD_LEADER, last heard from it `silent_ms` before it becomes the
+    active controller; what does the new controller's first tick fence?"""
+    metadata = Metadata()
+    reachability = BrokerReachability(NODE_ID, FakePeers(), metadata, _config())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(reachability.run)
+        await trio.sleep(10)
+        heard_ms = _now_ms()
+        metadata.follow(OLD_LEADER, heard_ms)
+        await trio.sleep(2 * REACHABILITY_POLL_MS / 1000)  # noticed while following
+        await trio.sleep(max(0, heard_ms + silent_ms - _now_ms()) / 1000)
+        metadata.quorum.core.role = None  # elected: no longer a follower
+        old = cluster(3, broker_session_timeout_ms=SESSION_MS)
+        controller = Controller(
+            old.image, old.config, now_ms=_now_ms(), topic_id_source=topic_ids()
+        )
+        controller.become_leader(_now_ms())
+        if heartbeats:
+            heartbeat(controller, OLD_LEADER, now_ms=_now_ms())
+        metadata.controller = controller
+        await trio.sleep(2 * REACHABILITY_POLL_MS / 1000)  # fed
+        fenced = fenced_in(controller.tick(_now_ms()))
+        nursery.cancel_scope.cancel()
+    return fenced
+
+
+async def test_a_leader_silent_for_a_session_is_fenced_at_the_takeover(autojump_clock):
+    assert await _take_over(FETCH_TIMEOUT_MS + 300) == {OLD_LEADER}
+
+
+async def test_a_leader_heard_from_within_a_session_gets_the_grace(autojump_clock):
+    """A leadership handover (EndQuorumEpoch) or a short stall: no evidence."""
+    assert await _take_over(SESSION_MS - 200) == set()
+
+
+async def test_a_silent_leader_that_heartbeats_the_new_controller_stays(autojump_clock):
+    assert await _take_over(FETCH_TIMEOUT_MS + 300, heartbeats=True) == set()
+
+
+async def test_without_a_config_only_refusals_count(autojump_clock):
+    metadata = Metadata()
+    reachability = BrokerReachability(NODE_ID, FakePeers(), metadata)  # type: ignore[arg-type]
+    metadata.follow(OLD_LEADER, 0)
+    reachability._watch_metadata_leader()
+    assert reachability._leader_heard is None
