@@ -108,22 +108,30 @@ class _TaskWriter:
         return count
 
     async def add_batch(self, batch: pa.RecordBatch) -> None:
-        names = batch.schema.names
-        column = {name: batch.column(i).to_pylist() for i, name in enumerate(names)}
         count = batch.num_rows
-        values = column["value"]
-        keys = column.get("key") or [None] * count
-        topics = column.get("topic") or [None] * count
-        partitions = column.get("partition") or [None] * count
-        headers = column.get("headers") or [None] * count
+        none: list[Any] = [None] * count
+
+        def column(name: str) -> list[Any]:
+            index = batch.schema.get_field_index(name)
+            if index < 0:
+                return none
+            array = batch.column(index)
+            if name in ("key", "value") and pa.types.is_string(array.type):
+                array = array.cast(pa.binary())  # UTF-8 bytes, as Spark's Kafka sink sends
+            return array.to_pylist()
+
+        values, keys, topics = column("value"), column("key"), column("topic")
+        partitions, headers = column("partition"), column("headers")
+        counts = self.partition_counts
+        fixed_topic = self.options.topic
         for i in range(count):
-            topic = self.options.topic or topics[i]
+            topic = fixed_topic or topics[i]
             if not topic:
                 raise WriteError("a row has a null topic and the topic option is not set")
-            value = _text_or_bytes(values[i])
-            key = _text_or_bytes(keys[i])
+            value: bytes | None = values[i]
+            key: bytes | None = keys[i]
             partition = partitions[i]
-            partition_count = self.partition_counts.get(topic) or await self._partition_count(topic)
+            partition_count = counts.get(topic) or await self._partition_count(topic)
             if partition is None:
                 if key is not None:
                     partition = partition_for_key(key, partition_count)
@@ -134,19 +142,21 @@ class _TaskWriter:
                     f"row partition {partition} does not exist: topic {topic!r} has "
                     f"{partition_count} partitions"
                 )
-            record_headers = tuple(
-                (str(h["key"]), _text_or_bytes(h["value"])) for h in headers[i] or ()
-            )
-            record = Record(key=key, value=value, headers=record_headers)
-            buffer = self.buffers.setdefault((topic, partition), _Buffer())
+            size_bytes = RECORD_OVERHEAD_BYTES + len(value or b"") + len(key or b"")
+            if headers[i]:
+                record_headers = tuple(
+                    (str(h["key"]), _text_or_bytes(h["value"])) for h in headers[i]
+                )
+                size_bytes += sum(len(k) + len(v or b"") for k, v in record_headers)
+                record = Record(key=key, value=value, headers=record_headers)
+            else:
+                record = Record(key=key, value=value)
+            buffer = self.buffers.get((topic, partition))
+            if buffer is None:
+                buffer = self.buffers[(topic, partition)] = _Buffer()
             buffer.records.append(record)
-            buffer.size_bytes += (
-                len(value or b"")
-                + len(key or b"")
-                + sum(len(k) + len(v or b"") for k, v in record_headers)
-                + RECORD_OVERHEAD_BYTES
-            )
-            self.rows += 1
+            buffer.size_bytes += size_bytes
+        self.rows += count
         full = [k for k, b in self.buffers.items() if b.size_bytes >= self.options.batch_size_bytes]
         if full:
             await self.flush(full)
