@@ -215,6 +215,9 @@ BROKER_CONFIGS: Mapping[str, ConfigKey] = {
     ),
     "min.insync.replicas": ConfigKey(_int(1, INT32_MAX), lambda c: str(c.min_insync_replicas)),
     "num.partitions": ConfigKey(_int(1, 100_000), lambda c: str(c.num_partitions)),
+    # raftlog has no Kerberos (GSSAPI): stored and shown, no effect, so tools that set
+    # Kafka's dynamic SASL keys on a broker get the answer Kafka gives (librdkafka's 0081).
+    "sasl.kerberos.min.time.before.relogin": ConfigKey(_int(0, INT64_MAX), lambda c: "60000"),
     "unclean.leader.election.enable": ConfigKey(
         _bool, lambda c: _show_bool(c.unclean_leader_election)
     ),
