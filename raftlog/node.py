@@ -218,7 +218,9 @@ class Node:
             else:
                 # A broker's lifecycle runs it; a controller-only node still sees (and, when
                 # active, acts on) brokers whose listeners refuse it.
-                self.reachability = BrokerReachability(config.node_id, self.peers, self.metadata)
+                self.reachability = BrokerReachability(
+                    config.node_id, self.peers, self.metadata, config
+                )
                 await nursery.start(self.reachability.run)
 
             log.info(
