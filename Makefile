@@ -56,7 +56,7 @@ jepsen-txn: $(STAMP) sysdeps
 	$(PY) -m jepsen matrix --workload txn
 
 # What building librdkafka's test suite needs (`make compat` only): npm fetches it, a C/C++
-# toolchain and OpenSSL/zlib headers build it.
+# toolchain and OpenSSL/zlib headers build it (RapidJSON: the tests that check JSON stats).
 compatdeps:
 	@missing=""; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
@@ -65,6 +65,7 @@ compatdeps:
 	command -v pkg-config >/dev/null || missing="$$missing pkg-config"; \
 	test -f /usr/include/openssl/ssl.h || missing="$$missing libssl-dev"; \
 	test -f /usr/include/zlib.h || missing="$$missing zlib1g-dev"; \
+	test -d /usr/include/rapidjson || missing="$$missing rapidjson-dev"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \

@@ -96,7 +96,7 @@ def table(verdicts: Iterable[Verdict], expected: dict[str, Expected], header: st
             cause = f"expected: {entry.reason}{issue}"
         elif entry is not None:
             cause = "passes: take it off the expected-failures list"
-        verdict = v.state if v.state == "passed" or entry is not None else f"**{v.state}**"
+        verdict = f"**{v.state}**" if v.state in FAILING and entry is None else v.state
         rows.append(
             f"| `{v.name}` | {v.scenario} | {verdict} | {v.seconds:.1f} | "
             f"{_cell(cause if v.state != 'passed' or entry is not None else '')} |"
