@@ -205,7 +205,12 @@ class TxnClient:
             except (BufferError, KafkaException) as exc:
                 return self._abort(mops, f"produce refused locally: {exc}")
             mops.append(["send", key, value, None])
-        self.producer.flush(TXN_FLUSH_TIMEOUT_S)
+        try:
+            self.producer.flush(TXN_FLUSH_TIMEOUT_S)
+        except KafkaException as exc:
+            # A fatal error (fenced: the coordinator aborted this transaction at its timeout
+            # and bumped the epoch) surfaces here: it never asked to commit, so it did not.
+            return self._abort(mops, f"flush: {exc}")
         first_send = len(mops) - len(sends)
         for i in range(len(sends)):
             err, msg = reports.get(i, (None, None))
@@ -269,6 +274,8 @@ class TxnClient:
         try:
             self.producer.purge()
             self.producer.flush(0)
+        except KafkaException as exc:  # a fenced producer says so again; it is being dropped
+            log.info("closing a failed transactional producer: %s", exc)
         finally:
             self.consumer.close()
 
