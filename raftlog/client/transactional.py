@@ -63,6 +63,10 @@ TRANSACTION_KEY_TYPE = 1
 ACKS_ALL = -1
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+# Kafka's bounds on the whole of an operation, retries included: a produce (from first send
+# to acknowledgement) and a coordinator call (init, add, end).
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+DEFAULT_MAX_BLOCK_MS = 60_000
 # Coordinator and "try again" errors: bounded retries with a growing back-off. The bound
 # covers a coordinator failover (an election plus replay of __transaction_state).
 MAX_TXN_RETRIES = 40
@@ -119,7 +123,27 @@ def _raise(code: Any, what: str, message: str | None = None) -> None:
     raise_for(error, what, message)
 
 
-async def _retry_coordinator(what: str, operation: Callable[[], Awaitable[T]]) -> T:
+async def _bounded(what: str, limit_ms: int, operation: Callable[[], Awaitable[T]]) -> T:
+    """operation, failing with REQUEST_TIMED_OUT once limit_ms have passed (retries
+    included), so an unavailable cluster fails a write instead of stalling it."""
+    try:
+        with trio.fail_after(limit_ms / 1000):
+            return await operation()
+    except trio.TooSlowError:
+        raise KafkaError(
+            ErrorCode.request_timed_out,
+            f"{what}: no success within {limit_ms} ms (the cluster kept answering with "
+            f"retriable errors or not at all)",
+        ) from None
+
+
+async def _retry_coordinator(
+    what: str, operation: Callable[[], Awaitable[T]], max_block_ms: int = DEFAULT_MAX_BLOCK_MS
+) -> T:
+    return await _bounded(what, max_block_ms, lambda: _retry_loop(operation))
+
+
+async def _retry_loop(operation: Callable[[], Awaitable[T]]) -> T:
     attempt = 0
     while True:
         try:
@@ -150,7 +174,13 @@ async def _coordinator(cluster: Cluster, key: str, key_type: int) -> BrokerConne
     return await cluster.connect((str(entry.host), int(entry.port)))
 
 
-async def end_transaction(cluster: Cluster, handle: TransactionHandle, *, commit: bool) -> None:
+async def end_transaction(
+    cluster: Cluster,
+    handle: TransactionHandle,
+    *,
+    commit: bool,
+    max_block_ms: int = DEFAULT_MAX_BLOCK_MS,
+) -> None:
     """EndTxn for a transaction begun elsewhere (its data must already be acknowledged)."""
 
     async def attempt() -> None:
@@ -168,7 +198,7 @@ async def end_transaction(cluster: Cluster, handle: TransactionHandle, *, commit
         )
         _raise(response.error_code, f"end_txn {handle.transactional_id} commit={commit}")
 
-    await _retry_coordinator(f"end_txn {handle.transactional_id}", attempt)
+    await _retry_coordinator(f"end_txn {handle.transactional_id}", attempt, max_block_ms)
 
 
 class TransactionalProducer:
@@ -182,6 +212,8 @@ class TransactionalProducer:
         transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
         compression: Compression = Compression.NONE,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS,
+        max_block_ms: int = DEFAULT_MAX_BLOCK_MS,
     ) -> None:
         if not transactional_id:
             raise ValueError("a transactional id must not be empty")
@@ -194,6 +226,8 @@ class TransactionalProducer:
         self.transaction_timeout_ms = transaction_timeout_ms
         self.compression = compression
         self.request_timeout_ms = request_timeout_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.max_block_ms = max_block_ms
         self.producer_id = -1
         self.producer_epoch = -1
         self._sequences: dict[tuple[str, int], int] = {}
@@ -234,7 +268,7 @@ class TransactionalProducer:
             self.producer_id = int(response.producer_id)
             self.producer_epoch = int(response.producer_epoch)
 
-        await _retry_coordinator("init_producer_id", attempt)
+        await _retry_coordinator("init_producer_id", attempt, self.max_block_ms)
         if not (self.producer_id >= 0 and self.producer_epoch >= 0):
             raise KafkaError(ErrorCode.unknown_server_error, "init_producer_id gave no id")
         self._sequences.clear()
@@ -287,7 +321,7 @@ class TransactionalProducer:
                         f"add_partitions_to_txn {topic.name}-{result.partition_index}",
                     )
 
-        await _retry_coordinator("add_partitions_to_txn", attempt)
+        await _retry_coordinator("add_partitions_to_txn", attempt, self.max_block_ms)
         self._added.update(new)
 
     async def send(self, topic: str, partition: int, records: Sequence[Record]) -> int:
@@ -307,7 +341,11 @@ class TransactionalProducer:
             base_sequence=sequence,
             is_transactional=True,
         )
-        base_offset = await self._produce(topic, partition, batch)
+        base_offset = await _bounded(
+            f"produce {topic}-{partition}",
+            self.delivery_timeout_ms,
+            lambda: self._produce(topic, partition, batch),
+        )
         # Sequences wrap at int32 as Kafka's do.
         self._sequences[key] = (sequence + len(records)) & MAX_SEQUENCE
         return base_offset
@@ -374,7 +412,7 @@ class TransactionalProducer:
             )
             _raise(response.error_code, f"add_offsets_to_txn {group_id}")
 
-        await _retry_coordinator("add_offsets_to_txn", add)
+        await _retry_coordinator("add_offsets_to_txn", add, self.max_block_ms)
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(
@@ -410,18 +448,22 @@ class TransactionalProducer:
                         f"txn_offset_commit {group_id} {topic.name}-{result.partition_index}",
                     )
 
-        await _retry_coordinator("txn_offset_commit", commit)
+        await _retry_coordinator("txn_offset_commit", commit, self.max_block_ms)
 
     async def commit(self) -> None:
         self._check_open()
-        await end_transaction(self.cluster, self.handle, commit=True)
+        await end_transaction(
+            self.cluster, self.handle, commit=True, max_block_ms=self.max_block_ms
+        )
         self._in_transaction = False
 
     async def abort(self) -> None:
         """Abort the open transaction (nothing is sent if none is open)."""
         if not self._in_transaction:
             return
-        await end_transaction(self.cluster, self.handle, commit=False)
+        await end_transaction(
+            self.cluster, self.handle, commit=False, max_block_ms=self.max_block_ms
+        )
         self._in_transaction = False
 
 

@@ -144,13 +144,22 @@ class RaftlogBatchWriter(DataSourceArrowWriter):
         log.info("raftlog sink: committed %d rows of job %s", _rows(messages), self.job_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        end_transactions(self.options, _handles(messages), commit=False)
         # Tasks Spark cancelled when the job failed never reported: their transactions are
         # found by id and aborted here rather than left to kafka.transaction.timeout.ms
         # (which still covers an executor that cannot be reached).
-        fenced = fence_open_transactions(
-            self.options, f"{self.options.transactional_id_prefix}-{self.job_id}-"
-        )
+        try:
+            end_transactions(self.options, _handles(messages), commit=False)
+            fenced = fence_open_transactions(
+                self.options, f"{self.options.transactional_id_prefix}-{self.job_id}-"
+            )
+        except Exception as exc:  # best effort: the job's own error is what the user needs
+            log.warning(
+                "raftlog sink: aborting job %s failed (%s); its open transactions end at "
+                "kafka.transaction.timeout.ms",
+                self.job_id,
+                exc,
+            )
+            return
         if fenced:
             log.info("raftlog sink: aborted unreported task transactions %s", fenced)
 
@@ -186,7 +195,10 @@ class RaftlogStreamWriter(DataSourceStreamArrowWriter):
         end_transactions(self.options, _handles(messages), commit=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        end_transactions(self.options, _handles(messages), commit=False)
+        try:
+            end_transactions(self.options, _handles(messages), commit=False)
+        except Exception as exc:  # best effort: a restarted query fences them anyway
+            log.warning("raftlog sink: aborting micro-batch %d failed: %s", batchId, exc)
 
 
 def batch_writer(

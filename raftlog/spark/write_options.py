@@ -24,6 +24,9 @@ MAX_BATCH_SIZE_BYTES = 64 * 1024 * 1024
 # transaction_max_timeout_ms default (900 000).
 DEFAULT_TRANSACTION_TIMEOUT_MS = 300_000
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+# Kafka's producer defaults: a batch's whole delivery, and a coordinator call, retries included.
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+DEFAULT_MAX_BLOCK_MS = 60_000
 DEFAULT_TRANSACTIONAL_ID_PREFIX = "raftlog-spark"
 MAX_TRANSACTIONAL_ID_PREFIX_CHARS = 100
 
@@ -45,6 +48,7 @@ PRODUCER_OPTION_KEYS = (
     "transaction.timeout.ms",
     "request.timeout.ms",
     "delivery.timeout.ms",
+    "max.block.ms",
     "client.id",
     "max.in.flight.requests.per.connection",
 )
@@ -63,6 +67,8 @@ class WriteOptions:
     linger_ms: int = 0  # accepted for Kafka parity; a task flushes when its rows end
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS
+    max_block_ms: int = DEFAULT_MAX_BLOCK_MS
     transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
     # Streaming: the topic whose partition 0 keys each task's committed batch id, kept as a
     # consumer-group offset written in the task's transaction (defaults to `topic`).
@@ -144,6 +150,12 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         ),
         request_timeout_ms=_int_option(
             options, "kafka.request.timeout.ms", 100, 2**31 - 1, DEFAULT_REQUEST_TIMEOUT_MS
+        ),
+        delivery_timeout_ms=_int_option(
+            options, "kafka.delivery.timeout.ms", 1_000, 2**31 - 1, DEFAULT_DELIVERY_TIMEOUT_MS
+        ),
+        max_block_ms=_int_option(
+            options, "kafka.max.block.ms", 1_000, 2**31 - 1, DEFAULT_MAX_BLOCK_MS
         ),
         transactional_id_prefix=prefix,
         commit_topic=commit_topic.strip() if commit_topic else None,

@@ -199,6 +199,8 @@ async def _write(
             transaction_timeout_ms=options.transaction_timeout_ms,
             compression=options.compression,
             request_timeout_ms=options.request_timeout_ms,
+            delivery_timeout_ms=options.delivery_timeout_ms,
+            max_block_ms=options.max_block_ms,
         )
         await producer.init()
         if marker is not None:
@@ -261,7 +263,9 @@ async def _end_all(options: WriteOptions, handles: list[TransactionHandle], comm
         async def end(handle: TransactionHandle) -> None:
             async with limiter:
                 try:
-                    await end_transaction(cluster, handle, commit=commit)
+                    await end_transaction(
+                        cluster, handle, commit=commit, max_block_ms=options.max_block_ms
+                    )
                 except KafkaError as exc:
                     failures.append(f"{handle.transactional_id}: {exc}")
 
@@ -295,7 +299,10 @@ async def _fence_open(options: WriteOptions, id_prefix: str) -> list[str]:
         for transactional_id in ids:
             # A new epoch aborts the open transaction and fences whoever holds the old one.
             await TransactionalProducer(
-                cluster, transactional_id, transaction_timeout_ms=options.transaction_timeout_ms
+                cluster,
+                transactional_id,
+                transaction_timeout_ms=options.transaction_timeout_ms,
+                max_block_ms=options.max_block_ms,
             ).init()
         return ids
 

@@ -419,3 +419,48 @@ def test_stream_survives_driver_kills_and_a_leader_kill(cluster, tmp_path):
     assert values == collections.Counter(f"in-{i}".encode() for i in range(total)), log.read_text()[
         -3000:
     ]
+
+
+@pytest.mark.slow
+def test_write_with_a_node_down_and_refused_with_two_down(spark, cluster):
+    """RF 3, min ISR 2: one node down, the write succeeds; two down, the job fails with the
+    broker's error and, once the nodes are back, nothing of it is visible and nothing hangs."""
+    topic, partitions = "sink-degraded", 3
+    create_topic(cluster.bootstrap_servers, topic, partitions, configs={"min.insync.replicas": "2"})
+    rows = sink_rows(300, partitions)
+    df = spark.createDataFrame(rows, SINK_SCHEMA).repartition(2)
+
+    def write(bootstrap: str) -> None:
+        writer = df.write.format("raftlog").mode("append").option("topic", topic)
+        writer = writer.option("kafka.bootstrap.servers", bootstrap)
+        writer = writer.option("kafka.delivery.timeout.ms", "15000")
+        writer.option("kafka.max.block.ms", "15000").option(
+            "kafka.transaction.timeout.ms", "10000"
+        ).save()
+
+    first, second = 3, 2
+    try:
+        cluster.kill(first)
+        write(cluster.live_bootstrap_servers())
+        expected = collections.Counter(value for _, value, _, _ in rows)
+        assert committed_values(cluster.live_bootstrap_servers(), topic, partitions) == expected
+        cluster.kill(second)
+        with pytest.raises(Exception) as failure:
+            write(cluster.live_bootstrap_servers())
+        print("two nodes down:", str(failure.value)[:2000])
+    finally:
+        cluster.start(first)
+        cluster.start(second)
+    cluster.wait_ready()
+
+    async def stable() -> bool:
+        async with open_cluster(cluster.bootstrap_servers) as client:
+            for p in range(partitions):
+                hw = await list_offset(client, topic, p, "latest")
+                lso = await list_offset(client, topic, p, "latest", IsolationLevel.READ_COMMITTED)
+                if lso.offset != hw.offset:
+                    return False
+        return True
+
+    cluster.wait_for(lambda: trio.run(stable), "the failed job's transactions ended", WAIT_S)
+    assert committed_values(cluster.bootstrap_servers, topic, partitions) == expected
