@@ -415,6 +415,7 @@ def test_stream_survives_driver_kills_and_a_leader_kill(cluster, tmp_path):
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         cluster.start(leader)
+        cluster.wait_ready()  # the next test of the module wants three live brokers
     values = committed_values(bootstrap, sink, partitions)
     assert values == collections.Counter(f"in-{i}".encode() for i in range(total)), log.read_text()[
         -3000:
@@ -426,6 +427,7 @@ def test_write_with_a_node_down_and_refused_with_two_down(spark, cluster):
     """RF 3, min ISR 2: one node down, the write succeeds; two down, the job fails with the
     broker's error and, once the nodes are back, nothing of it is visible and nothing hangs."""
     topic, partitions = "sink-degraded", 3
+    cluster.wait_ready()
     create_topic(cluster.bootstrap_servers, topic, partitions, configs={"min.insync.replicas": "2"})
     rows = sink_rows(300, partitions)
     df = spark.createDataFrame(rows, SINK_SCHEMA).repartition(2)
