@@ -42,7 +42,7 @@ test-all: $(STAMP) sysdeps
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 sim: $(STAMP)
-	RAFTLOG_SIM_SEEDS=$(SEEDS) $(PY) -m pytest -q tests/sim $(PYTEST_ARGS)
+	RAFTLOG_SIM_SEEDS=$(SEEDS) RAFTLOG_SIM_MEMBERSHIP_SEEDS=$(SEEDS) $(PY) -m pytest -q tests/sim $(PYTEST_ARGS)
 
 bench: $(STAMP) sysdeps
 	@for b in storage quorum replication fetch quotas spark security transactions failover; do \

@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from raftlog.errors import LocalError
+
 # Kafka's limits on a topic name (Topic.validate: legal characters, at most 249 of them).
 TOPIC_NAME_MAX_CHARS = 249
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
@@ -204,7 +206,7 @@ class ResetSpec:
     value: int = 0
 
 
-class ResetError(Exception):
+class ResetError(LocalError):
     """A reset that cannot be planned (a --shift-by without a committed offset)."""
 
 

@@ -114,7 +114,7 @@ class BrokerBackend:
         # broker id -> when this node saw it fenced (trio clock, s), for brokers it had seen
         # unfenced: a broker fenced since start-up is never listed.
         self._fenced_at_s: dict[int, float] = {}
-        self._seen_unfenced: set[int] = set()
+        self._seen_unfenced: dict[int, uuid.UUID] = {}  # broker id -> incarnation seen unfenced
         # Not trio's clock: image listeners also run outside trio (tests replaying images).
         self.clock_s: Callable[[], float] = time.monotonic
         if metadata is not None:
@@ -267,10 +267,15 @@ class BrokerBackend:
         now_s = self.clock_s()
         for broker_id, reg in image.brokers.items():
             if not reg.fenced:
-                self._seen_unfenced.add(broker_id)
+                self._seen_unfenced[broker_id] = reg.incarnation_id
                 self._fenced_at_s.pop(broker_id, None)
-            elif broker_id in self._seen_unfenced:
+            elif self._seen_unfenced.get(broker_id) == reg.incarnation_id:
+                # The process seen serving was fenced (killed, cut off): list it a little
+                # longer. A new incarnation (a restart) registers fenced and is not listed
+                # until it is unfenced, as KRaft does.
                 self._fenced_at_s.setdefault(broker_id, now_s)
+            else:
+                self._fenced_at_s.pop(broker_id, None)
         for broker_id in self._fenced_at_s.keys() - image.brokers.keys():
             del self._fenced_at_s[broker_id]
 

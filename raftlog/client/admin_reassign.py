@@ -19,7 +19,7 @@ from typing import Any
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.connection import call_negotiated
 from raftlog.client.protocol import error_of
-from raftlog.errors import ErrorCode, KafkaError
+from raftlog.errors import ErrorCode, KafkaError, LocalError
 
 __all__ = [
     "MAX_PLAN_PARTITIONS",
@@ -59,7 +59,7 @@ class ElectionType(enum.IntEnum):
     UNCLEAN = 1
 
 
-class PlanError(ValueError):
+class PlanError(LocalError, ValueError):
     """A reassignment plan (or a topics-to-move file) that is not valid, and why."""
 
 

@@ -13,7 +13,13 @@ from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka.backend import FetchResult, ProduceResult
-from tests.metadata.test_controller import SESSION_MS, cluster, create, heartbeat
+from tests.metadata.test_controller import (
+    SESSION_MS,
+    cluster,
+    create,
+    heartbeat,
+    register_request,
+)
 
 NODE_ID = 1
 
@@ -175,3 +181,27 @@ def test_a_broker_fenced_moments_ago_stays_listed_for_a_while():
     fresh.metadata.image = controller.image
     fresh._note_fences(controller.image, None)
     assert {b.node_id for b in fresh.brokers()} == {1, 3}
+
+
+def test_a_restarted_broker_is_not_listed_until_it_is_unfenced_again():
+    """The lingering listing is for the process that was serving: a new incarnation (a
+    restart) registers fenced and stays out of Metadata until it is unfenced, as KRaft does,
+    so "every broker listed" still means every broker can take replicas."""
+    backend, _lifecycle, _produced, _failed = _backend()
+    now_s = [100.0]
+    backend.clock_s = lambda: now_s[0]
+    controller = cluster(3)
+    backend.metadata.image = controller.image
+    backend._note_fences(controller.image, None)
+    # The old process is gone (its session ran out); the new one registers.
+    reply = controller.handle(register_request(2, generation=1), SESSION_MS + 1).reply
+    assert reply.error_code == ErrorCode.none
+    assert controller.image.brokers[2].fenced
+    backend.metadata.image = controller.image
+    backend._note_fences(controller.image, None)
+    assert {b.node_id for b in backend.brokers()} == {1, 3}
+    heartbeat(controller, 2, now_ms=SESSION_MS + 2)
+    assert not controller.image.brokers[2].fenced
+    backend.metadata.image = controller.image
+    backend._note_fences(controller.image, None)
+    assert {b.node_id for b in backend.brokers()} == {1, 2, 3}

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 
 from raftlog.constants import NO_LEADER
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, RemoteError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.messages import (
     ELECTION_PREFERRED,
@@ -334,7 +334,10 @@ def alter_partition(batch: Batch, req: AlterPartition) -> AlterPartitionReply:
 
 
 # ---------------------------------------------------------------- ElectLeaders
-class _ElectionRefused(Exception):
+class _ElectionRefused(RemoteError):
+    """An ElectLeaders request that cannot be carried out for one partition (its code goes
+    back to the client)."""
+
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code

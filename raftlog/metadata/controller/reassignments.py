@@ -26,7 +26,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, RemoteError
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.elections import Batch, UnsafeReplicas, eligible_fn, safe_fn
 from raftlog.metadata.controller.messages import (
@@ -51,7 +51,9 @@ log = logging.getLogger("raftlog.metadata")
 MAX_REASSIGNMENT_REPLICAS = 32
 
 
-class PlanError(Exception):
+class PlanError(RemoteError):
+    """A reassignment plan a client sent that cannot be carried out (its code goes back)."""
+
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code

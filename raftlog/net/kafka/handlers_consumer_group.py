@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.index import api_key_map
 
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
-from raftlog.errors import ErrorCode
+from raftlog.errors import ErrorCode, RemoteError
 from raftlog.groups import messages as m
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiRegistry
@@ -59,7 +59,7 @@ _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 CONSUMER_MEMBER_TYPE = 1  # ConsumerGroupDescribe v1's member_type of a consumer member
 
 
-class BadRequest(Exception):
+class BadRequest(RemoteError):
     """A field out of range: answered INVALID_REQUEST (or `code`) with the message."""
 
     def __init__(self, message: str, code: ErrorCode = ErrorCode.invalid_request) -> None:
