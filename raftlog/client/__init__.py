@@ -74,6 +74,14 @@ from raftlog.client.properties import (
     parse_client_properties,
 )
 from raftlog.client.protocol import IsolationLevel
+from raftlog.client.quorum import QuorumAdmin, QuorumDescription
+from raftlog.client.transactional import (
+    ProducerFenced,
+    TransactionalProducer,
+    TransactionHandle,
+    committed_offset,
+    end_transaction,
+)
 from raftlog.constants import ACKS_ALL, ACKS_LEADER, ACKS_NONE
 from raftlog.metadata.controller.messages import NewTopic
 
@@ -113,7 +121,10 @@ __all__ = [
     "PartitionProducers",
     "ProduceResult",
     "Producer",
+    "ProducerFenced",
     "ProducerState",
+    "QuorumAdmin",
+    "QuorumDescription",
     "QuotaMatch",
     "RequestTimeout",
     "ResourceType",
@@ -125,10 +136,14 @@ __all__ = [
     "TopicResult",
     "TransactionAdmin",
     "TransactionDescription",
+    "TransactionHandle",
     "TransactionListing",
+    "TransactionalProducer",
     "UnsupportedVersion",
     "UserResult",
     "UserScramCredentials",
+    "committed_offset",
+    "end_transaction",
     "load_client_properties",
     "murmur2",
     "open_cluster",
