@@ -206,6 +206,13 @@ def up(
             local.write_cluster(cluster, overrides)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    # In the foreground, a SIGTERM or SIGHUP that comes while the nodes start is kept, not
+    # fatal: killing `up` then would leave the nodes running with nobody to stop them. The
+    # cluster is stopped as soon as it is up (Ctrl-C during start-up stops it at once).
+    early_signals: list[int] = []
+    if not detach:
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda received, _frame: early_signals.append(received))
     started = {node.node_id: local.start_node(node) for node in cluster.nodes}
 
     async def start() -> str:
@@ -239,8 +246,9 @@ def up(
         # SIGHUP: the terminal closed. The nodes run in their own sessions (Ctrl-C must not
         # reach them before the controlled shutdown), so nothing else would stop them.
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            async for _ in signals:
-                break
+            if not early_signals:
+                async for _ in signals:
+                    break
         click.echo("Stopping the cluster...", err=True)
         return await local.stop_nodes(list(cluster.nodes))
 
