@@ -275,6 +275,10 @@ def check_purgatory(cluster: ProcessCluster, leader: int, follower: int) -> None
     """An acks=all produce waits in the leader's purgatory while a follower is paused."""
     purgatory = {"delayed_operation": "Produce"}
     producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+    # Connected to the leader before the pause: the parked produce then goes out at once,
+    # well inside the window before the paused follower is fenced and leaves the ISR.
+    producer.produce(TOPIC, value=b"warm-up", partition=0)
+    assert producer.flush(30) == 0
     cluster.pause(follower)
     try:
         producer.produce(TOPIC, value=b"parked", partition=0)
