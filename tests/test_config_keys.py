@@ -102,4 +102,3 @@ def test_message_format_version_is_accepted_as_kafka_3_accepts_it():
     assert validate_configs(TOPIC_CONFIGS, {"message.format.version": "3.0-IV1"}) is None
     for bad in ("latest", "3", "1.2.3.4.5", "3.0-IV1; x", "9" * 40):
         assert validate_configs(TOPIC_CONFIGS, {"message.format.version": bad}), bad
-

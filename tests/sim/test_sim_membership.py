@@ -3,8 +3,8 @@
 A pool of 5 nodes starts with 3 voters; the leader is asked now and then to add an observer
 or remove a voter (itself included). Every invariant of tests/sim/invariants.py holds after
 every step, including VoterSetAgreed; after healing, the final voter set commits a write.
-RAFTLOG_SIM_MEMBERSHIP_SEEDS=<n> runs seeds 0..n-1 (default 100; `make sim` runs SEEDS); RAFTLOG_SIM_SEED=<seed>
-replays one. A failure names its seed.
+RAFTLOG_SIM_MEMBERSHIP_SEEDS=<n> runs seeds 0..n-1 (default 100; `make sim` runs SEEDS);
+RAFTLOG_SIM_SEED=<seed> replays one. A failure names its seed.
 """
 
 from __future__ import annotations
