@@ -185,12 +185,7 @@ def up(
             cluster = dataclasses.replace(
                 cluster, client_properties=secure.client_properties_path(cluster)
             )
-    busy = [
-        port
-        for n in cluster.nodes
-        for port in (n.client_port, n.internal_port, n.metrics_port)
-        if local.port_in_use(port)
-    ]
+    busy = [port for n in cluster.nodes for port in n.ports if local.port_in_use(port)]
     if busy:
         raise CliError(
             f"ports {', '.join(map(str, busy))} are in use (another cluster or program?); "

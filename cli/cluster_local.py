@@ -80,6 +80,11 @@ class LocalNode:
     def metrics_address(self) -> str:
         return f"{LOOPBACK}:{self.metrics_port}"
 
+    @property
+    def ports(self) -> tuple[int, int, int]:
+        """Every port the node listens on."""
+        return (self.client_port, self.internal_port, self.metrics_port)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,

@@ -41,12 +41,22 @@ pytestmark = [
 ]
 
 
+# Every port a local cluster uses (client, internal = client + 10000, metrics = client + 552)
+# stays below Linux's ephemeral range (32768 and up), where the other tests' client sockets
+# and bind(0) listeners come from: a free port checked here cannot be taken a moment later by
+# an outgoing connection.
+BASE_PORT_LOW = 12_000
+BASE_PORT_HIGH = 32_000 - local.INTERNAL_PORT_OFFSET - local.MAX_LOCAL_NODES
+
+
 def free_base_port(nodes: int) -> int:
     # Seeded by pid so parallel runs on one machine rarely collide; checked below anyway.
-    for base in range(30_000 + (os.getpid() % 500) * 10, 40_000, 10):
-        ports = [base + i for i in range(nodes)]
-        ports += [p + local.INTERNAL_PORT_OFFSET for p in ports]
-        if not any(local.port_in_use(p) for p in ports):
+    span = BASE_PORT_HIGH - BASE_PORT_LOW
+    start = BASE_PORT_LOW + (os.getpid() * 10) % span
+    for offset in range(0, span, 10):
+        base = BASE_PORT_LOW + (start - BASE_PORT_LOW + offset) % span
+        planned = local.plan_cluster(Path("."), nodes, base)
+        if not any(local.port_in_use(p) for n in planned.nodes for p in n.ports):
             return base
     raise RuntimeError("no free port range")
 
