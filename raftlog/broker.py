@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import trio
@@ -47,12 +47,10 @@ from raftlog.net.kafka.backend import (
     ProducerDescription,
     ProduceResult,
     ProducerIdResult,
-    QuorumInfo,
     QuotaAlteration,
     QuotaAlterResult,
     QuotaEntity,
     QuotaFilter,
-    ReplicaState,
     ScramAlterResult,
     ScramUserDescription,
     TopicInfo,
@@ -70,8 +68,6 @@ log = logging.getLogger("raftlog.broker")
 # Metadata marks these is_internal (Kafka: clients skip them in pattern subscriptions).
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
-
-QuorumDescriber = Callable[[], Awaitable[QuorumInfo]]
 
 # A broker this node saw fenced stays in the broker list of Metadata this long after (a
 # workaround for librdkafka): a producer whose leader was fenced learns the new leader and
@@ -92,13 +88,11 @@ class BrokerBackend:
         controller: ControllerClient,
         lifecycle: BrokerLifecycle,
         replicas: ReplicaManager,
-        describe_quorum: QuorumDescriber,
     ) -> None:
         self.config = config
         self.metadata = metadata
         self.controller = controller
         self.lifecycle = lifecycle
-        self._describe_quorum = describe_quorum
         # The data path is the replication layer's own: a produce or a fetch goes from the
         # protocol handler straight to ProducePath / ReadPaths, with no call of its own here.
         self._produce = replicas.writes.produce
@@ -535,10 +529,7 @@ class BrokerBackend:
                 )
         return result.error_code, result.error_message
 
-    # ---------------------------------------------------------------- quorum, quotas, ids
-    async def describe_quorum(self) -> QuorumInfo:
-        return await self._describe_quorum()
-
+    # ---------------------------------------------------------------- quotas, ids
     async def describe_client_quotas(
         self, filters: Sequence[QuotaFilter], strict: bool
     ) -> Sequence[tuple[QuotaEntity, dict[str, float]]]:
@@ -772,26 +763,3 @@ def _quota_matches(entity: QuotaEntity, filters: Sequence[QuotaFilter], strict: 
         if f.match_type == QUOTA_MATCH_DEFAULT and name is not None:
             return False
     return not strict or len(components) == len(filters)
-
-
-def quorum_info_from_progress(
-    leader_id: int,
-    epoch: int,
-    high_watermark: int,
-    progress: dict[int, tuple[int, int | None]],
-    now_ms: int,
-    wall_now_ms: int,
-) -> QuorumInfo:
-    """DescribeQuorum from the leader's view; fetch times converted to wall-clock ms."""
-    voters = []
-    for voter, (end_offset, last_fetch_ms) in sorted(progress.items()):
-        if voter == leader_id:
-            last = wall_now_ms
-        elif last_fetch_ms is None:
-            last = -1
-        else:
-            last = wall_now_ms - (now_ms - last_fetch_ms)
-        voters.append(
-            ReplicaState(voter, end_offset, last, last if end_offset >= high_watermark else -1)
-        )
-    return QuorumInfo(leader_id, epoch, high_watermark, voters)

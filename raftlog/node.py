@@ -35,7 +35,7 @@ from raftlog.groups.node_service import NodeGroupService
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.controller.broker_lifecycle import BrokerLifecycle, ControllerClient
 from raftlog.metadata.controller.liveness import BrokerReachability
-from raftlog.metadata.raft.describe import QuorumDescription, ReplicaProgress
+from raftlog.metadata.raft.describe import QuorumDescription
 from raftlog.metadata.raft.describe import describe as describe_core
 from raftlog.metadata.raft.driver import QuorumDriver
 from raftlog.metadata.raft.log_store import MetadataLogStore, MetadataRecoveryError
@@ -44,7 +44,6 @@ from raftlog.metadata.raft.types import NotLeader, RoleChange
 from raftlog.metadata.service import MetadataService
 from raftlog.metrics.node import node_metrics, run_metrics
 from raftlog.net.kafka.apis import default_registry
-from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
 from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from raftlog.net.kafka.handlers_security import register as register_security_apis
@@ -279,7 +278,6 @@ class Node:
             self.controller_client,
             self.lifecycle,
             self.replicas,
-            self.describe_quorum,
         )
         # The group coordinator follows the replica manager: it reads the offsets partitions
         # the manager has just become leader of.
@@ -305,8 +303,8 @@ class Node:
         register_txn_apis(registry, self.txn)
         register_security_apis(registry)
         if self.quorum is not None:
-            # KIP-853 membership and DescribeQuorum v2; not in apis.VERSION_TABLE because
-            # they need the quorum driver.
+            # DescribeQuorum (v0-2) and KIP-853 membership; not in apis.VERSION_TABLE
+            # because they need the quorum driver.
             register_quorum_apis(
                 registry, self.quorum, self.describe_quorum_description, self.cluster_id
             )
@@ -419,22 +417,6 @@ class Node:
             log.info("describing the quorum through leader %s failed: %s", leader, exc)
             raise NotLeader(leader, -1) from None
         return described
-
-    async def describe_quorum(self) -> QuorumInfo:
-        """DescribeQuorum: answered by the Raft leader, forwarded there by other nodes."""
-        try:
-            described = await self.describe_quorum_description()
-        except NotLeader as exc:
-            # The leader just died or is cut off: a client retries NOT_LEADER_OR_FOLLOWER
-            # (after refreshing metadata), where UNKNOWN_SERVER_ERROR would be final.
-            raise KafkaError(ErrorCode.not_leader_or_follower, str(exc)) from None
-        return QuorumInfo(
-            described.leader_id,
-            described.leader_epoch,
-            described.high_watermark,
-            [_replica_state(v) for v in described.voters],
-            [_replica_state(o) for o in described.observers],
-        )
 
     async def _describe_quorum_locally(self, _body: Any) -> list[Any] | None:
         """The "quorum.describe" call: the leader's QuorumDescription, None elsewhere."""
@@ -559,50 +541,6 @@ async def _serve_until_signalled(config: NodeConfig) -> None:
     finally:
         node.close()
     log.info("node %d stopped", config.node_id)
-
-
-def _quorum_to_wire(info: QuorumInfo) -> list[Any]:
-    """The "quorum.describe" answer of a QuorumInfo (voters and observers, no endpoints)."""
-    wire: list[Any] = CODEC.to_wire(
-        QuorumDescription(
-            info.leader_id,
-            info.leader_epoch,
-            info.high_watermark,
-            tuple(_replica_progress(v) for v in info.voters),
-            tuple(_replica_progress(o) for o in info.observers),
-        )
-    )
-    return wire
-
-
-def _quorum_from_wire(wire: Any) -> QuorumInfo:
-    """Raises DecodeError when the leader's answer is not a quorum description."""
-    described: QuorumDescription = CODEC.from_wire(QuorumDescription, wire)
-    return QuorumInfo(
-        described.leader_id,
-        described.leader_epoch,
-        described.high_watermark,
-        [_replica_state(v) for v in described.voters],
-        tuple(_replica_state(o) for o in described.observers),
-    )
-
-
-def _replica_progress(state: ReplicaState) -> ReplicaProgress:
-    return ReplicaProgress(
-        state.replica_id,
-        state.log_end_offset,
-        state.last_fetch_timestamp_ms,
-        state.last_caught_up_timestamp_ms,
-    )
-
-
-def _replica_state(progress: ReplicaProgress) -> ReplicaState:
-    return ReplicaState(
-        progress.replica_id,
-        progress.log_end_offset,
-        progress.last_fetch_timestamp_ms,
-        progress.last_caught_up_timestamp_ms,
-    )
 
 
 def setup_logging(level: str, node_id: int) -> None:

@@ -18,9 +18,12 @@ import trio
 from click.testing import CliRunner, Result
 from raftlog_cli.main import cli
 
+from raftlog.metadata.raft.describe import QuorumDescription, ReplicaProgress
+from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from tests.cli.group_handlers import GroupStore, group_registry
 from tests.kafka.conftest import Broker, start_broker
 from tests.kafka.test_groups_wire import start_group_broker
+from tests.kafka.test_quorum_handlers import CLUSTER_ID, ScriptedQuorum
 
 # One CLI call against a local in-process broker; far above what any call needs.
 CLI_CALL_DEADLINE_S = 30
@@ -51,10 +54,18 @@ async def invoke(argv: Sequence[str], input: str | None = None) -> Result:
         )
 
 
+async def describe_single_voter() -> QuorumDescription:
+    """The metadata quorum of the one-node server: node 1 leads it alone, caught up."""
+    return QuorumDescription(1, 3, 42, (ReplicaProgress(1, 42, 1000, 1000),))
+
+
 @pytest.fixture
 async def raftlog(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cli]:
     store = GroupStore()
-    broker = await start_broker(nursery, tmp_path, registry=group_registry(store))
+    registry = group_registry(store)
+    # DescribeQuorum as a node serves it (handlers_quorum), for `cluster status`.
+    register_quorum_apis(registry, ScriptedQuorum(), describe_single_voter, CLUSTER_ID)
+    broker = await start_broker(nursery, tmp_path, registry=registry)
     store.port = broker.port
     yield Cli(broker, store)
     broker.backend.close()

@@ -24,7 +24,9 @@ from raftlog.client import (
 )
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.net.kafka.apis import default_registry
 from raftlog.net.kafka.backend import LeaderHint
+from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from raftlog.net.kafka.server import serve
 from raftlog.quotas import (
     CONSUMER_BYTE_RATE,
@@ -34,13 +36,20 @@ from raftlog.quotas import (
 )
 from raftlog.records import Record
 from tests.kafka.memory_backend import MemoryBackend
+from tests.kafka.test_quorum_handlers import CLUSTER_ID, ScriptedQuorum
 
 
 @pytest.fixture
 async def backend(nursery: trio.Nursery, tmp_path) -> AsyncIterator[MemoryBackend]:
     backend = MemoryBackend(tmp_path)
     backend.auto_create = False
-    listeners = await nursery.start(partial(serve, backend, "127.0.0.1", 0, NodeConfig()))
+    # DescribeQuorum is served as on a node: by handlers_quorum, here over a scripted quorum.
+    registry = default_registry()
+    quorum = ScriptedQuorum()
+    register_quorum_apis(registry, quorum, quorum.describe, CLUSTER_ID)
+    listeners = await nursery.start(
+        partial(serve, backend, "127.0.0.1", 0, NodeConfig(), registry=registry)
+    )
     backend.port = listeners[0].socket.getsockname()[1]
     yield backend
     backend.close()
@@ -89,7 +98,7 @@ async def test_configs_cluster_and_quorum(cluster: Cluster) -> None:
     assert description.cluster_id == "raftlog-test-cluster"
     assert list(description.brokers) == [1]
     quorum = await admin.describe_quorum()
-    assert quorum["leader_id"] == 1 and quorum["high_watermark"] == 42
+    assert quorum["leader_id"] == 1 and quorum["high_watermark"] == 10
 
 
 async def test_client_quotas(cluster: Cluster) -> None:

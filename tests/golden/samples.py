@@ -28,7 +28,7 @@ from raftlog.groups.offsets_format import (
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import messages as cm
 from raftlog.metadata.raft import messages as rm
-from raftlog.net.kafka.backend import QuorumInfo, ReplicaState
+from raftlog.metadata.raft.describe import QuorumDescription, ReplicaProgress
 from raftlog.quotas.broker_hook import usage_to_wire
 from raftlog.quotas.entity import QuotaEntity
 from raftlog.quotas.manager import QuotaUsage
@@ -263,12 +263,16 @@ REPLICA_FETCH_RESPONSES: dict[str, list[fw.ReplicaFetchAnswer]] = {
     "response_empty": [],
 }
 
-DESCRIBE_QUORUM: dict[str, QuorumInfo | None] = {
-    "quorum": QuorumInfo(
+# The "quorum.describe" answer a non-leader forwards to (node.describe_quorum_description).
+DESCRIBE_QUORUM: dict[str, QuorumDescription | None] = {
+    "quorum": QuorumDescription(
         1,
         7,
         120,
-        [ReplicaState(1, 120, 1_700_000_000_000, 1_700_000_000_000), ReplicaState(2, 118, -1, -1)],
+        (
+            ReplicaProgress(1, 120, 1_700_000_000_000, 1_700_000_000_000),
+            ReplicaProgress(2, 118, -1, -1),
+        ),
     ),
     "no_leader": None,
 }
@@ -396,17 +400,13 @@ def _rpc_frame_read(data: bytes) -> tuple[int, int, int, str, Any]:
     return _decode(data[4:])
 
 
-def _describe_quorum_wire(info: QuorumInfo | None) -> bytes:
-    from raftlog.node import _quorum_to_wire
-
-    return _pack(None if info is None else _quorum_to_wire(info))
+def _describe_quorum_wire(described: QuorumDescription | None) -> bytes:
+    return _pack(None if described is None else rm.CODEC.to_wire(described))
 
 
-def _describe_quorum_read(data: bytes) -> QuorumInfo | None:
-    from raftlog.node import _quorum_from_wire
-
+def _describe_quorum_read(data: bytes) -> QuorumDescription | None:
     wire = _unpack(data)
-    return None if wire is None else _quorum_from_wire(wire)
+    return None if wire is None else rm.CODEC.from_wire(QuorumDescription, wire)
 
 
 def families() -> list[Family]:

@@ -42,12 +42,10 @@ from raftlog.net.kafka.backend import (
     ProduceResult,
     ProducerIdResult,
     ProducerInfo,
-    QuorumInfo,
     QuotaAlteration,
     QuotaAlterResult,
     QuotaEntity,
     QuotaFilter,
-    ReplicaState,
     TopicInfo,
     TopicPartitionKey,
     TxnMarkerWrite,
@@ -413,9 +411,6 @@ class MemoryBackend:
             else:
                 return ErrorCode.invalid_config, f"operation {op.name} unsupported"
         return ErrorCode.none, None
-
-    async def describe_quorum(self) -> QuorumInfo:
-        return QuorumInfo(1, 3, 42, [ReplicaState(1, 42, 1000, 1000)])
 
     async def describe_client_quotas(
         self, filters: Sequence[QuotaFilter], strict: bool

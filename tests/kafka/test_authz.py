@@ -36,6 +36,7 @@ from raftlog.net.kafka import authz, codec, handlers_security
 from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.backend import AclCreateResult, AclDeleteResult, ScramAlterResult
 from raftlog.net.kafka.handlers_groups import register_group_apis
+from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from raftlog.net.kafka.server import ListenerSecurity, serve
 from raftlog.records import Record, build_batch
 from raftlog.security import scram
@@ -52,6 +53,7 @@ from raftlog.security.acl import (
 from raftlog.security.authorizer import Authorizer, operations_bitfield
 from raftlog.security.sasl import PlainClient
 from tests.kafka.memory_backend import MemoryBackend
+from tests.kafka.test_quorum_handlers import CLUSTER_ID, ScriptedQuorum
 from tests.kafka.wire import WireClient
 
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
@@ -243,6 +245,8 @@ async def start_authz_broker(nursery: trio.Nursery, data_dir: Path) -> AuthzBrok
     registry = default_registry()
     register_group_apis(registry, groups)  # type: ignore[arg-type]  # duck-typed service
     handlers_security.register(registry)
+    quorum = ScriptedQuorum()
+    register_quorum_apis(registry, quorum, quorum.describe, CLUSTER_ID)
     security = ListenerSecurity(
         name="SASL_PLAINTEXT",
         security_protocol="SASL_PLAINTEXT",
@@ -351,6 +355,8 @@ def test_every_served_api_has_its_rules() -> None:
     registry = default_registry()
     register_group_apis(registry, ScriptedGroups())  # type: ignore[arg-type]
     handlers_security.register(registry)
+    quorum = ScriptedQuorum()
+    register_quorum_apis(registry, quorum, quorum.describe, CLUSTER_ID)
     served = {codec.api_name(spec.api_key) for spec in registry}
     served |= {"sasl_handshake", "sasl_authenticate"}
     assert served <= set(authz.API_RULES), served - set(authz.API_RULES)
@@ -1014,7 +1020,7 @@ def _broker_backend(config: NodeConfig, metadata: _Metadata) -> BrokerBackend:
         replicas=SimpleNamespace(data_event=None),
         unsafe_partitions=lambda: (),
     )
-    return BrokerBackend(config, metadata, None, None, replicas, None)  # type: ignore[arg-type]
+    return BrokerBackend(config, metadata, None, None, replicas)  # type: ignore[arg-type]
 
 
 def test_broker_backend_builds_its_authorizer_from_the_image() -> None:

@@ -90,7 +90,6 @@ def _backend(isr: frozenset[int] = frozenset({1, 2, 3}), last_fetch_ago_ms: int 
         None,  # type: ignore[arg-type]
         lifecycle,  # type: ignore[arg-type]
         replicas,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
     )
     return backend, lifecycle, produced, failed
 

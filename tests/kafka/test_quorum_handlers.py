@@ -39,6 +39,7 @@ class ScriptedQuorum:
             2: Voter(2, NO_DIRECTORY_ID, (Endpoint("CONTROLLER", "h2", 9002),)),
         }
         self.refuse: Exception | None = None
+        self.describe_refusal: Exception | None = None
         self.calls: list[tuple[str, Any]] = []
 
     async def add_voter(self, voter: Voter, *, timeout_ms: int) -> None:
@@ -59,6 +60,8 @@ class ScriptedQuorum:
         self.calls.append(("update", voter))
 
     async def describe(self) -> QuorumDescription:
+        if self.describe_refusal is not None:
+            raise self.describe_refusal
         voters = tuple(
             ReplicaProgress(v, 10, 1_700_000_000_000, 1_700_000_000_000) for v in self.voters
         )
@@ -173,3 +176,17 @@ async def test_update_raft_voter(cluster: Cluster, quorum: ScriptedQuorum) -> No
     values["listeners"] = []
     response = await call_negotiated(connection, "update_raft_voter", values, QUORUM_API_VERSIONS)
     assert response.error_code == ErrorCode.invalid_request
+
+
+async def test_describe_quorum_without_a_leader_is_retriable(
+    cluster: Cluster, quorum: ScriptedQuorum
+) -> None:
+    quorum.describe_refusal = NotLeader(None, -1)
+    connection = await cluster.controller()
+    values = {
+        "topics": [{"topic_name": "__cluster_metadata", "partitions": [{"partition_index": 0}]}]
+    }
+    response = await call_negotiated(connection, "describe_quorum", values, QUORUM_API_VERSIONS)
+    # A client retries NOT_LEADER_OR_FOLLOWER; UNKNOWN_SERVER_ERROR it would give up on.
+    assert response.error_code == ErrorCode.none
+    assert response.topics[0].partitions[0].error_code == ErrorCode.not_leader_or_follower

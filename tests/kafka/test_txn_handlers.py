@@ -800,7 +800,6 @@ async def test_broker_backend_markers_and_producers_over_real_replicas(tmp_path:
                 None,  # type: ignore[arg-type]
                 None,  # type: ignore[arg-type]
                 cluster.managers[broker_id],
-                None,  # type: ignore[arg-type]
             )
 
         leader = backend(cluster.leader_id)

@@ -115,6 +115,9 @@ async def test_produce_v12_adds_the_partition_and_end_txn_v5_bumps_the_epoch(
         assert finalized == {"transaction.version": 2}
         advertised = {int(k.api_key): int(k.max_version) for k in versions.api_keys}
         assert advertised[26] == 5 and advertised[0] == 12  # EndTxn, Produce
+        # DescribeQuorum v0-2 comes from handlers_quorum, which every node registers.
+        quorum_api = next(k for k in versions.api_keys if int(k.api_key) == 55)
+        assert (int(quorum_api.min_version), int(quorum_api.max_version)) == (0, 2)
 
         async def coordinator() -> int | None:
             found = await any_node.request(

@@ -102,7 +102,8 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.ALTER_CONFIGS: (0, 2, handlers_admin.handle_alter_configs),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1, handlers_admin.handle_incremental_alter_configs),
     ApiKey.DESCRIBE_CLUSTER: (0, 1, handlers_cluster.handle_describe_cluster),
-    ApiKey.DESCRIBE_QUORUM: (0, 2, handlers_cluster.handle_describe_quorum),
+    # DescribeQuorum (0-2) and the KIP-853 voter APIs are registered by
+    # handlers_quorum.register_quorum_apis with the quorum driver that answers them.
     ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_describe_client_quotas),
     ApiKey.ALTER_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_alter_client_quotas),
     # v0-4: idempotent producer (librdkafka's IDEMPOTENT_PRODUCER feature needs v0);

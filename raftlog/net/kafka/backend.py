@@ -209,23 +209,6 @@ class ConfigsResult:
     configs: Sequence[ConfigEntry] = ()
 
 
-@dataclass(frozen=True)
-class ReplicaState:
-    replica_id: int
-    log_end_offset: int
-    last_fetch_timestamp_ms: int = -1
-    last_caught_up_timestamp_ms: int = -1
-
-
-@dataclass(frozen=True)
-class QuorumInfo:
-    leader_id: int
-    leader_epoch: int
-    high_watermark: int
-    voters: Sequence[ReplicaState]
-    observers: Sequence[ReplicaState] = ()
-
-
 # A client-quota entity: (entity_type, name) pairs, e.g. (("user", "alice"),); name None is
 # the default entity of that type.
 QuotaEntity = tuple[tuple[str, str | None], ...]
@@ -453,10 +436,6 @@ class KafkaBackend(Protocol):
         ops: Sequence[tuple[str, AlterConfigOp, str | None]],
         validate_only: bool,
     ) -> tuple[ErrorCode, str | None]: ...
-
-    async def describe_quorum(self) -> QuorumInfo:
-        """State of the metadata quorum (`__cluster_metadata-0`) as this node knows it."""
-        ...
 
     async def describe_client_quotas(
         self, filters: Sequence[QuotaFilter], strict: bool

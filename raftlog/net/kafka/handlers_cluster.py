@@ -1,10 +1,13 @@
-"""DescribeCluster, DescribeQuorum, DescribeClientQuotas and AlterClientQuotas."""
+"""DescribeCluster, DescribeClientQuotas and AlterClientQuotas.
+
+DescribeQuorum is served by handlers_quorum, with the quorum driver it needs.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from raftlog.constants import METADATA_TOPIC, NO_AUTHORIZED_OPERATIONS
+from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
@@ -34,56 +37,6 @@ def _broker_dict(ctx: RequestContext, broker: Any) -> dict[str, Any]:
     # The endpoint on the listener this request came in on (Kafka answers per listener).
     host, port = ctx.advertised(broker.node_id, broker.host, broker.port)
     return {"broker_id": broker.node_id, "host": host, "port": port, "rack": broker.rack}
-
-
-def _replica_dict(r: Any) -> dict[str, Any]:
-    return {
-        "replica_id": r.replica_id,
-        "replica_directory_id": None,
-        "log_end_offset": r.log_end_offset,
-        "last_fetch_timestamp": r.last_fetch_timestamp_ms,
-        "last_caught_up_timestamp": r.last_caught_up_timestamp_ms,
-    }
-
-
-async def handle_describe_quorum(ctx: RequestContext, request: Any) -> dict[str, Any]:
-    refusal = authz.cluster_refusal(ctx, authz.DESCRIBE_CLUSTER)
-    if refusal is not None:
-        return {"error_code": refusal, "error_message": None, "topics": [], "nodes": []}
-    topics = []
-    for topic in request.topics:
-        partitions = []
-        for p in topic.partitions:
-            entry: dict[str, Any] = {
-                "partition_index": p.partition_index,
-                "error_code": ErrorCode.none,
-                "error_message": None,
-                "leader_id": -1,
-                "leader_epoch": -1,
-                "high_watermark": -1,
-                "current_voters": [],
-                "observers": [],
-            }
-            if topic.topic_name != METADATA_TOPIC or p.partition_index != 0:
-                entry["error_code"] = ErrorCode.unknown_topic_or_partition
-            else:
-                try:
-                    q = await ctx.backend.describe_quorum()
-                except KafkaError as exc:
-                    entry["error_code"] = exc.code
-                else:
-                    entry.update(
-                        leader_id=q.leader_id,
-                        leader_epoch=q.leader_epoch,
-                        high_watermark=q.high_watermark,
-                        current_voters=[_replica_dict(v) for v in q.voters],
-                        observers=[_replica_dict(o) for o in q.observers],
-                    )
-            partitions.append(entry)
-        topics.append({"topic_name": topic.topic_name, "partitions": partitions})
-    # v2's `nodes` (KIP-853 controller endpoints) is left empty here: a node with a metadata
-    # quorum serves DescribeQuorum from handlers_quorum instead, which fills them in.
-    return {"error_code": ErrorCode.none, "error_message": None, "topics": topics, "nodes": []}
 
 
 async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
