@@ -10,12 +10,13 @@ finds it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -76,6 +77,12 @@ QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
 # costs one more 1 s metadata scan. Listed a little longer, the partition has moved by the
 # time the client drops the broker. Clients that connect to it are refused and go elsewhere.
 FENCED_BROKER_LISTED_MS = 3000
+
+# What produce, fetch and delete_records answer for a partition this broker stepped down from.
+_Answer = TypeVar("_Answer", ProduceResult, FetchResult, DeleteRecordsResult)
+_produce_refusal = functools.partial(
+    ProduceResult, error_message="this broker lost contact with the controller"
+)
 
 
 class BrokerBackend:
@@ -145,14 +152,10 @@ class BrokerBackend:
         timeout_ms: int,
         producer: object = None,
     ) -> ProduceResult:
-        """The replication layer's produce, unless this broker gave up leading the partition
-        (stepped_down): cut off from the controller for a session, it may have been
-        replaced, and NOT_LEADER_OR_FOLLOWER is what sends a client to ask someone else."""
-        if self.stepped_down(topic, partition):
-            return ProduceResult(
-                ErrorCode.not_leader_or_follower,
-                error_message="this broker lost contact with the controller",
-            )
+        """The replication layer's produce, unless this broker stepped down (_refusal)."""
+        refused = self._refusal(topic, partition, _produce_refusal)
+        if refused is not None:
+            return refused
         return await self._produce(topic, partition, records, acks, timeout_ms, producer)
 
     async def fetch(
@@ -164,21 +167,32 @@ class BrokerBackend:
         current_leader_epoch: int,
         isolation: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     ) -> FetchResult:
-        """The replication layer's consumer fetch, unless this broker stepped down from the
-        partition: what it holds is committed, but its high watermark no longer moves, and a
-        consumer told NOT_LEADER_OR_FOLLOWER finds the new leader."""
-        if self.stepped_down(topic, partition):
-            return FetchResult(ErrorCode.not_leader_or_follower)
+        """The replication layer's consumer fetch, unless this broker stepped down (_refusal):
+        what it holds is committed, but its high watermark no longer moves."""
+        refused = self._refusal(topic, partition, FetchResult)
+        if refused is not None:
+            return refused
         return await self._fetch(
             topic, partition, fetch_offset, partition_max_bytes, current_leader_epoch, isolation
         )
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
         """DeleteRecords on a partition this broker leads (replication/delete_records.py),
-        unless it stepped down as for produce."""
-        if self.stepped_down(topic, partition):
-            return DeleteRecordsResult(ErrorCode.not_leader_or_follower)
+        unless it stepped down (_refusal)."""
+        refused = self._refusal(topic, partition, DeleteRecordsResult)
+        if refused is not None:
+            return refused
         return await self._replica_manager.delete_records(topic, partition, offset)
+
+    def _refusal(
+        self, topic: str, partition: int, refuse: Callable[[ErrorCode], _Answer]
+    ) -> _Answer | None:
+        """`refuse(NOT_LEADER_OR_FOLLOWER)` when this broker gave up leading the partition
+        (stepped_down), else None. Cut off from the controller for a session, it may have
+        been replaced; NOT_LEADER_OR_FOLLOWER is what sends a client to find the new leader."""
+        if self.stepped_down(topic, partition):
+            return refuse(ErrorCode.not_leader_or_follower)
+        return None
 
     def lease_lapsed(self) -> bool:
         """No heartbeat of this broker was answered for a session (BrokerLifecycle)."""

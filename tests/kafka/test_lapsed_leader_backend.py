@@ -113,6 +113,10 @@ async def test_a_lapsed_broker_refuses_produces_and_names_no_leader_of_its_own(l
     assert failed == [("t", 0)]
     result = await backend.produce("t", 0, b"x", -1, 1000)
     assert result.error == ErrorCode.not_leader_or_follower
+    assert result.error_message == "this broker lost contact with the controller"
+    # DeleteRecords too (the replica manager's delete_records is never reached).
+    deleted = await backend.delete_records("t", 0, 1)
+    assert (deleted.error, deleted.error_message) == (ErrorCode.not_leader_or_follower, None)
     # Consumers too are sent to look for the new leader (its high watermark is stuck here).
     fetched = await backend.fetch("t", 0, 0, 1024, -1)
     assert fetched.error == ErrorCode.not_leader_or_follower
