@@ -27,15 +27,21 @@ from raftlog.client.connection import (
     call_negotiated,
 )
 from raftlog.client.consumer_protocol import ConsumerProtocolError, decode_assignment
+from raftlog.client.coordinator import (
+    COORDINATOR_RETRIABLE,
+    GROUP_KEY_TYPE,
+    CoordinatorRetries,
+    find_coordinator,
+    with_coordinator,
+)
 from raftlog.client.protocol import error_of
 from raftlog.errors import ErrorCode, KafkaError
 
 T = TypeVar("T")
 
-# api name -> (min, max) version this module speaks. The upper ends stop before the batched
-# (multi-group) forms, which need nothing this client uses.
+# api name -> (min, max) version this module speaks (FindCoordinator: coordinator.py). The
+# upper ends stop before the batched (multi-group) forms, which need nothing this client uses.
 GROUP_API_VERSIONS: dict[str, tuple[int, int]] = {
-    "find_coordinator": (1, 4),
     "list_groups": (1, 4),
     "describe_groups": (1, 5),
     "offset_fetch": (1, 7),
@@ -50,19 +56,12 @@ GROUP_API_VERSIONS: dict[str, tuple[int, int]] = {
     "heartbeat": (1, 4),
     "leave_group": (1, 5),
 }
-# The coordinator is loading or moved: ask FindCoordinator again and retry.
-COORDINATOR_RETRIABLE = frozenset(
-    {
-        ErrorCode.coordinator_not_available,
-        ErrorCode.not_coordinator,
-        ErrorCode.coordinator_load_in_progress,
-    }
-)
-MAX_COORDINATOR_RETRIES = 5
+# Group requests retry a moved or loading coordinator this often, this far apart.
+GROUP_RETRIES = CoordinatorRetries()
+MAX_COORDINATOR_RETRIES = GROUP_RETRIES.max_retries
+COORDINATOR_BACKOFF_MS = GROUP_RETRIES.backoff_ms
 # Groups named in one DeleteGroups call; the broker refuses a longer list as a whole.
 MAX_DELETE_GROUPS = 1_000
-COORDINATOR_BACKOFF_MS = 100
-GROUP_KEY_TYPE = 0
 NO_OFFSET = -1
 
 
@@ -188,37 +187,14 @@ class GroupAdmin:
     async def find_coordinator(self, group_id: str) -> tuple[int, tuple[str, int]]:
         """FindCoordinator once: the coordinator's node id and address (KafkaError if the
         answer is an error, e.g. COORDINATOR_NOT_AVAILABLE while it loads)."""
-        connection = await self.cluster.any_broker()
-        response = await call(
-            connection,
-            "find_coordinator",
-            {"key": group_id, "key_type": GROUP_KEY_TYPE, "coordinator_keys": [group_id]},
-        )
-        entry = response.coordinators[0] if hasattr(response, "coordinators") else response
-        raise_for(entry.error_code, f"find_coordinator {group_id}", entry.error_message)
-        return int(entry.node_id), (entry.host, int(entry.port))
-
-    async def _coordinator(self, group_id: str) -> tuple[int, BrokerConnection]:
-        node_id, address = await self.find_coordinator(group_id)
-        return node_id, await self.cluster.connect(address)
+        return await find_coordinator(self.cluster, group_id, GROUP_KEY_TYPE)
 
     async def _with_coordinator(
         self, group_id: str, operation: Callable[[int, BrokerConnection], Awaitable[T]]
     ) -> T:
-        attempt = 0
-        while True:
-            try:
-                node_id, connection = await self._coordinator(group_id)
-                return await operation(node_id, connection)
-            except KafkaError as exc:
-                if exc.code not in COORDINATOR_RETRIABLE or attempt >= MAX_COORDINATOR_RETRIES:
-                    raise
-            except (ConnectionClosed, OSError):
-                if attempt >= MAX_COORDINATOR_RETRIES:
-                    raise
-            attempt += 1
-            # A back-off between attempts, not a wait for state: the next attempt re-checks.
-            await trio.sleep(COORDINATOR_BACKOFF_MS * attempt / 1000)
+        return await with_coordinator(
+            self.cluster, group_id, GROUP_KEY_TYPE, operation, GROUP_RETRIES
+        )
 
     async def list_groups(self) -> list[GroupListing]:
         """Groups of every broker (each lists the groups it coordinates), sorted by id."""

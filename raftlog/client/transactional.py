@@ -39,6 +39,13 @@ from raftlog.client.connection import (
     RequestTimeout,
     call_negotiated,
 )
+from raftlog.client.coordinator import (
+    COORDINATOR_RETRIABLE,
+    GROUP_KEY_TYPE,
+    TRANSACTION_KEY_TYPE,
+    CoordinatorRetries,
+    with_coordinator,
+)
 from raftlog.client.protocol import error_of
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import Compression, Record, build_batch
@@ -47,8 +54,8 @@ T = TypeVar("T")
 
 # api -> (min, max) version this module speaks: part 1 of KIP-890 at most (the server's
 # EndTxn v5 and AddPartitionsToTxn v4+ are for transaction version 2 and brokers).
+# FindCoordinator: coordinator.py.
 TXN_PRODUCER_API_VERSIONS: dict[str, tuple[int, int]] = {
-    "find_coordinator": (1, 4),
     "init_producer_id": (1, 4),
     "add_partitions_to_txn": (0, 3),
     "add_offsets_to_txn": (0, 3),
@@ -58,8 +65,6 @@ TXN_PRODUCER_API_VERSIONS: dict[str, tuple[int, int]] = {
     # v7: require_stable (KIP-447); v8+ batches groups.
     "offset_fetch": (7, 7),
 }
-GROUP_KEY_TYPE = 0
-TRANSACTION_KEY_TYPE = 1
 ACKS_ALL = -1
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
@@ -74,17 +79,21 @@ TXN_BACKOFF_MS = 50
 TXN_BACKOFF_MAX_MS = 1_000
 MAX_SEQUENCE = 2**31 - 1
 
-COORDINATOR_RETRIABLE = frozenset(
-    {
-        ErrorCode.coordinator_not_available,
-        ErrorCode.not_coordinator,
-        ErrorCode.coordinator_load_in_progress,
+# Coordinator calls retry, besides a coordinator that moved or loads, a transaction still
+# completing, a timed out request (or connection), a partition leader that cannot yet verify
+# the transaction with its coordinator, and offsets held by a completing transaction.
+TXN_RETRIES = CoordinatorRetries(
+    retriable_codes=COORDINATOR_RETRIABLE
+    | {
         ErrorCode.concurrent_transactions,
         ErrorCode.request_timed_out,
-        # A partition leader that cannot yet verify the transaction with its coordinator.
         ErrorCode.not_enough_replicas,
         ErrorCode.unstable_offset_commit,
-    }
+    },
+    transport_errors=(ConnectionClosed, RequestTimeout, OSError),
+    max_retries=MAX_TXN_RETRIES,
+    backoff_ms=TXN_BACKOFF_MS,
+    backoff_max_ms=TXN_BACKOFF_MAX_MS,
 )
 PRODUCE_RETRIABLE = RETRIABLE_CODES | {
     ErrorCode.not_enough_replicas,
@@ -138,40 +147,22 @@ async def _bounded(what: str, limit_ms: int, operation: Callable[[], Awaitable[T
 
 
 async def _retry_coordinator(
-    what: str, operation: Callable[[], Awaitable[T]], max_block_ms: int = DEFAULT_MAX_BLOCK_MS
+    what: str,
+    cluster: Cluster,
+    key: str,
+    key_type: int,
+    operation: Callable[[BrokerConnection], Awaitable[T]],
+    max_block_ms: int = DEFAULT_MAX_BLOCK_MS,
 ) -> T:
-    return await _bounded(what, max_block_ms, lambda: _retry_loop(operation))
+    """operation(connection to the key's coordinator), retried (TXN_RETRIES) within
+    max_block_ms. ProducerFenced is never retried: its codes are not retriable."""
 
+    async def attempt(_node_id: int, connection: BrokerConnection) -> T:
+        return await operation(connection)
 
-async def _retry_loop(operation: Callable[[], Awaitable[T]]) -> T:
-    attempt = 0
-    while True:
-        try:
-            return await operation()
-        except ProducerFenced:
-            raise
-        except KafkaError as exc:
-            if exc.code not in COORDINATOR_RETRIABLE or attempt >= MAX_TXN_RETRIES:
-                raise
-        except (ConnectionClosed, RequestTimeout, OSError):
-            if attempt >= MAX_TXN_RETRIES:
-                raise
-        attempt += 1
-        # A back-off between attempts, not a wait for state: the next attempt re-checks.
-        await trio.sleep(min(TXN_BACKOFF_MS * attempt, TXN_BACKOFF_MAX_MS) / 1000)
-
-
-async def _coordinator(cluster: Cluster, key: str, key_type: int) -> BrokerConnection:
-    connection = await cluster.any_broker()
-    response = await call_negotiated(
-        connection,
-        "find_coordinator",
-        {"key": key, "key_type": key_type, "coordinator_keys": [key]},
-        TXN_PRODUCER_API_VERSIONS,
+    return await _bounded(
+        what, max_block_ms, lambda: with_coordinator(cluster, key, key_type, attempt, TXN_RETRIES)
     )
-    entry = response.coordinators[0] if hasattr(response, "coordinators") else response
-    raise_for(entry.error_code, f"find_coordinator {key}", entry.error_message)
-    return await cluster.connect((str(entry.host), int(entry.port)))
 
 
 async def end_transaction(
@@ -183,8 +174,7 @@ async def end_transaction(
 ) -> None:
     """EndTxn for a transaction begun elsewhere (its data must already be acknowledged)."""
 
-    async def attempt() -> None:
-        connection = await _coordinator(cluster, handle.transactional_id, TRANSACTION_KEY_TYPE)
+    async def attempt(connection: BrokerConnection) -> None:
         response = await call_negotiated(
             connection,
             "end_txn",
@@ -198,7 +188,14 @@ async def end_transaction(
         )
         _raise(response.error_code, f"end_txn {handle.transactional_id} commit={commit}")
 
-    await _retry_coordinator(f"end_txn {handle.transactional_id}", attempt, max_block_ms)
+    await _retry_coordinator(
+        f"end_txn {handle.transactional_id}",
+        cluster,
+        handle.transactional_id,
+        TRANSACTION_KEY_TYPE,
+        attempt,
+        max_block_ms,
+    )
 
 
 class TransactionalProducer:
@@ -249,10 +246,7 @@ class TransactionalProducer:
         """InitProducerId: a new epoch for the id, which fences any older producer with it and
         aborts a transaction such a producer left open."""
 
-        async def attempt() -> None:
-            connection = await _coordinator(
-                self.cluster, self.transactional_id, TRANSACTION_KEY_TYPE
-            )
+        async def attempt(connection: BrokerConnection) -> None:
             response = await call_negotiated(
                 connection,
                 "init_producer_id",
@@ -268,7 +262,7 @@ class TransactionalProducer:
             self.producer_id = int(response.producer_id)
             self.producer_epoch = int(response.producer_epoch)
 
-        await _retry_coordinator("init_producer_id", attempt, self.max_block_ms)
+        await self._retry_coordinator("init_producer_id", attempt)
         if not (self.producer_id >= 0 and self.producer_epoch >= 0):
             raise KafkaError(ErrorCode.unknown_server_error, "init_producer_id gave no id")
         self._sequences.clear()
@@ -287,9 +281,21 @@ class TransactionalProducer:
         if not self._in_transaction:
             raise RuntimeError("begin() first")
 
-    async def _coordinator_call(self, api: str, values: dict[str, Any]) -> Any:
-        connection = await _coordinator(self.cluster, self.transactional_id, TRANSACTION_KEY_TYPE)
-        return await call_negotiated(connection, api, values, TXN_PRODUCER_API_VERSIONS)
+    async def _retry_coordinator(
+        self,
+        what: str,
+        operation: Callable[[BrokerConnection], Awaitable[T]],
+        *,
+        group_id: str | None = None,
+    ) -> T:
+        """operation with the transaction coordinator (the group's, given group_id)."""
+        if group_id is None:
+            key, key_type = self.transactional_id, TRANSACTION_KEY_TYPE
+        else:
+            key, key_type = group_id, GROUP_KEY_TYPE
+        return await _retry_coordinator(
+            what, self.cluster, key, key_type, operation, self.max_block_ms
+        )
 
     async def add_partitions(self, partitions: Sequence[tuple[str, int]]) -> None:
         """AddPartitionsToTxn for those not yet in the transaction."""
@@ -301,8 +307,9 @@ class TransactionalProducer:
         for topic, partition in new:
             by_topic.setdefault(topic, []).append(partition)
 
-        async def attempt() -> None:
-            response = await self._coordinator_call(
+        async def attempt(connection: BrokerConnection) -> None:
+            response = await call_negotiated(
+                connection,
                 "add_partitions_to_txn",
                 {
                     "v3_and_below_transactional_id": self.transactional_id,
@@ -312,6 +319,7 @@ class TransactionalProducer:
                         {"name": t, "partitions": ps} for t, ps in sorted(by_topic.items())
                     ],
                 },
+                TXN_PRODUCER_API_VERSIONS,
             )
             results = getattr(response, "results_by_topic_v3_and_below", ())
             for topic in results:
@@ -321,7 +329,7 @@ class TransactionalProducer:
                         f"add_partitions_to_txn {topic.name}-{result.partition_index}",
                     )
 
-        await _retry_coordinator("add_partitions_to_txn", attempt, self.max_block_ms)
+        await self._retry_coordinator("add_partitions_to_txn", attempt)
         self._added.update(new)
 
     async def send(self, topic: str, partition: int, records: Sequence[Record]) -> int:
@@ -400,8 +408,9 @@ class TransactionalProducer:
         the offsets become visible to OffsetFetch only if the transaction commits."""
         self._check_open()
 
-        async def add() -> None:
-            response = await self._coordinator_call(
+        async def add(connection: BrokerConnection) -> None:
+            response = await call_negotiated(
+                connection,
                 "add_offsets_to_txn",
                 {
                     "transactional_id": self.transactional_id,
@@ -409,10 +418,11 @@ class TransactionalProducer:
                     "producer_epoch": self.producer_epoch,
                     "group_id": group_id,
                 },
+                TXN_PRODUCER_API_VERSIONS,
             )
             _raise(response.error_code, f"add_offsets_to_txn {group_id}")
 
-        await _retry_coordinator("add_offsets_to_txn", add, self.max_block_ms)
+        await self._retry_coordinator("add_offsets_to_txn", add)
         by_topic: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(
@@ -424,8 +434,7 @@ class TransactionalProducer:
                 }
             )
 
-        async def commit() -> None:
-            connection = await _coordinator(self.cluster, group_id, GROUP_KEY_TYPE)
+        async def commit(connection: BrokerConnection) -> None:
             response = await call_negotiated(
                 connection,
                 "txn_offset_commit",
@@ -448,7 +457,7 @@ class TransactionalProducer:
                         f"txn_offset_commit {group_id} {topic.name}-{result.partition_index}",
                     )
 
-        await _retry_coordinator("txn_offset_commit", commit, self.max_block_ms)
+        await self._retry_coordinator("txn_offset_commit", commit, group_id=group_id)
 
     async def commit(self) -> None:
         self._check_open()
@@ -472,8 +481,7 @@ async def committed_offset(cluster: Cluster, group_id: str, topic: str, partitio
     while a transaction holding offsets for it is completing, the coordinator answers
     UNSTABLE_OFFSET_COMMIT and the read is retried, so the answer is never a stale one."""
 
-    async def attempt() -> int:
-        connection = await _coordinator(cluster, group_id, GROUP_KEY_TYPE)
+    async def attempt(connection: BrokerConnection) -> int:
         response = await call_negotiated(
             connection,
             "offset_fetch",
@@ -492,4 +500,6 @@ async def committed_offset(cluster: Cluster, group_id: str, topic: str, partitio
                     return int(p.committed_offset)
         return -1
 
-    return await _retry_coordinator(f"offset_fetch {group_id}", attempt)
+    return await _retry_coordinator(
+        f"offset_fetch {group_id}", cluster, group_id, GROUP_KEY_TYPE, attempt
+    )
