@@ -36,11 +36,11 @@ def test_smoke_run_with_kills_and_partitions_is_valid(tmp_path: Path) -> None:
     outcome = run(
         RunOptions(
             nodes=3,
-            # Two whole fault windows (8-16 s, 24-32 s) and recovery after each; the whole
-            # test stays near a minute on a loaded two-core machine.
-            time_limit_s=40,
+            # Two whole fault windows (6-12 s, 18-24 s) and recovery after each; the whole
+            # test stays near 40 s on a loaded two-core machine.
+            time_limit_s=30,
             nemesis=("kill", "partition"),
-            nemesis_interval_s=8,
+            nemesis_interval_s=6,
             seed=SMOKE_SEED,
             progress=False,
             store_root=tmp_path,
@@ -65,7 +65,7 @@ def test_smoke_run_with_damaged_disks_and_forged_messages_is_valid(tmp_path: Pat
     outcome = run(
         RunOptions(
             nodes=3,
-            time_limit_s=40,
+            time_limit_s=30,
             nemesis=("corrupt-leader", "truncate-follower", "forge"),
             nemesis_interval_s=6,
             seed=DAMAGE_SEED,
@@ -93,7 +93,7 @@ def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path
     outcome = run(
         RunOptions(
             nodes=3,
-            time_limit_s=40,
+            time_limit_s=30,
             nemesis=("kill", "forge"),
             nemesis_interval_s=6,
             secure=True,
