@@ -1,41 +1,70 @@
-"""Replication benchmark: acks=all to an RF=3 topic vs acks=1 to an RF=1 topic on three real
-nodes, then the latency of acks=all produces at half the throughput just measured.
+"""Replication benchmark: what acks=all on three replicas costs, against baselines measured in
+the same run on the same machine.
 
-    python -m benchmarks.replication [--seconds 10] [--partitions 6]
+    python -m benchmarks.replication [--seconds 10] [--partitions 6] [--plot FILE.png]
+                                     [--flush-policy always|interval] [--dir DIR]
 
-Both topics have the same partition count and the producers the same settings (confluent-kafka,
-1 KiB records); only acks and the replication factor differ, so `ratio` is the price of
-replication (Kafka's own 2014 measurement: 0.51). The two sides alternate in slices so drift on a
-shared machine hits both alike. The last stdout line is one JSON object:
-{"acks_all_rf3_mb_s", "acks1_rf1_mb_s", "ratio", "p99_ms_at_half_load", ...}.
+Phase 1, three real nodes: three sides alternate in slices, so drift on a shared machine hits
+them alike. Every side has the same partition count and the same producer settings
+(confluent-kafka, 1 KiB records); they differ only in acks and the replication factor:
+  acks=all RF 3, acks=1 RF 3 (the same replication work, without waiting for the ISR) and
+  acks=1 RF 1 (no replication).
+  `ack_wait_ratio` = all RF3 / 1 RF3: what waiting for the followers costs (Kafka 2014: 0.54).
+  `replica_efficiency` = 3 x all RF3 / 1 RF1: what replication costs beyond the triple work
+  that three replicas sharing one machine's cores and disk cannot avoid.
+  `ratio` = all RF3 / 1 RF1, as issue 4 reported it (capped near 1/3 on one machine).
+  `cpu_s_per_gib`: CPU seconds of the three node processes (/proc) during the acks=all slices,
+  per GiB acknowledged: the number that carries over to bigger machines.
+Then acks=all RF 3 at half the throughput just measured: latency p50/p99/p99.9, plotted over
+time to `--plot`.
+Phase 2, one node against the floor (benchmarks/floor.py, its own process): acks=1 RF 1 to a
+single-node cluster and to a server that only appends the Produce bytes with the same group
+commit, alternating in slices. `floor_ratio` = node / floor.
+The last stdout line is one JSON object; stderr shows progress and which targets hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from rich.table import Table
 
 from benchmarks.common import console, emit_result, mb_per_s, progress
 from raftlog.constants import MIB
-from raftlog.testing.cluster import ProcessCluster
+from raftlog.testing.cluster import ProcessCluster, free_ports
 
+REPO = Path(__file__).resolve().parents[1]
+# benchmarks/out/ is where benchmark artefacts go (git ignores it).
+DEFAULT_PLOT = REPO / "benchmarks" / "out" / "replication-latency.png"
 RECORD_BYTES = 1024
-SLICES = 2  # alternations of the two throughput sides
+GIB = 1024 * MIB
+SLICES = 2  # alternations of the sides in each phase
+WARM_UP_S = 0.5  # at most; a quarter of --seconds when that is shorter
+FLUSH_TIMEOUT_S = 60.0
+FLOOR_READY_TIMEOUT_S = 30.0
+FLOOR_STOP_TIMEOUT_S = 10.0
 # The paced producer wakes this often (the producer's linger.ms: bursts between two wake-ups
 # would share a batch anyway, and fewer wake-ups leave the nodes more of the shared CPU).
 PACE_INTERVAL_MS = 5
 REPLICATED = "bench-rf3"
 UNREPLICATED = "bench-rf1"
 # Loose ISR timing: a follower that falls behind for a moment under full load is not dropped
-# (that would turn acks=all into acks=1-with-one-follower and flatter the ratio).
+# (that would turn acks=all into acks=1-with-one-follower and flatter the ratios).
 NODE_OVERRIDES: dict[str, Any] = {"replica_lag_time_max_ms": 10_000}
 PRODUCER_SETTINGS: dict[str, Any] = {
     "linger.ms": 5,
@@ -44,35 +73,60 @@ PRODUCER_SETTINGS: dict[str, Any] = {
     "batch.size": 256 * 1024,
     "queue.buffering.max.kbytes": 64 * 1024,
     "compression.type": "none",
-    "enable.idempotence": False,  # idempotence forces acks=all: the acks=1 side could not use it
+    "enable.idempotence": False,  # idempotence forces acks=all: the acks=1 sides could not use it
     "message.timeout.ms": 60_000,
 }
+# Issue 19's targets: (result field, comparison, bound).
+TARGETS: tuple[tuple[str, str, float], ...] = (
+    ("ack_wait_ratio", ">=", 0.7),
+    ("replica_efficiency", ">=", 0.9),
+    ("floor_ratio", ">=", 0.6),
+    ("p99_ms_at_half_load", "<=", 10.0),
+    ("p999_ms_at_half_load", "<=", 25.0),
+)
 
 
-def create_topics(cluster: ProcessCluster, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
-    topics = [
-        NewTopic(REPLICATED, partitions, 3, config={"min.insync.replicas": "2"}),
-        NewTopic(UNREPLICATED, partitions, 1),
-    ]
-    for future in admin.create_topics(topics).values():
-        future.result(30)
-
-    def leaders_known() -> bool:
-        described = cluster.describe()["topics"]
-        return all(
-            len(described.get(name, [])) == partitions
-            and all(p["leader_id"] > 0 for p in described[name])
-            for name in (REPLICATED, UNREPLICATED)
-        )
-
-    cluster.wait_for(leaders_known, "leaders for the benchmark topics")
+@dataclass(frozen=True)
+class Side:
+    name: str  # the result field prefix, e.g. "acks_all_rf3"
+    topic: str
+    acks: str
 
 
-def make_producer(cluster: ProcessCluster, acks: str) -> Producer:
-    return Producer(
-        {"bootstrap.servers": cluster.bootstrap_servers, "acks": acks, **PRODUCER_SETTINGS}
-    )
+ACKS_ALL_RF3 = Side("acks_all_rf3", REPLICATED, "all")
+ACKS1_RF3 = Side("acks1_rf3", REPLICATED, "1")
+ACKS1_RF1 = Side("acks1_rf1", UNREPLICATED, "1")
+NODE_ACKS1_RF1 = Side("single_node_acks1_rf1", UNREPLICATED, "1")
+FLOOR_ACKS1 = Side("floor", UNREPLICATED, "1")
+
+
+@dataclass
+class Totals:
+    acked_bytes: int = 0
+    elapsed_s: float = 0.0
+    cpu_s: float = 0.0  # of the server processes, while this side ran
+    errors: int = 0
+
+    @property
+    def mb_s(self) -> float:
+        return mb_per_s(self.acked_bytes, self.elapsed_s)
+
+    @property
+    def cpu_s_per_gib(self) -> float | None:
+        return round(self.cpu_s / (self.acked_bytes / GIB), 1) if self.acked_bytes else None
+
+
+# ---------------------------------------------------------------------- measuring
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU seconds of the processes so far (all their threads), from /proc."""
+    ticks = 0
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        # Fields after "(comm)" (which may hold spaces) start at field 3, state; utime and
+        # stime are fields 14 and 15 (proc(5)).
+        after_comm = stat[stat.rindex(")") + 2 :].split()
+        ticks += int(after_comm[14 - 3]) + int(after_comm[15 - 3])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Tally:
@@ -80,6 +134,7 @@ class Tally:
         self.acked_bytes = 0
         self.errors = 0
         self.latencies_s: list[float] = []
+        self.acked_at_s: list[float] = []  # time.monotonic() of each latency sample
 
     def on_delivery(self, error: Any, message: Any) -> None:
         if error is not None:
@@ -89,15 +144,14 @@ class Tally:
         latency = message.latency()
         if latency is not None:
             self.latencies_s.append(latency)
+            self.acked_at_s.append(time.monotonic())
 
 
-def blast(
-    producer: Producer, topic: str, seconds: float, value: bytes, bar: Any
-) -> tuple[int, float]:
-    """Produce as fast as the client takes records for `seconds`; (acked bytes, elapsed s)."""
+def blast(producer: Producer, topic: str, seconds: float, value: bytes, bar: Any) -> Tally:
+    """Produce as fast as the client takes records for `seconds`, then wait for every ack.
+    The tally's acked bytes are all the acks; the caller times the whole call."""
     tally = Tally()
-    started = time.monotonic()
-    deadline = started + seconds
+    deadline = time.monotonic() + seconds
     sent = 0
     while time.monotonic() < deadline:
         try:
@@ -108,11 +162,11 @@ def blast(
         if sent % 256 == 0:
             producer.poll(0)
             bar.tick()
-    remaining = producer.flush(60)
-    elapsed = time.monotonic() - started
+    remaining = producer.flush(FLUSH_TIMEOUT_S)
     if remaining or tally.errors:
         console.print(f"[red]{topic}: {remaining} unsent, {tally.errors} failed[/red]")
-    return tally.acked_bytes, elapsed
+    tally.errors += remaining
+    return tally
 
 
 def paced(
@@ -136,56 +190,326 @@ def paced(
         pause = next_tick - time.monotonic()
         if pause > 0:
             producer.poll(pause)  # serves delivery callbacks while it waits
-    producer.flush(60)
+    tally.errors += producer.flush(FLUSH_TIMEOUT_S)
     return tally
 
 
-def percentile_ms(samples_s: list[float], fraction: float) -> float:
+def alternate(
+    sides: list[tuple[Side, Producer, list[int]]],
+    seconds: float,
+    value: bytes,
+    description: str,
+) -> dict[str, Totals]:
+    """Each side produces `seconds` in total, in SLICES turns, the sides taking turns; the
+    CPU of each side's server pids is counted over its own turns only."""
+    totals = {side.name: Totals() for side, _, _ in sides}
+    slice_s = seconds / SLICES
+    with progress(description, len(sides) * seconds) as bar:
+        for _ in range(SLICES):
+            for side, producer, pids in sides:
+                cpu_before = cpu_seconds(pids)
+                started = time.monotonic()
+                tally = blast(producer, side.topic, slice_s, value, bar)
+                total = totals[side.name]
+                total.elapsed_s += time.monotonic() - started
+                total.cpu_s += cpu_seconds(pids) - cpu_before
+                total.acked_bytes += tally.acked_bytes
+                total.errors += tally.errors
+    return totals
+
+
+def percentile_ms(samples_s: list[float], fraction: float) -> float | None:
     if not samples_s:
-        return float("nan")
+        return None
     ordered = sorted(samples_s)
-    index = min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))
-    return round(ordered[index] * 1000, 2)
+    index = min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)
+    return round(ordered[max(0, index)] * 1000, 2)
 
 
-def run(seconds: float, partitions: int, root: Path, flush_policy: str) -> dict[str, Any]:
+# ---------------------------------------------------------------------- servers
+def create_topics(cluster: ProcessCluster, topics: list[NewTopic]) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    for future in admin.create_topics(topics).values():
+        future.result(30)
+
+    def leaders_known() -> bool:
+        described = cluster.describe()["topics"]
+        return all(
+            len(described.get(t.topic, [])) == t.num_partitions
+            and all(p["leader_id"] > 0 for p in described[t.topic])
+            for t in topics
+        )
+
+    cluster.wait_for(leaders_known, "leaders for the benchmark topics")
+
+
+def make_producer(bootstrap_servers: str, acks: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap_servers, "acks": acks, **PRODUCER_SETTINGS})
+
+
+def node_pids(cluster: ProcessCluster) -> list[int]:
+    return [n.process.pid for n in cluster.nodes.values() if n.process is not None]
+
+
+@contextmanager
+def floor_server(
+    directory: Path, partitions: int, flush_policy: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`python -m benchmarks.floor` in its own process; yields (bootstrap servers, process)
+    once it accepts connections."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (port,) = free_ports(1)
+    log_path = directory / "floor.log"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.floor",
+        "--port",
+        str(port),
+        "--dir",
+        str(directory / "data"),
+        "--partitions",
+        str(partitions),
+        "--flush-policy",
+        flush_policy,
+    ]
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    try:
+        deadline = time.monotonic() + FLOOR_READY_TIMEOUT_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the floor server did not start:\n{log_path.read_text()}")
+            try:
+                process.wait(0.05)  # the poll interval, noticing an exit at once
+            except subprocess.TimeoutExpired:
+                pass
+        yield f"127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        try:
+            process.wait(FLOOR_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ---------------------------------------------------------------------- phases
+@dataclass
+class HalfLoad:
+    rate_bytes_s: float
+    tally: Tally
+    started_s: float
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (s into phase, ms)
+
+
+class Stopwatch:
+    """Stage lines on stderr with the time since the run began (where a run's time goes)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def stage(self, what: str) -> None:
+        console.print(f"[dim]{time.monotonic() - self.started:6.1f} s[/dim] {what}")
+
+
+def three_nodes(
+    seconds: float,
+    partitions: int,
+    root: Path,
+    overrides: dict[str, Any],
+    value: bytes,
+    clock: Stopwatch,
+    next_cluster: ProcessCluster,
+) -> tuple[dict[str, Totals], HalfLoad]:
+    """Phase 1. `next_cluster` is started once nothing here is measured any more, so its
+    start-up overlaps this cluster's shutdown."""
+    clock.stage("starting three nodes")
+    with ProcessCluster(root / "three-nodes", 3, overrides) as cluster:
+        create_topics(
+            cluster,
+            [
+                NewTopic(REPLICATED, partitions, 3, config={"min.insync.replicas": "2"}),
+                NewTopic(UNREPLICATED, partitions, 1),
+            ],
+        )
+        pids = node_pids(cluster)
+        sides = [ACKS_ALL_RF3, ACKS1_RF3, ACKS1_RF1]
+        producers = [make_producer(cluster.bootstrap_servers, side.acks) for side in sides]
+        clock.stage("warming up")
+        # Warm up connections and metadata on every side before anything is timed.
+        for side, producer in zip(sides, producers, strict=True):
+            blast(producer, side.topic, warm_up_s(seconds), value, _NoBar())
+        totals = alternate(
+            [(side, producer, pids) for side, producer in zip(sides, producers, strict=True)],
+            seconds,
+            value,
+            "three nodes: acks=all RF3 | acks=1 RF3 | acks=1 RF1",
+        )
+        full = totals[ACKS_ALL_RF3.name]
+        half_rate = full.acked_bytes / full.elapsed_s / 2 if full.elapsed_s else 0.0
+        with progress(f"latency: acks=all RF3 at {half_rate / MIB:.1f} MB/s", seconds / 2) as bar:
+            started = time.monotonic()
+            tally = paced(producers[0], REPLICATED, seconds / 2, half_rate, value, bar)
+        for producer in producers:
+            producer.flush(0)
+        del producers  # librdkafka's threads would keep calling the stopped nodes
+        clock.stage("stopping three nodes, starting one")
+        next_cluster.start()
+    half = HalfLoad(half_rate, tally, started)
+    half.samples = [
+        (at - started, latency * 1000)
+        for at, latency in zip(tally.acked_at_s, tally.latencies_s, strict=True)
+    ]
+    return totals, half
+
+
+def node_against_floor(
+    seconds: float,
+    partitions: int,
+    single: ProcessCluster,
+    floor: tuple[str, subprocess.Popen[bytes]],
+    value: bytes,
+    clock: Stopwatch,
+) -> dict[str, Totals]:
+    """Phase 2, on a started single-node cluster and a running floor server."""
+    floor_bootstrap, floor_process = floor
+    with single:
+        create_topics(single, [NewTopic(UNREPLICATED, partitions, 1)])
+        node_producer = make_producer(single.bootstrap_servers, "1")
+        floor_producer = make_producer(floor_bootstrap, "1")
+        clock.stage("warming up")
+        for producer in (node_producer, floor_producer):
+            blast(producer, UNREPLICATED, warm_up_s(seconds), value, _NoBar())
+        totals = alternate(
+            [
+                (NODE_ACKS1_RF1, node_producer, node_pids(single)),
+                (FLOOR_ACKS1, floor_producer, [floor_process.pid]),
+            ],
+            seconds,
+            value,
+            "one node | floor: acks=1 RF1",
+        )
+        del node_producer, floor_producer
+        clock.stage("stopping")
+    return totals
+
+
+def warm_up_s(seconds: float) -> float:
+    return min(WARM_UP_S, seconds / 4)
+
+
+# ---------------------------------------------------------------------- results
+def run(
+    seconds: float, partitions: int, root: Path, flush_policy: str, plot_path: Path | None
+) -> dict[str, Any]:
     value = os.urandom(RECORD_BYTES)
     overrides = {**NODE_OVERRIDES, "flush_policy": flush_policy}
-    with ProcessCluster(root / "cluster", 3, overrides) as cluster:
-        create_topics(cluster, partitions)
-        replicated = make_producer(cluster, "all")
-        unreplicated = make_producer(cluster, "1")
-        # Warm up connections and metadata on both sides before anything is timed.
-        blast(replicated, REPLICATED, 0.5, value, _NoBar())
-        blast(unreplicated, UNREPLICATED, 0.5, value, _NoBar())
-        totals = {REPLICATED: [0, 0.0], UNREPLICATED: [0, 0.0]}
-        slice_s = seconds / SLICES
-        with progress("throughput: acks=all RF=3 vs acks=1 RF=1", 2 * seconds) as bar:
-            for _ in range(SLICES):
-                for producer, topic in ((replicated, REPLICATED), (unreplicated, UNREPLICATED)):
-                    acked, elapsed = blast(producer, topic, slice_s, value, bar)
-                    totals[topic][0] += acked
-                    totals[topic][1] += elapsed
-        all_mb_s = mb_per_s(int(totals[REPLICATED][0]), totals[REPLICATED][1])
-        one_mb_s = mb_per_s(int(totals[UNREPLICATED][0]), totals[UNREPLICATED][1])
-        half_rate = totals[REPLICATED][0] / totals[REPLICATED][1] / 2
-        with progress(f"latency: acks=all at {half_rate / MIB:.1f} MB/s", seconds / 2) as bar:
-            tally = paced(replicated, REPLICATED, seconds / 2, half_rate, value, bar)
-    latencies = tally.latencies_s
+    clock = Stopwatch()
+    with ExitStack() as stack:
+        # The floor idles until it is driven (no timer under flush_policy=always): started
+        # first, its start-up overlaps the nodes'.
+        floor_running = stack.enter_context(floor_server(root / "floor", partitions, flush_policy))
+        single = ProcessCluster(root / "one-node", 1, overrides)
+        stack.callback(single.stop)
+        totals, half = three_nodes(seconds, partitions, root, overrides, value, clock, single)
+        totals.update(node_against_floor(seconds, partitions, single, floor_running, value, clock))
+    all_rf3 = totals[ACKS_ALL_RF3.name].mb_s
+    one_rf3 = totals[ACKS1_RF3.name].mb_s
+    one_rf1 = totals[ACKS1_RF1.name].mb_s
+    node = totals[NODE_ACKS1_RF1.name].mb_s
+    floor = totals[FLOOR_ACKS1.name].mb_s
+    latencies = half.tally.latencies_s
+    plotted = plot_latency(plot_path, half) if plot_path is not None else None
     return {
-        "acks_all_rf3_mb_s": all_mb_s,
-        "acks1_rf1_mb_s": one_mb_s,
-        "ratio": round(all_mb_s / one_mb_s, 3) if one_mb_s else 0.0,
-        "p99_ms_at_half_load": percentile_ms(latencies, 0.99),
+        "acks_all_rf3_mb_s": all_rf3,
+        "acks1_rf3_mb_s": one_rf3,
+        "acks1_rf1_mb_s": one_rf1,
+        "single_node_acks1_rf1_mb_s": node,
+        "floor_mb_s": floor,
+        "ratio": _ratio(all_rf3, one_rf1),
+        "ack_wait_ratio": _ratio(all_rf3, one_rf3),
+        "replica_efficiency": _ratio(3 * all_rf3, one_rf1),
+        "floor_ratio": _ratio(node, floor),
         "p50_ms_at_half_load": percentile_ms(latencies, 0.50),
+        "p99_ms_at_half_load": percentile_ms(latencies, 0.99),
+        "p999_ms_at_half_load": percentile_ms(latencies, 0.999),
         "mean_ms_at_half_load": round(statistics.fmean(latencies) * 1000, 2) if latencies else None,
-        "half_load_mb_s": round(half_rate / MIB, 2),
+        "max_ms_at_half_load": round(max(latencies) * 1000, 2) if latencies else None,
+        "half_load_mb_s": round(half.rate_bytes_s / MIB, 2),
         "latency_samples": len(latencies),
+        "cpu_s_per_gib": totals[ACKS_ALL_RF3.name].cpu_s_per_gib,
+        "acks1_rf3_cpu_s_per_gib": totals[ACKS1_RF3.name].cpu_s_per_gib,
+        "acks1_rf1_cpu_s_per_gib": totals[ACKS1_RF1.name].cpu_s_per_gib,
+        "single_node_cpu_s_per_gib": totals[NODE_ACKS1_RF1.name].cpu_s_per_gib,
+        "floor_cpu_s_per_gib": totals[FLOOR_ACKS1.name].cpu_s_per_gib,
+        "delivery_errors": sum(t.errors for t in totals.values()) + half.tally.errors,
         "seconds_per_side": seconds,
         "partitions": partitions,
         "record_bytes": RECORD_BYTES,
         "flush_policy": flush_policy,
+        "plot": str(plotted) if plotted is not None else None,
     }
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def plot_latency(path: Path, half: HalfLoad) -> Path | None:
+    """Ack latency over time in the half-load phase, with its percentiles and the targets."""
+    try:
+        import matplotlib
+    except ImportError:
+        console.print("[yellow]matplotlib is not installed: no latency plot[/yellow]")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 4))
+    ax.scatter([s for s, _ in half.samples], [ms for _, ms in half.samples], s=2)
+    latencies = half.tally.latencies_s
+    for fraction, color in ((0.5, "tab:green"), (0.99, "tab:orange"), (0.999, "tab:red")):
+        value = percentile_ms(latencies, fraction)
+        if value is not None:
+            ax.axhline(value, color=color, linewidth=1, label=f"p{fraction * 100:g} {value} ms")
+    bounds = [bound for name, _, bound in TARGETS if name.endswith("_at_half_load")]
+    for i, bound in enumerate(bounds):
+        label = "targets (p99, p99.9)" if i == 0 else None
+        ax.axhline(bound, color="grey", linestyle="--", linewidth=1, label=label)
+    ax.set_yscale("log")
+    ax.set_title(f"acks=all RF 3 at {half.rate_bytes_s / MIB:.1f} MB/s (half the measured maximum)")
+    ax.set_xlabel("time into the phase (s)")
+    ax.set_ylabel("ack latency (ms)")
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def show_targets(result: dict[str, Any]) -> None:
+    table = Table(title="issue 19 targets")
+    for column in ("measure", "value", "target", "holds"):
+        table.add_column(column)
+    for name, comparison, bound in TARGETS:
+        value = result[name]
+        if value is None:
+            holds = "[yellow]no data[/yellow]"
+        elif (value >= bound) if comparison == ">=" else (value <= bound):
+            holds = "[green]yes[/green]"
+        else:
+            holds = "[red]no[/red]"
+        table.add_row(name, str(value), f"{comparison} {bound:g}", holds)
+    console.print(table)
 
 
 class _NoBar:
@@ -199,18 +523,27 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic")
     parser.add_argument("--dir", type=Path, default=None, help="node data (default: tmp)")
     parser.add_argument(
+        "--plot",
+        type=Path,
+        default=DEFAULT_PLOT,
+        help=f"where the half-load latency plot goes (default {DEFAULT_PLOT})",
+    )
+    parser.add_argument(
         "--flush-policy",
         choices=("always", "interval"),
         default="always",
-        help="the nodes' flush_policy: always (fsync before acks, the default) or interval "
-        "(Kafka's default: trust replication)",
+        help="the nodes' (and the floor's) flush_policy: always (fsync before acks, the "
+        "default) or interval (Kafka's default: trust replication)",
     )
     args = parser.parse_args()
+    if args.seconds <= 0 or not 1 <= args.partitions <= 1000:
+        parser.error("--seconds must be positive and --partitions in 1..1000")
     if args.dir is not None:
-        result = run(args.seconds, args.partitions, args.dir, args.flush_policy)
+        result = run(args.seconds, args.partitions, args.dir, args.flush_policy, args.plot)
     else:
         with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as tmp:
-            result = run(args.seconds, args.partitions, Path(tmp), args.flush_policy)
+            result = run(args.seconds, args.partitions, Path(tmp), args.flush_policy, args.plot)
+    show_targets(result)
     emit_result(result)
 
 

@@ -1,0 +1,105 @@
+"""Smoke run of `python -m benchmarks.replication` with tiny durations (three real nodes, one
+node, the floor server; last stdout line one JSON object), and the floor server on its own
+against a stock producer."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from benchmarks.floor import BadBatches, count_offsets
+from benchmarks.replication import floor_server
+from raftlog.records import Record, build_batch
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_TIMEOUT_S = 300
+MB_S_FIELDS = (
+    "acks_all_rf3_mb_s",
+    "acks1_rf3_mb_s",
+    "acks1_rf1_mb_s",
+    "single_node_acks1_rf1_mb_s",
+    "floor_mb_s",
+)
+RATIO_FIELDS = ("ratio", "ack_wait_ratio", "replica_efficiency", "floor_ratio")
+LATENCY_FIELDS = ("p50_ms_at_half_load", "p99_ms_at_half_load", "p999_ms_at_half_load")
+
+
+@pytest.mark.cluster
+def test_replication_benchmark_prints_json_last(tmp_path):
+    plot = tmp_path / "latency.png"
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.replication",
+        "--seconds",
+        "0.5",
+        "--partitions",
+        "2",
+        "--dir",
+        str(tmp_path / "bench"),
+        "--plot",
+        str(plot),
+    ]
+    done = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in MB_S_FIELDS:
+        assert isinstance(result[name], float) and result[name] > 0, (name, result)
+    for name in RATIO_FIELDS:
+        assert isinstance(result[name], float) and result[name] > 0, (name, result)
+    assert result["ratio"] == pytest.approx(
+        result["acks_all_rf3_mb_s"] / result["acks1_rf1_mb_s"], rel=0.02
+    )
+    assert result["ack_wait_ratio"] == pytest.approx(
+        result["acks_all_rf3_mb_s"] / result["acks1_rf3_mb_s"], rel=0.02
+    )
+    assert result["replica_efficiency"] == pytest.approx(
+        3 * result["acks_all_rf3_mb_s"] / result["acks1_rf1_mb_s"], rel=0.02
+    )
+    assert result["floor_ratio"] == pytest.approx(
+        result["single_node_acks1_rf1_mb_s"] / result["floor_mb_s"], rel=0.02
+    )
+    p50, p99, p999 = (result[name] for name in LATENCY_FIELDS)
+    assert all(isinstance(v, float) for v in (p50, p99, p999)), result
+    assert 0 < p50 <= p99 <= p999, result
+    assert result["latency_samples"] > 0
+    assert isinstance(result["cpu_s_per_gib"], float) and result["cpu_s_per_gib"] > 0, result
+    assert result["delivery_errors"] == 0, result
+    assert result["plot"] == str(plot) and plot.stat().st_size > 0
+
+
+def test_count_offsets_reads_batch_headers():
+    one = build_batch([Record(value=b"a"), Record(value=b"b"), Record(value=b"c")])
+    two = build_batch([Record(value=b"d")])
+    assert count_offsets(one + two) == 4
+    with pytest.raises(BadBatches):
+        count_offsets(one[:-1])
+    with pytest.raises(BadBatches):
+        count_offsets(one + b"\x00" * 5)
+
+
+def test_floor_server_appends_what_a_stock_producer_sends(tmp_path):
+    with floor_server(tmp_path / "floor", 2, "always") as (bootstrap, _process):
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 0, "batch.num.messages": 1}
+        )
+        delivered: list[tuple[int, int]] = []
+
+        def on_delivery(error, message):
+            assert error is None, error
+            delivered.append((message.partition(), message.offset()))
+
+        values = [b"floor-record-%d" % i for i in range(5)]
+        for value in values:
+            producer.produce("floor-topic", value=value, partition=1, on_delivery=on_delivery)
+        assert producer.flush(10) == 0
+    assert delivered == [(1, i) for i in range(5)]
+    stored = (tmp_path / "floor" / "data" / "floor-topic-1.log").read_bytes()
+    assert count_offsets(stored) == 5
+    for value in values:
+        assert value in stored
