@@ -112,6 +112,12 @@ class Totals:
         return mb_per_s(self.acked_bytes, self.elapsed_s)
 
     @property
+    def cores_busy(self) -> float | None:
+        """CPU seconds per second while this side ran: near 1.0 a one-process server was
+        CPU-bound; well below, something else (the client, the disk, the machine) held it."""
+        return round(self.cpu_s / self.elapsed_s, 2) if self.elapsed_s else None
+
+    @property
     def cpu_s_per_gib(self) -> float | None:
         return round(self.cpu_s / (self.acked_bytes / GIB), 1) if self.acked_bytes else None
 
@@ -450,6 +456,8 @@ def run(
         "acks1_rf1_cpu_s_per_gib": totals[ACKS1_RF1.name].cpu_s_per_gib,
         "single_node_cpu_s_per_gib": totals[NODE_ACKS1_RF1.name].cpu_s_per_gib,
         "floor_cpu_s_per_gib": totals[FLOOR_ACKS1.name].cpu_s_per_gib,
+        "single_node_cores_busy": totals[NODE_ACKS1_RF1.name].cores_busy,
+        "floor_cores_busy": totals[FLOOR_ACKS1.name].cores_busy,
         "delivery_errors": sum(t.errors for t in totals.values()) + half.tally.errors,
         "seconds_per_side": seconds,
         "partitions": partitions,
