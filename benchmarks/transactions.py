@@ -15,8 +15,10 @@ settings on both sides of each pair, each producer in its own process on its own
   one transactional producer waits for every step of every transaction, so that ratio is
   bound by round trips, not by what a byte costs;
 - consumer fetch throughput over the same committed transactional data, every partition from
-  its start to its end: isolation.level=read_committed / read_uncommitted
-  (read_committed_ratio, target >= 0.9).
+  its start to its last record, passes repeated for at least FETCH_MIN_S:
+  isolation.level=read_committed / read_uncommitted (read_committed_ratio, target >= 0.9).
+  The clock stops at the last record, not at the partitions' EOF events: librdkafka reports
+  EOF only after a fetch at the end offset has waited out fetch.wait.max.ms.
 
 Each pair is measured in `--rounds` rounds, the two sides alternating which goes first, and a
 ratio is the median of the rounds' ratios (as benchmarks/security.py). The last stdout line is
@@ -47,6 +49,12 @@ PRODUCER_BATCH_BYTES = 256 * 1024
 CLIENT_TIMEOUT_S = 60.0
 # A fetch round stops at the end of the topic; it is never longer than this many seconds.
 FETCH_MAX_S = 30.0
+# One fetch measurement reads the topic again until it has read for this long (a pass over a
+# few hundred MiB takes a fraction of a second).
+FETCH_MIN_S = 1.0
+# How long one consume() call waits for a full batch of messages before returning what it has.
+CONSUME_WAIT_S = 0.02
+QUEUED_MAX_KBYTES = 1024 * 1024
 TARGETS = {"txn_produce_ratio": 0.5, "read_committed_ratio": 0.9}
 
 
@@ -224,10 +232,22 @@ def produce_side(
     return sum(rate for _, rate, _, _ in answers)
 
 
-def fetch_all(bootstrap: str, partitions: int, isolation_level: str, records: list[int]) -> float:
+def fetch_for(bootstrap: str, partitions: int, isolation_level: str, records: list[int]) -> float:
+    """Whole passes of `fetch_all` until FETCH_MIN_S of reading: consumed value bytes/s."""
+    total_bytes = total_s = 0.0
+    while total_s < FETCH_MIN_S:
+        consumed, elapsed = fetch_all(bootstrap, partitions, isolation_level, records)
+        total_bytes += consumed
+        total_s += elapsed
+    return total_bytes / total_s
+
+
+def fetch_all(
+    bootstrap: str, partitions: int, isolation_level: str, records: list[int]
+) -> tuple[int, float]:
     """One consumer reading every partition of TXN_TOPIC from its start to its end (at most
-    FETCH_MAX_S) at `isolation_level`; consumed value bytes/s. Appends the records read to
-    `records`."""
+    FETCH_MAX_S) at `isolation_level`: (consumed value bytes, seconds from the start to the
+    last record's arrival). Appends the number of records read to `records`."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(
@@ -239,6 +259,12 @@ def fetch_all(bootstrap: str, partitions: int, isolation_level: str, records: li
             "enable.partition.eof": True,
             "fetch.max.bytes": 50 * MIB,
             "max.partition.fetch.bytes": 10 * MIB,
+            # With its prefetch queue full, librdkafka stops fetching and looks again only
+            # after fetch.queue.backoff.ms (1 s by default): a pause of the reader, not of the
+            # broker. A queue that holds the whole topic and a short backoff leave it out.
+            "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
+            "queued.min.messages": 1_000_000,
+            "fetch.queue.backoff.ms": 5,
         }
     )
     try:
@@ -248,21 +274,26 @@ def fetch_all(bootstrap: str, partitions: int, isolation_level: str, records: li
         count = 0
         at_end: set[int] = set()
         started = time.monotonic()
+        last_record = started
         # Each partition ends with a COMMIT marker, which no consumer returns: its end is its
-        # EOF event, not the offset of a last record.
+        # EOF event, which comes only after a fetch at the end offset waited out
+        # fetch.wait.max.ms, so the clock stops at the last record instead. consume() returns
+        # early only with num_messages in hand; a short timeout keeps its wait for the rest
+        # of a batch out of the measurement.
         while len(at_end) < partitions and time.monotonic() - started < FETCH_MAX_S:
-            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+            for message in consumer.consume(num_messages=10_000, timeout=CONSUME_WAIT_S):
                 error = message.error()
                 if error is None:
                     consumed += len(message.value() or b"")
                     count += 1
+                    last_record = time.monotonic()
                 elif error.code() == KafkaError._PARTITION_EOF:
                     at_end.add(message.partition() or 0)
-        elapsed = time.monotonic() - started
+        elapsed = last_record - started
     finally:
         consumer.close()
     records.append(count)
-    return consumed / elapsed if elapsed > 0 else 0.0
+    return consumed, elapsed
 
 
 def run(
@@ -313,13 +344,16 @@ def run(
                 )
             committed_records: list[int] = []
             uncommitted_records: list[int] = []
+            # One untimed pass first: connections, metadata and the first pass's cold caches
+            # would otherwise fall on whichever side the alternation starts with.
+            fetch_all(bootstrap, producers, "read_uncommitted", [])
             fetch = alternate(
                 rounds,
                 {
-                    "fetch read_committed": lambda: fetch_all(
+                    "fetch read_committed": lambda: fetch_for(
                         bootstrap, producers, "read_committed", committed_records
                     ),
-                    "fetch read_uncommitted": lambda: fetch_all(
+                    "fetch read_uncommitted": lambda: fetch_for(
                         bootstrap, producers, "read_uncommitted", uncommitted_records
                     ),
                 },
