@@ -15,7 +15,7 @@ settings on both sides of each pair, each producer in its own process on its own
   one transactional producer waits for every step of every transaction, so that ratio is
   bound by round trips, not by what a byte costs;
 - consumer fetch throughput over the same committed transactional data, every partition from
-  its start to its last record, passes repeated for at least FETCH_MIN_S:
+  its start to its last record, passes repeated for `--fetch-seconds` (1 s):
   isolation.level=read_committed / read_uncommitted (read_committed_ratio, target >= 0.9).
   The clock stops at the last record, not at the partitions' EOF events: librdkafka reports
   EOF only after a fetch at the end offset has waited out fetch.wait.max.ms.
@@ -50,7 +50,7 @@ CLIENT_TIMEOUT_S = 60.0
 # A fetch round stops at the end of the topic; it is never longer than this many seconds.
 FETCH_MAX_S = 30.0
 # One fetch measurement reads the topic again until it has read for this long (a pass over a
-# few hundred MiB takes a fraction of a second).
+# few hundred MiB takes a fraction of a second); --fetch-seconds.
 FETCH_MIN_S = 1.0
 # How long one consume() call waits for a full batch of messages before returning what it has.
 CONSUME_WAIT_S = 0.02
@@ -232,10 +232,13 @@ def produce_side(
     return sum(rate for _, rate, _, _ in answers)
 
 
-def fetch_for(bootstrap: str, partitions: int, isolation_level: str, records: list[int]) -> float:
-    """Whole passes of `fetch_all` until FETCH_MIN_S of reading: consumed value bytes/s."""
+def fetch_for(
+    bootstrap: str, partitions: int, isolation_level: str, records: list[int], min_s: float
+) -> float:
+    """Whole passes of `fetch_all` until `min_s` of reading (at least one pass): consumed
+    value bytes/s."""
     total_bytes = total_s = 0.0
-    while total_s < FETCH_MIN_S:
+    while total_s <= min_s:
         consumed, elapsed = fetch_all(bootstrap, partitions, isolation_level, records)
         total_bytes += consumed
         total_s += elapsed
@@ -297,7 +300,12 @@ def fetch_all(
 
 
 def run(
-    seconds: float, rounds: int, records_per_txn: int, value_bytes: int, producers: int
+    seconds: float,
+    rounds: int,
+    records_per_txn: int,
+    value_bytes: int,
+    producers: int,
+    fetch_seconds: float = FETCH_MIN_S,
 ) -> dict[str, Any]:
     from raftlog.testing.cluster import ProcessCluster
 
@@ -351,10 +359,10 @@ def run(
                 rounds,
                 {
                     "fetch read_committed": lambda: fetch_for(
-                        bootstrap, producers, "read_committed", committed_records
+                        bootstrap, producers, "read_committed", committed_records, fetch_seconds
                     ),
                     "fetch read_uncommitted": lambda: fetch_for(
-                        bootstrap, producers, "read_uncommitted", uncommitted_records
+                        bootstrap, producers, "read_uncommitted", uncommitted_records, fetch_seconds
                     ),
                 },
                 advance,
@@ -409,7 +417,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--producers", type=int, default=4, help="producers at once on each produce side"
     )
+    parser.add_argument(
+        "--fetch-seconds",
+        type=float,
+        default=FETCH_MIN_S,
+        help="each fetch measurement repeats whole passes over the topic for this long "
+        "(0: one pass)",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.fetch_seconds <= 600:
+        parser.error("--fetch-seconds must be in 0..600")
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be > 0 and --rounds >= 1")
     if not 1 <= args.records_per_txn <= 100_000 or not 1 <= args.value_bytes <= MIB:
@@ -417,7 +434,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not 1 <= args.producers <= 64:
         parser.error("--producers must be in 1..64")
     emit_result(
-        run(args.seconds, args.rounds, args.records_per_txn, args.value_bytes, args.producers)
+        run(
+            args.seconds,
+            args.rounds,
+            args.records_per_txn,
+            args.value_bytes,
+            args.producers,
+            args.fetch_seconds,
+        )
     )
 
 

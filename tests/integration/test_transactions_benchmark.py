@@ -29,6 +29,8 @@ def test_transactions_benchmark_measures_every_side_and_prints_json_last() -> No
         "20",
         "--producers",
         "2",
+        "--fetch-seconds",
+        "0",
     ]
     done = subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False
