@@ -23,41 +23,38 @@ bounded number of times.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
 from raftlog.client.cluster import RETRIABLE_CODES, Cluster, raise_for
 from raftlog.client.connection import (
     BrokerConnection,
-    ConnectionClosed,
     UnsupportedVersion,
     call_negotiated,
     negotiated_version,
 )
-from raftlog.client.groups import (
-    COORDINATOR_BACKOFF_MS,
+from raftlog.client.coordinator import (
     COORDINATOR_RETRIABLE,
-    MAX_COORDINATOR_RETRIES,
+    TRANSACTION_KEY_TYPE,
+    find_coordinator,
+    with_coordinator,
 )
+from raftlog.client.groups import COORDINATOR_BACKOFF_MS, GROUP_RETRIES, MAX_COORDINATOR_RETRIES
 from raftlog.client.protocol import error_of
 from raftlog.errors import ErrorCode, KafkaError
-
-T = TypeVar("T")
 
 # api name -> (min, max) version this module speaks. ListTransactions v2 filters by a
 # regular expression (KIP-1152) and WriteTxnMarkers v2 carries KIP-890's transaction version;
 # neither is needed to list or abort.
 TXN_ADMIN_API_VERSIONS: dict[str, tuple[int, int]] = {
-    "find_coordinator": (1, 4),
     "list_transactions": (0, 1),
     "describe_transactions": (0, 0),
     "describe_producers": (0, 0),
     "write_txn_markers": (1, 1),
 }
-TRANSACTION_KEY_TYPE = 1
 # Kafka's transaction states (TransactionState.stateName), what ListTransactions filters by.
 TRANSACTION_STATES = (
     "Empty",
@@ -194,45 +191,7 @@ class TransactionAdmin:
     async def find_coordinator(self, transactional_id: str) -> tuple[int, tuple[str, int]]:
         """FindCoordinator once (key type 1): the coordinator's node id and address
         (KafkaError if the answer is an error, e.g. COORDINATOR_NOT_AVAILABLE)."""
-        connection = await self.cluster.any_broker()
-        response = await call(
-            connection,
-            "find_coordinator",
-            {
-                "key": transactional_id,
-                "key_type": TRANSACTION_KEY_TYPE,
-                "coordinator_keys": [transactional_id],
-            },
-        )
-        if hasattr(response, "coordinators"):
-            if len(response.coordinators) != 1:
-                raise KafkaError(
-                    ErrorCode.unknown_server_error,
-                    f"find_coordinator answered {len(response.coordinators)} keys for 1",
-                )
-            entry = response.coordinators[0]
-        else:
-            entry = response
-        raise_for(entry.error_code, f"find_coordinator {transactional_id}", entry.error_message)
-        return int(entry.node_id), (str(entry.host), int(entry.port))
-
-    async def _with_coordinator(
-        self, transactional_id: str, operation: Callable[[int, BrokerConnection], Awaitable[T]]
-    ) -> T:
-        attempt = 0
-        while True:
-            try:
-                node_id, address = await self.find_coordinator(transactional_id)
-                return await operation(node_id, await self.cluster.connect(address))
-            except KafkaError as exc:
-                if exc.code not in COORDINATOR_RETRIABLE or attempt >= MAX_COORDINATOR_RETRIES:
-                    raise
-            except (ConnectionClosed, OSError):
-                if attempt >= MAX_COORDINATOR_RETRIES:
-                    raise
-            attempt += 1
-            # A back-off between attempts, not a wait for state: the next attempt re-checks.
-            await trio.sleep(COORDINATOR_BACKOFF_MS * attempt / 1000)
+        return await find_coordinator(self.cluster, transactional_id, TRANSACTION_KEY_TYPE)
 
     # ------------------------------------------------------------------ list
     async def list_transactions(
@@ -350,7 +309,9 @@ class TransactionAdmin:
                 ),
             )
 
-        return await self._with_coordinator(transactional_id, operation)
+        return await with_coordinator(
+            self.cluster, transactional_id, TRANSACTION_KEY_TYPE, operation, GROUP_RETRIES
+        )
 
     # ------------------------------------------------------------------ producers
     async def describe_producers(

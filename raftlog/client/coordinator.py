@@ -71,7 +71,16 @@ async def find_coordinator(
         {"key": key, "key_type": key_type, "coordinator_keys": [key]},
         FIND_COORDINATOR_VERSIONS,
     )
-    entry = response.coordinators[0] if hasattr(response, "coordinators") else response
+    if hasattr(response, "coordinators"):
+        # v4 answers a list; one key asked, one answer expected (never index a short list).
+        if len(response.coordinators) != 1:
+            raise KafkaError(
+                ErrorCode.unknown_server_error,
+                f"find_coordinator answered {len(response.coordinators)} keys for 1",
+            )
+        entry = response.coordinators[0]
+    else:
+        entry = response
     raise_for(entry.error_code, f"find_coordinator {key}", entry.error_message)
     return int(entry.node_id), (str(entry.host), int(entry.port))
 
