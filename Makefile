@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SEEDS ?= 2000
 PYTEST_ARGS ?=
 
-.PHONY: cluster test test-all bench sim jepsen jepsen-txn compat compatdeps lint sysdeps clean
+.PHONY: cluster test test-all bench profile sim jepsen jepsen-txn compat compatdeps lint sysdeps clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench: $(STAMP) sysdeps
 	@for b in storage quorum replication fetch quotas spark security transactions failover; do \
 	  if [ -f benchmarks/$$b.py ]; then echo "== benchmarks.$$b"; $(PY) -m benchmarks.$$b || exit 1; fi; \
 	done
+
+profile: $(STAMP)
+	$(PY) -m benchmarks.produce_profile
 
 jepsen: $(STAMP) sysdeps
 	$(PY) -m jepsen matrix
