@@ -302,9 +302,23 @@ class BrokerBackend:
         cut_off = self._cut_off()
         now_s = self.clock_s()
         return [
-            BrokerInfo(b, *reg.client_endpoint, reg.rack)
+            BrokerInfo(b, *reg.client_endpoint, reg.rack, fenced=reg.fenced)
             for b, reg in sorted(self.image.brokers.items())
             if self._listed(b, reg.fenced, now_s) and not (cut_off and b == self.config.node_id)
+        ]
+
+    def registered_brokers(self) -> Sequence[BrokerInfo]:
+        """Every registration in the image, fenced ones flagged (KIP-1073); this broker
+        counts itself fenced when cut off, as brokers() does."""
+        cut_off = self._cut_off()
+        return [
+            BrokerInfo(
+                b,
+                *reg.client_endpoint,
+                reg.rack,
+                fenced=reg.fenced or (cut_off and b == self.config.node_id),
+            )
+            for b, reg in sorted(self.image.brokers.items())
         ]
 
     def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:

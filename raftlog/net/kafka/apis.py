@@ -101,7 +101,8 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.DESCRIBE_CONFIGS: (1, 4, handlers_admin.handle_describe_configs),
     ApiKey.ALTER_CONFIGS: (0, 2, handlers_admin.handle_alter_configs),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1, handlers_admin.handle_incremental_alter_configs),
-    ApiKey.DESCRIBE_CLUSTER: (0, 1, handlers_cluster.handle_describe_cluster),
+    # v1 adds endpoint_type (KIP-919), v2 include_fenced_brokers / is_fenced (KIP-1073).
+    ApiKey.DESCRIBE_CLUSTER: (0, 2, handlers_cluster.handle_describe_cluster),
     # DescribeQuorum (0-2) and the KIP-853 voter APIs are registered by
     # handlers_quorum.register_quorum_apis with the quorum driver that answers them.
     ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_describe_client_quotas),

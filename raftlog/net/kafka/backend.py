@@ -68,6 +68,8 @@ class BrokerInfo:
     host: str
     port: int
     rack: str | None = None
+    # Registered but not let serve by the controller (DescribeCluster v2, KIP-1073).
+    fenced: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,6 +331,11 @@ class KafkaBackend(Protocol):
 
     def brokers(self) -> Sequence[BrokerInfo]:
         """Live (unfenced) brokers with their advertised client listeners."""
+        ...
+
+    def registered_brokers(self) -> Sequence[BrokerInfo]:
+        """Every registered broker, fenced ones included with `fenced` set (DescribeCluster
+        v2 with include_fenced_brokers, KIP-1073)."""
         ...
 
     def topics(self, names: Sequence[str] | None) -> Sequence[TopicInfo]:

@@ -14,21 +14,52 @@ from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFi
 from raftlog.net.kafka.context import RequestContext
 from raftlog.net.kafka.handlers_util import log
 
+# DescribeCluster endpoint types (KIP-919): a client listener describes brokers; controllers
+# are described by a controller listener, which this node's client listener is not.
+ENDPOINT_TYPE_BROKERS = 1
+ENDPOINT_TYPE_CONTROLLERS = 2
+
 
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str, Any]:
     # Kafka's broker answers anyone; DESCRIBE on the cluster only decides the KIP-430 field.
     backend = ctx.backend
+    endpoint_type = int(getattr(request, "endpoint_type", ENDPOINT_TYPE_BROKERS))
+    if endpoint_type != ENDPOINT_TYPE_BROKERS:
+        # Kafka's broker: an unknown type is UNSUPPORTED_ENDPOINT_TYPE, the controllers'
+        # type MISMATCHED_ENDPOINT_TYPE (v0 has no endpoint type, so never gets here).
+        known = endpoint_type == ENDPOINT_TYPE_CONTROLLERS
+        return {
+            "throttle_time": 0,
+            "error_code": (
+                ErrorCode.mismatched_endpoint_type if known else ErrorCode.unsupported_endpoint_type
+            ),
+            "error_message": (
+                "this listener describes brokers, not controllers"
+                if known
+                else "unknown endpoint type"
+            ),
+            "endpoint_type": ENDPOINT_TYPE_BROKERS,
+            "cluster_id": backend.cluster_id,
+            "controller_id": -1,
+            "brokers": [],
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
     cluster_operations = NO_AUTHORIZED_OPERATIONS
     if request.include_cluster_authorized_operations:
         cluster_operations = authz.cluster_operations_if_described(ctx)
+    if getattr(request, "include_fenced_brokers", False):
+        # KIP-1073 (v2): every registered broker, each with whether it is fenced.
+        brokers = backend.registered_brokers()
+    else:
+        brokers = backend.brokers()
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
         "error_message": None,
-        "endpoint_type": 1,  # brokers
+        "endpoint_type": ENDPOINT_TYPE_BROKERS,
         "cluster_id": backend.cluster_id,
         "controller_id": backend.controller_id(),
-        "brokers": [_broker_dict(ctx, b) for b in backend.brokers()],
+        "brokers": [_broker_dict(ctx, b) for b in brokers],
         "cluster_authorized_operations": cluster_operations,
     }
 
@@ -36,7 +67,13 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> dict[str
 def _broker_dict(ctx: RequestContext, broker: Any) -> dict[str, Any]:
     # The endpoint on the listener this request came in on (Kafka answers per listener).
     host, port = ctx.advertised(broker.node_id, broker.host, broker.port)
-    return {"broker_id": broker.node_id, "host": host, "port": port, "rack": broker.rack}
+    return {
+        "broker_id": broker.node_id,
+        "host": host,
+        "port": port,
+        "rack": broker.rack,
+        "is_fenced": bool(getattr(broker, "fenced", False)),
+    }
 
 
 async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
