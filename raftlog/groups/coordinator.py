@@ -19,7 +19,8 @@ offset remembers its position in the partition's append order, so a transaction'
 replace a plain commit written after them (the order of the log, not of the markers).
 
 KIP-848 (consumer protocol) groups are served by the ConsumerProtocol mixin
-(consumer_coordinator.py) with the same routing, appends and committed offsets.
+(consumer_coordinator.py) with the same routing, appends and committed offsets; OffsetDelete
+by the OffsetDeletion mixin (offset_delete.py).
 
 Every method takes `now_ms` and returns Effects (replies to deliver by token, appends to
 perform); the trio shell (coordinator_shell.py) performs them.
@@ -67,6 +68,7 @@ from raftlog.groups.messages import (
     TopicErrors,
     TxnOffsetCommitRequest,
 )
+from raftlog.groups.offset_delete import OffsetDeletion, _PendingOffsetDelete
 from raftlog.groups.offsets_format import CommittedOffset, LogEntry, OffsetKey, Record
 from raftlog.groups.settings import GroupConfig
 from raftlog.groups.txn_offsets import PendingTxnOffsets, validate_txn_commit
@@ -114,7 +116,7 @@ class _PendingDelete:
     epoch: int
 
 
-class GroupCoordinator(ConsumerProtocol):
+class GroupCoordinator(ConsumerProtocol, OffsetDeletion):
     def __init__(
         self,
         config: GroupConfig,
@@ -137,6 +139,7 @@ class GroupCoordinator(ConsumerProtocol):
             | _PendingCommit
             | _PendingTxnCommit
             | _PendingDelete
+            | _PendingOffsetDelete
             | _PendingConsumerStore,
         ] = {}
         self._next_append_id = 0
@@ -641,6 +644,9 @@ class GroupCoordinator(ConsumerProtocol):
             return fx
         if isinstance(pending, _PendingConsumerStore):
             self._finish_consumer_store(fx, pending, code)
+            return fx
+        if isinstance(pending, _PendingOffsetDelete):
+            self._finish_offset_delete(fx, pending, code)
             return fx
         group = self._groups.get(pending.group_id)
         partition = self.partition_for(pending.group_id)

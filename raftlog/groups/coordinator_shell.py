@@ -44,6 +44,8 @@ from raftlog.groups.messages import (
     ListGroupsResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
@@ -209,6 +211,10 @@ class GroupCoordinatorShell:
 
     async def list_groups(self, states_filter: Iterable[str] = ()) -> ListGroupsResponse:
         return self.coordinator.list_groups(states_filter)
+
+    async def offset_delete(self, req: OffsetDeleteRequest) -> OffsetDeleteResponse:
+        """Answered once the offsets' tombstones are replicated (KIP-496)."""
+        return await self._call(lambda token, now: self.coordinator.offset_delete(token, req, now))
 
     async def delete_groups(self, group_ids: Iterable[str]) -> list[DeleteGroupResult]:
         ids = list(group_ids)

@@ -164,6 +164,20 @@ class OffsetCommitResponse:
 
 
 @dataclass(frozen=True)
+class OffsetDeleteRequest:
+    """OffsetDelete (KIP-496): forget the group's committed offsets of these partitions."""
+
+    group_id: str
+    topics: tuple[OffsetFetchTopic, ...]
+
+
+@dataclass(frozen=True)
+class OffsetDeleteResponse:
+    error_code: ErrorCode  # the group's; partitions are answered only when it is none
+    topics: tuple[TopicErrors, ...] = ()
+
+
+@dataclass(frozen=True)
 class OffsetFetchTopic:
     name: str
     partitions: tuple[int, ...]

@@ -214,6 +214,21 @@ async def test_every_advertised_group_version_answers(
             (group, ErrorCode.none),
             ("nope", ErrorCode.group_id_not_found),
         ]
+    elif api_key == ApiKey.OFFSET_DELETE:
+        await _standalone_commit(client, 9, group, {0: 1, 1: 2})
+        topic_cls = item_class(request_class(api_key, version), "topics")
+        partition = make(item_class(topic_cls, "partitions"), partition_index=0)
+        topic = make(topic_cls, name="t", partitions=(partition,))
+        response = await call(client, api_key, version, group_id=group, topics=(topic,))
+        assert response.error_code == ErrorCode.none
+        assert [
+            (t.name, [(p.partition_index, p.error_code) for p in t.partitions])
+            for t in response.topics
+        ] == [("t", [(0, ErrorCode.none)])]
+        assert await _fetch(client, 9, group, {"t": (0, 1)}) == (
+            ErrorCode.none,
+            {("t", 0): -1, ("t", 1): 2},
+        )
     else:
         pytest.fail(f"no case for api {api_key}")
     if response is not None:

@@ -1,5 +1,6 @@
 """Consumer-group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
-OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups.
+OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups (and OffsetDelete, from
+handlers_offset_delete.py).
 
 Each handler maps the kio request of whatever version the client spoke onto the
 version-neutral types of raftlog.groups.messages, calls the node's GroupService, and maps the
@@ -33,6 +34,7 @@ from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiKey, ApiRegistry
 from raftlog.net.kafka.context import Handler, RequestContext
 from raftlog.net.kafka.handlers_consumer_group import register_consumer_group_apis
+from raftlog.net.kafka.handlers_offset_delete import OffsetDeleteHandler
 from raftlog.net.kafka.handlers_txn_offsets import register_txn_offset_commit
 from raftlog.net.kafka.handlers_txn_partitions import valid_transactional_id
 from raftlog.net.kafka.handlers_util import partition_counts, to_ms
@@ -70,6 +72,8 @@ GROUP_VERSION_TABLE: dict[int, tuple[int, int]] = {
     ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 6),
     ApiKey.DELETE_GROUPS: (0, 2),
+    # KIP-496 (handlers_offset_delete.py); v0 is the only version.
+    ApiKey.OFFSET_DELETE: (0, 0),
 }
 
 
@@ -91,6 +95,7 @@ def register_group_apis(
         ApiKey.LIST_GROUPS: handlers.list_groups,
         ApiKey.DESCRIBE_GROUPS: handlers.describe_groups,
         ApiKey.DELETE_GROUPS: handlers.delete_groups,
+        ApiKey.OFFSET_DELETE: OffsetDeleteHandler(service).offset_delete,
     }
     for api_key, (lo, hi) in GROUP_VERSION_TABLE.items():
         registry.register(api_key, lo, hi, table[api_key])
