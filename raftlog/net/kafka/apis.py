@@ -88,8 +88,10 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.PRODUCE: (3, 10, handlers_core.handle_produce),
     # v12 is the last version addressing topics by name; v13+ needs topic ids in fetch.
     ApiKey.FETCH: (4, 12, handlers_fetch.handle_fetch),
-    # v7 adds MAX_TIMESTAMP (KIP-734); v8+ are tiered-storage offsets.
-    ApiKey.LIST_OFFSETS: (1, 7, handlers_fetch.handle_list_offsets),
+    # v7 adds MAX_TIMESTAMP (KIP-734); v8 EARLIEST_LOCAL (-4, KIP-405) and v9 LATEST_TIERED
+    # (-5, KIP-1005), answered as Kafka does without tiered storage; v10 (timeout_ms) is
+    # left out.
+    ApiKey.LIST_OFFSETS: (1, 9, handlers_fetch.handle_list_offsets),
     # v12 has topic ids and nullable topic names; v13 (KIP-1102 top-level error) left out.
     ApiKey.METADATA: (0, 12, handlers_core.handle_metadata),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4, handlers_fetch.handle_offset_for_leader_epoch),

@@ -9,6 +9,7 @@ from typing import Any
 
 import trio
 
+from raftlog.constants import EARLIEST_TIMESTAMP
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import (
@@ -199,6 +200,42 @@ def _describable(
 
 
 # ------------------------------------------------------------------------------ ListOffsets
+# KIP-405/KIP-1005 tiered-storage specs (ListOffsets v8 and v9). Without tiered storage the
+# local log is the whole log: EARLIEST_LOCAL is the log start, and LATEST_TIERED (the highest
+# offset uploaded) is offset -1 with leader epoch -1, as Kafka answers when remote storage
+# is off.
+EARLIEST_LOCAL_TIMESTAMP = -4
+LATEST_TIERED_TIMESTAMP = -5
+
+
+async def _list_offset(
+    ctx: RequestContext,
+    topic: str,
+    partition: int,
+    timestamp_ms: int,
+    leader_epoch: int,
+    isolation: IsolationLevel,
+) -> ListOffsetsResult:
+    # The tiered specs are asked as EARLIEST: the backend still checks the partition, its
+    # leadership and the client's epoch, and their errors come first, as in Kafka.
+    tiered = timestamp_ms in (EARLIEST_LOCAL_TIMESTAMP, LATEST_TIERED_TIMESTAMP)
+    result = await guarded(
+        f"list_offset {topic}-{partition}",
+        partial(
+            ctx.backend.list_offset,
+            topic,
+            partition,
+            EARLIEST_TIMESTAMP if tiered else timestamp_ms,
+            leader_epoch,
+            isolation,
+        ),
+        lambda code, msg: ListOffsetsResult(code),
+    )
+    if timestamp_ms == LATEST_TIERED_TIMESTAMP and result.error == ErrorCode.none:
+        return ListOffsetsResult()  # nothing is tiered: offset -1, leader epoch -1
+    return result
+
+
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> dict[str, Any]:
     isolation = IsolationLevel(getattr(request, "isolation_level", 0))
     describable = _describable(ctx, request.topics, lambda t: t.name)
@@ -220,17 +257,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> dict[str, An
             continue
         for p in topic.partitions:
             leader_epoch = getattr(p, "current_leader_epoch", -1)
-            result = await guarded(
-                f"list_offset {topic.name}-{p.partition_index}",
-                partial(
-                    ctx.backend.list_offset,
-                    topic.name,
-                    p.partition_index,
-                    p.timestamp,
-                    leader_epoch,
-                    isolation,
-                ),
-                lambda code, msg: ListOffsetsResult(code),
+            result = await _list_offset(
+                ctx, topic.name, p.partition_index, p.timestamp, leader_epoch, isolation
             )
             partitions.append(
                 {
