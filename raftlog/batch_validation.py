@@ -46,8 +46,10 @@ from raftlog.records import (
 __all__ = [
     "BatchTooLargeError",
     "InvalidRecordError",
+    "ValidatedBatches",
     "decompress_bounded",
     "validate_client_batches",
+    "validated_client_batches",
 ]
 
 # The smallest record body after its length: attributes, timestampDelta, offsetDelta,
@@ -107,6 +109,43 @@ class _Malformed(RemoteError):
 
 
 # ------------------------------------------------------------------------- the entry point
+
+
+class ValidatedBatches:
+    """One partition's produce data that passed `validated_client_batches`, with the header
+    of each batch: the leader's append takes it as it is, so each produced byte has its CRC
+    computed once and each header is parsed once (the storage layer re-checks only what may
+    have changed since, such as max.message.bytes).
+
+    `data` is immutable bytes, so nothing can change between the check and the append; the
+    batches lie back to back in it, `headers` holding (position, header) of each in order.
+    Bytes a follower fetched never come this way: it checks them at receipt.
+    """
+
+    __slots__ = ("data", "headers")
+
+    def __init__(self, data: bytes, headers: list[tuple[int, BatchHeader]]) -> None:
+        self.data = data
+        self.headers = headers
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def validated_client_batches(
+    buf: bytes | bytearray | memoryview,
+    *,
+    max_message_bytes: int,
+    require_keys: bool = False,
+) -> ValidatedBatches:
+    """`validate_client_batches`, keeping the bytes with the headers for the append."""
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    return ValidatedBatches(
+        data,
+        validate_client_batches(
+            data, max_message_bytes=max_message_bytes, require_keys=require_keys
+        ),
+    )
 
 
 def validate_client_batches(

@@ -250,6 +250,20 @@ def set_offset_and_epoch(
     _EPOCH.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
 
 
+# baseOffset, batchLength and partitionLeaderEpoch: the bytes before magic, none under the CRC.
+_OFFSET_LENGTH_EPOCH = struct.Struct(">qii")
+OFFSET_LENGTH_EPOCH_BYTES = _OFFSET_LENGTH_EPOCH.size  # 16
+
+
+def offset_and_epoch_prefix(
+    header: BatchHeader, base_offset: int, partition_leader_epoch: int
+) -> bytes:
+    """The batch's first OFFSET_LENGTH_EPOCH_BYTES with baseOffset and partitionLeaderEpoch
+    set: written in front of the batch's unchanged rest (from magic on), it stores the batch
+    as `set_offset_and_epoch` would, without copying the batch to change it in place."""
+    return _OFFSET_LENGTH_EPOCH.pack(base_offset, header.batch_length, partition_leader_epoch)
+
+
 def stamp_log_append_time(batches: bytes | bytearray | memoryview, append_time_ms: int) -> bytes:
     """The batches as a LogAppendTime topic's leader stores them (KIP-32, Kafka's LogValidator).
 

@@ -2,8 +2,10 @@
 
 Order on the event loop, with no await between the check and the table update, so two
 requests of one producer can never both pass the sequence check (KIP-98):
-  min.insync.replicas -> validate_client_batches -> check_headers -> [stamp LogAppendTime]
-  -> append_as_leader -> update_leader_append.
+  min.insync.replicas -> validated_client_batches -> check_headers -> [stamp LogAppendTime]
+  -> append_as_leader -> update the producer table.
+The validated batches go to the append with their headers: each produced byte has its CRC
+computed once and each header is parsed once on this path.
 Every batch is validated as Kafka's LogValidator does (raftlog/batch_validation.py) before
 anything is appended: a batch whose CRC holds but whose records do not match its header
 would otherwise move the log end offset by what the header claims and stop every consumer
@@ -38,7 +40,10 @@ from dataclasses import dataclass
 
 import trio
 
-from raftlog.batch_validation import InvalidRecordError, validate_client_batches
+from raftlog.batch_validation import (
+    InvalidRecordError,
+    validated_client_batches,
+)
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.net.kafka.backend import ProduceResult
 from raftlog.net.limits import RateLimitedLog
@@ -224,7 +229,7 @@ class ProducePath:
         now_ms = replicas.clock_ms()
         config = hosted.log.config
         try:
-            headers = validate_client_batches(
+            validated = validated_client_batches(
                 records, max_message_bytes=config.max_message_bytes, require_keys=config.compact
             )
         except KafkaError as exc:
@@ -242,6 +247,7 @@ class ProducePath:
                 error_message=exc.message,
                 record_errors=exc.record_errors if isinstance(exc, InvalidRecordError) else (),
             )
+        headers = validated.headers
         opening = _opening_transactions(hosted.producers.table, headers)
         if opening:
             refused = await self._verify_opening(
@@ -294,17 +300,25 @@ class ProducePath:
         else:
             # Storage time is wall-clock (segment.ms, retention); now_ms is monotonic.
             append_time_ms = replicas.wall_clock_ms()
+            stamped: bytes | None = None
             try:
                 if log_append_time:
                     # Stamped before the append, so the segment's time index, the producer
                     # state and the bytes followers copy unchanged all carry the append time.
-                    records = stamp_log_append_time(records, append_time_ms)
-                info = hosted.log.append_as_leader(records, leader.leader_epoch, append_time_ms)
+                    # The stamp changes headers and CRCs: the log checks these bytes again.
+                    stamped = stamp_log_append_time(validated.data, append_time_ms)
+                info = hosted.log.append_as_leader(
+                    validated if stamped is None else stamped, leader.leader_epoch, append_time_ms
+                )
             except KafkaError as exc:
                 return ProduceResult(exc.code, error_message=exc.message)
-            hosted.producers.record_completed(
-                table.update_leader_append(records, info.first_offset)
-            )
+            if stamped is not None:
+                completed = table.update_leader_append(stamped, info.first_offset)
+            else:
+                # No batch of a client is a control batch (validation refuses them): no
+                # transaction markers to look for, only the offsets the log assigned.
+                completed = table.update(_rebased(headers, info.first_offset))
+            hosted.producers.record_completed(completed)
             hosted.wake_waiters()  # parked follower fetches: new data
             replicas.after_leader_append(hosted, now_ms)
             replicas.metrics.produced(topic, len(records), info.last_offset - info.first_offset + 1)
@@ -342,6 +356,17 @@ class ProducePath:
 
 def _nothing() -> None:
     pass
+
+
+def _rebased(headers: list[tuple[int, BatchHeader]], first_offset: int) -> list[BatchHeader]:
+    """The headers with the base offsets the log gave them (consecutive from first_offset,
+    as PartitionLog.append_as_leader assigns them)."""
+    rebased = []
+    next_offset = first_offset
+    for _, header in headers:
+        rebased.append(header._replace(base_offset=next_offset))
+        next_offset += header.last_offset_delta + 1
+    return rebased
 
 
 def _opening_transactions(

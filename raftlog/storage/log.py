@@ -12,11 +12,19 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
+from raftlog.batch_validation import ValidatedBatches
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
-from raftlog.records import BatchHeader, iter_records, set_offset_and_epoch, validate_batch
+from raftlog.records import (
+    OFFSET_LENGTH_EPOCH_BYTES,
+    BatchHeader,
+    iter_records,
+    offset_and_epoch_prefix,
+    validate_batch,
+)
 from raftlog.storage.checkpoint import fsync_dir, write_checkpoint
 from raftlog.storage.config import LogConfig
 from raftlog.storage.log_types import (
@@ -119,7 +127,9 @@ class PartitionLog:
         return plog
 
     # ------------------------------------------------------------------ append
-    def _validate(self, buf: bytearray, *, as_leader: bool) -> list[tuple[int, BatchHeader]]:
+    def _validate(
+        self, buf: bytes | bytearray | memoryview, *, as_leader: bool
+    ) -> list[tuple[int, BatchHeader]]:
         if not buf:
             raise CorruptRecordError("append of zero bytes: no record batch")
         headers = []
@@ -127,41 +137,71 @@ class PartitionLog:
         while pos < len(buf):
             header = validate_batch(buf, pos)
             if as_leader:
-                if header.size_bytes > self.config.max_message_bytes:
-                    raise RecordTooLargeError(
-                        f"batch at byte {pos} is {header.size_bytes} bytes, above "
-                        f"max.message.bytes {self.config.max_message_bytes}"
-                    )
-                if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
-                    raise CorruptRecordError(
-                        f"batch at byte {pos} has recordCount {header.record_count} and "
-                        f"lastOffsetDelta {header.last_offset_delta}; a produced batch must "
-                        f"have consecutive offsets"
-                    )
+                self._check_leader_batch(pos, header)
             headers.append((pos, header))
             pos += header.size_bytes
         return headers
 
-    def append_as_leader(self, batches: bytes, leader_epoch: int, now_ms: int) -> AppendInfo:
-        """Validate, assign offsets and the leader epoch in place, write. All or nothing."""
+    def _check_leader_batch(self, pos: int, header: BatchHeader) -> None:
+        if header.size_bytes > self.config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"batch at byte {pos} is {header.size_bytes} bytes, above "
+                f"max.message.bytes {self.config.max_message_bytes}"
+            )
+        if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
+            raise CorruptRecordError(
+                f"batch at byte {pos} has recordCount {header.record_count} and "
+                f"lastOffsetDelta {header.last_offset_delta}; a produced batch must "
+                f"have consecutive offsets"
+            )
+
+    def append_as_leader(
+        self,
+        batches: bytes | bytearray | memoryview | ValidatedBatches,
+        leader_epoch: int,
+        now_ms: int,
+    ) -> AppendInfo:
+        """Validate, assign offsets and the leader epoch, write. All or nothing.
+
+        ValidatedBatches (a produce request's data) had their CRCs and records checked by
+        the produce path: only the header checks that depend on this log's config run again
+        (it may have changed since). Each batch is written as a new 16-byte prefix (offset,
+        length, epoch) and the batch's own bytes after it, in one writev: the request's
+        bytes are never copied to set the offset in place.
+        """
         self._check_open()
-        buf = bytearray(batches)
-        headers = self._validate(buf, as_leader=True)
+        if isinstance(batches, ValidatedBatches):
+            data: bytes | bytearray | memoryview = batches.data
+            headers = batches.headers
+            if not headers:
+                raise CorruptRecordError("append of zero bytes: no record batch")
+            for pos, header in headers:
+                self._check_leader_batch(pos, header)
+        else:
+            data = batches
+            headers = self._validate(data, as_leader=True)
+        view = memoryview(data)
         next_offset = self._leo
         assigned = []
+        pieces: list[bytes | memoryview] = []
         for pos, header in headers:
-            set_offset_and_epoch(buf, pos, next_offset, leader_epoch)
+            pieces.append(offset_and_epoch_prefix(header, next_offset, leader_epoch))
+            pieces.append(view[pos + OFFSET_LENGTH_EPOCH_BYTES : pos + header.size_bytes])
             assigned.append(
                 (pos, header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
             )
             next_offset += header.last_offset_delta + 1
-        info = self._write(buf, assigned, now_ms)
+        info = self._write(pieces, len(data), assigned, now_ms)
         if self.epoch_cache.assign(leader_epoch, info.first_offset):
             self._checkpoint_due = True
         return info
 
     def append_as_follower(
-        self, batches: bytes, now_ms: int | None = None, *, max_leader_epoch: int | None = None
+        self,
+        batches: bytes | bytearray | memoryview,
+        now_ms: int | None = None,
+        *,
+        max_leader_epoch: int | None = None,
     ) -> AppendInfo:
         """Append batches whose offsets and epochs the leader set; must continue at LEO.
 
@@ -169,11 +209,11 @@ class PartitionLog:
         leader's disk or on the way is never stored). baseOffset and partitionLeaderEpoch are
         outside the CRC, so they get sanity checks instead: offsets continue the log, and with
         `max_leader_epoch` (the epoch of the leader we fetch from) epochs never go back and
-        never pass that leader's own epoch.
+        never pass that leader's own epoch. The bytes are written as they came (no copy): the
+        caller must not change them during the call.
         """
         self._check_open()
-        buf = bytearray(batches)
-        headers = self._validate(buf, as_leader=False)
+        headers = self._validate(batches, as_leader=False)
         expected = self._leo
         previous_epoch = self.epoch_cache.latest_epoch()
         for pos, header in headers:
@@ -197,20 +237,29 @@ class PartitionLog:
                     f"{header.base_offset}, the log expects {expected} (LEO {self._leo})"
                 )
             expected = header.next_offset
-        info = self._write(buf, headers, int(time.time() * 1000) if now_ms is None else now_ms)
+        info = self._write(
+            [batches],
+            len(batches),
+            headers,
+            int(time.time() * 1000) if now_ms is None else now_ms,
+        )
         for _, header in headers:
             if self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset):
                 self._checkpoint_due = True
         return info
 
     def _write(
-        self, buf: bytearray, headers: list[tuple[int, BatchHeader]], now_ms: int
+        self,
+        pieces: Sequence[bytes | bytearray | memoryview],
+        size_bytes: int,
+        headers: list[tuple[int, BatchHeader]],
+        now_ms: int,
     ) -> AppendInfo:
         first = headers[0][1]
         last = headers[-1][1]
         try:
-            segment = self._maybe_roll(len(buf), first.base_offset, last.last_offset, now_ms)
-            segment.append(buf, headers, now_ms)
+            segment = self._maybe_roll(size_bytes, first.base_offset, last.last_offset, now_ms)
+            segment.append_pieces(pieces, size_bytes, headers, now_ms)
         except OSError as exc:
             # Part of the batches may be in the file beyond the LEO: nothing may be written
             # after them. Recovery at the next start cuts them.
@@ -230,7 +279,7 @@ class PartitionLog:
             offset_of_max_timestamp=max_ts_offset,
             log_start_offset=self._log_start,
             batch_count=len(headers),
-            size_bytes=len(buf),
+            size_bytes=size_bytes,
         )
 
     def _maybe_roll(

@@ -7,7 +7,7 @@ import io
 import logging
 import os
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +67,30 @@ class FileRegion:
                 f"got {len(data)}"
             )
         return data
+
+
+# At most this many buffers go to one writev (Linux's IOV_MAX).
+WRITEV_MAX_PIECES = 1024
+
+
+def write_all(fd: int, pieces: Sequence[bytes | bytearray | memoryview]) -> int:
+    """Write the pieces in order, as writev calls of at most WRITEV_MAX_PIECES buffers,
+    resuming after a short write; returns the bytes written."""
+    views = [memoryview(piece) for piece in pieces if len(piece)]
+    total = 0
+    i = 0
+    while i < len(views):
+        batch = views[i : i + WRITEV_MAX_PIECES]
+        written = os.write(fd, batch[0]) if len(batch) == 1 else os.writev(fd, batch)
+        if written <= 0:
+            raise OSError(f"writev wrote {written} bytes")
+        total += written
+        while i < len(views) and written >= views[i].nbytes:
+            written -= views[i].nbytes
+            i += 1
+        if written:
+            views[i] = views[i][written:]
+    return total
 
 
 class LogSegment:
@@ -166,15 +190,27 @@ class LogSegment:
         now_ms: int,
     ) -> None:
         """Write whole batches; `batches` are (position in data, header) of each."""
+        self.append_pieces([data], len(data), batches, now_ms)
+
+    def append_pieces(
+        self,
+        pieces: Sequence[bytes | bytearray | memoryview],
+        size_bytes: int,
+        batches: list[tuple[int, BatchHeader]],
+        now_ms: int,
+    ) -> None:
+        """Write whole batches given as consecutive pieces of `size_bytes` in all (one
+        writev, so no piece is copied into a joined buffer); `batches` are (position in the
+        joined bytes, header) of each."""
         start = self.size_bytes
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.file.fileno(), view) :]
+        written = write_all(self.file.fileno(), pieces)
+        if written != size_bytes:
+            raise OSError(f"wrote {written} bytes of an append of {size_bytes}")
         if self.created_ms is None:
             self.created_ms = now_ms
         for rel_pos, header in batches:
             self._index_batch(start + rel_pos, header)
-        self.size_bytes = start + len(data)
+        self.size_bytes = start + size_bytes
 
     def _index_batch(self, position: int, header: BatchHeader, write_index: bool = True) -> None:
         if self.first_batch_timestamp_ms is None:

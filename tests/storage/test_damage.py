@@ -212,6 +212,11 @@ class FailingDisk:
             raise OSError(self.error, os.strerror(self.error))
         return os.write(fd, data)
 
+    def writev(self, fd: int, buffers: Any) -> int:
+        if fd in self.fds:
+            return self.write(fd, b"".join(bytes(b) for b in buffers))
+        return os.writev(fd, buffers)
+
     def fdatasync(self, fd: int) -> None:
         stat = os.fstat(fd)
         if (stat.st_dev, stat.st_ino) in self.files:

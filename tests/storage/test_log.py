@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from raftlog.batch_validation import validated_client_batches
 from raftlog.errors import CorruptRecordError
-from raftlog.records import Record, build_batch, iter_all_records, validate_batch
+from raftlog.records import Record, build_batch, iter_all_records, iter_batches, validate_batch
 from raftlog.storage import (
     LogConfig,
     OffsetOutOfRangeError,
@@ -13,6 +15,7 @@ from raftlog.storage import (
     RecordTooLargeError,
     UnexpectedAppendOffsetError,
 )
+from raftlog.storage import segment as segment_module
 from tests.storage.helpers import batch
 
 SMALL = LogConfig(segment_bytes=2000, index_interval_bytes=200)
@@ -178,3 +181,49 @@ def test_regions_survive_truncation_of_their_segment(tmp_path: Path) -> None:
     held = lg.read(80, 10**6)
     lg.truncate_fully_and_start_at(500)
     assert offsets_of(held.read_bytes())[0] <= 80
+
+
+def test_validated_batches_append_stores_the_same_bytes_as_a_checked_append(
+    tmp_path: Path,
+) -> None:
+    data = batch(3, ts_ms=1000) + batch(2, ts_ms=2000) + batch(1, ts_ms=3000)
+    checked = PartitionLog.open(tmp_path / "c-0", SMALL, now_ms=0)
+    trusted = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    for lg in (checked, trusted):
+        fill(lg, 2)
+    validated = validated_client_batches(data, max_message_bytes=SMALL.max_message_bytes)
+    info = trusted.append_as_leader(validated, leader_epoch=5, now_ms=0)
+    assert info == checked.append_as_leader(data, leader_epoch=5, now_ms=0)
+    assert (info.first_offset, info.last_offset, info.batch_count) == (6, 11, 3)
+    stored = trusted.read(6, 10**6).read_bytes()
+    assert stored == checked.read(6, 10**6).read_bytes()
+    assert [h.base_offset for _, h in iter_batches(stored)] == [6, 9, 11]
+    assert {h.partition_leader_epoch for _, h in iter_batches(stored)} == {5}
+    # The headers were checked against the config of the moment: a lower max.message.bytes
+    # set since is still enforced, and nothing is written.
+    trusted.update_config(LogConfig(segment_bytes=2000, max_message_bytes=100))
+    with pytest.raises(RecordTooLargeError):
+        trusted.append_as_leader(validated, leader_epoch=5, now_ms=0)
+    assert trusted.log_end_offset == 12
+
+
+def test_write_all_resumes_after_short_writes(tmp_path: Path) -> None:
+    class ShortWrites:
+        """`os` whose writev takes at most 7 bytes a call."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(os, name)
+
+        def writev(self, fd: int, buffers: list[memoryview]) -> int:
+            return os.write(fd, b"".join(bytes(b) for b in buffers)[:7])
+
+    pieces = [b"abc", b"", memoryview(b"defghijklmnop")[2:], bytearray(b"qrstuvwxyz")]
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        real_os = segment_module.os
+        segment_module.os = ShortWrites()  # type: ignore[assignment]
+        try:
+            assert segment_module.write_all(f.fileno(), pieces) == 24
+        finally:
+            segment_module.os = real_os
+    assert path.read_bytes() == b"abcfghijklmnopqrstuvwxyz"
