@@ -136,3 +136,39 @@ def test_consumer_fetch_deadline_is_max_wait() -> None:
     assert purgatory.on_deadline(now_ms=1500, progress_of=lambda key: progress(4, 20)) == [
         FetchCompletion("c", ErrorCode.none, 4)
     ]
+
+
+def test_progress_completes_each_kind_in_offset_order_and_only_what_it_covers() -> None:
+    purgatory = Purgatory()
+    start = progress(0, 10, flushed=0)
+    # Parked out of offset order (a produce that awaited between its append and parking).
+    for required in (6, 2, 9, 4):
+        purgatory.add_produce(waiter=produce(required, token=f"hw{required}"), progress=start)
+    for required in (3, 8):
+        waiter = produce(required, token=f"fl{required}", wait_for=ProduceWait.FLUSHED)
+        purgatory.add_produce(waiter=waiter, progress=start)
+    assert purgatory.on_progress(key=KEY, progress=progress(1, 10, 1), bytes_between=size) == []
+    done = purgatory.on_progress(key=KEY, progress=progress(5, 10, 3), bytes_between=size)
+    assert [c.token for c in done] == ["hw2", "hw4", "fl3"]
+    assert len(purgatory) == 3
+    done = purgatory.on_progress(key=KEY, progress=progress(9, 10, 10), bytes_between=size)
+    assert sorted(c.token for c in done) == ["fl8", "hw6", "hw9"]
+    assert len(purgatory) == 0
+
+
+def test_deadline_and_failover_reach_waiters_of_both_kinds() -> None:
+    purgatory = Purgatory()
+    start = progress(0, 10, flushed=0)
+    purgatory.add_produce(waiter=produce(5, deadline=10, token="a"), progress=start)
+    purgatory.add_produce(waiter=produce(7, deadline=99, token="b"), progress=start)
+    flushed = produce(3, deadline=99, token="c", wait_for=ProduceWait.FLUSHED)
+    purgatory.add_produce(waiter=flushed, progress=start)
+    expired = purgatory.on_deadline(now_ms=10, progress_of=lambda key: None)
+    assert expired == [ProduceCompletion("a", ErrorCode.request_timed_out)]
+    assert purgatory.on_progress(key=KEY, progress=progress(6, 10, 0), bytes_between=size) == []
+    failed = purgatory.fail_partition(key=KEY, error=ErrorCode.not_leader_or_follower)
+    assert failed == [
+        ProduceCompletion("c", ErrorCode.not_leader_or_follower),
+        ProduceCompletion("b", ErrorCode.not_leader_or_follower),
+    ]
+    assert len(purgatory) == 0

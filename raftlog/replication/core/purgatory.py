@@ -2,12 +2,14 @@
 
 Waiters are keyed by partition. They complete when the driver reports progress of that
 partition (HW, LEO or flushed offset moved, the ISR changed) or when their deadline passes;
-the purgatory never polls the log. `next_deadline_ms` tells the driver how long it may sleep.
-Completions come back as values; the driver sends the answers.
+the purgatory never polls the log. Parked produces sit in required-offset order, so a report
+that covers none of them looks at one waiter. `next_deadline_ms` tells the driver how long it
+may sleep. Completions come back as values; the driver sends the answers.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import itertools
@@ -119,6 +121,10 @@ def produce_result(waiter: DelayedProduce, progress: PartitionProgress) -> Error
     return ErrorCode.none
 
 
+def _required_offset(waiter: DelayedProduce) -> int:
+    return waiter.required_offset
+
+
 def readable_end(waiter: DelayedFetch, progress: PartitionProgress) -> int:
     if waiter.isolation is FetchIsolation.LOG_END:
         return int(progress.log_end_offset)
@@ -130,7 +136,9 @@ class Purgatory:
 
     def __init__(self, max_waiters: int = 100_000) -> None:
         self.max_waiters = max_waiters
-        self._produces: dict[Hashable, list[DelayedProduce]] = {}
+        # Per partition and ProduceWait, parked produces in required_offset order: progress
+        # completes a prefix, so a report that covers none looks at one waiter per queue.
+        self._produces: dict[Hashable, dict[ProduceWait, list[DelayedProduce]]] = {}
         self._fetches: dict[Hashable, list[DelayedFetch]] = {}
         self._deadlines: list[tuple[int, int, DelayedProduce | DelayedFetch]] = []
         self._order = itertools.count()
@@ -162,7 +170,12 @@ class Purgatory:
         if error is not None:
             return ProduceCompletion(waiter.token, error)
         self._admit(waiter)
-        self._produces.setdefault(waiter.key, []).append(waiter)
+        queue = self._produces.setdefault(waiter.key, {}).setdefault(waiter.wait_for, [])
+        if queue and queue[-1].required_offset > waiter.required_offset:
+            # Appends usually park in offset order; a produce that awaited in between does not.
+            bisect.insort_right(queue, waiter, key=_required_offset)
+        else:
+            queue.append(waiter)
         return None
 
     def add_fetch(
@@ -189,17 +202,30 @@ class Purgatory:
     ) -> list[Completion]:
         """The partition's HW/LEO/flushed offset or ISR changed: complete what it covers."""
         completions: list[Completion] = []
-        produces = self._produces.get(key)
-        if produces:
-            waiting = []
-            for waiter in produces:
-                error = produce_result(waiter, progress)
-                if error is None:
-                    waiting.append(waiter)
-                else:
+        queues = self._produces.get(key)
+        if queues:
+            for wait_for, queue in list(queues.items()):
+                covered = (
+                    progress.flushed_offset
+                    if wait_for is ProduceWait.FLUSHED
+                    else progress.high_watermark
+                )
+                # Waiters up to the first one the offset does not cover complete, in order.
+                done = 0
+                while done < len(queue) and queue[done].required_offset <= covered:
+                    done += 1
+                if not done:
+                    continue
+                for waiter in queue[:done]:
+                    error = produce_result(waiter, progress)
+                    assert error is not None
                     self._finish(waiter)
                     completions.append(ProduceCompletion(waiter.token, error))
-            self._store(self._produces, key, waiting)
+                del queue[:done]
+                if not queue:
+                    del queues[wait_for]
+            if not queues:
+                del self._produces[key]
         fetches = self._fetches.get(key)
         if fetches:
             still = []
@@ -210,7 +236,8 @@ class Purgatory:
                     completions.append(FetchCompletion(fetch.token, ErrorCode.none, end))
                 else:
                     still.append(fetch)
-            self._store(self._fetches, key, still)
+            if len(still) != len(fetches):
+                self._store(self._fetches, key, still)
         return completions
 
     @staticmethod
@@ -235,7 +262,7 @@ class Purgatory:
                 continue
             self._finish(waiter)
             if isinstance(waiter, DelayedProduce):
-                self._remove(self._produces, waiter)
+                self._remove_produce(waiter)
                 completions.append(ProduceCompletion(waiter.token, ErrorCode.request_timed_out))
             else:
                 self._remove(self._fetches, waiter)
@@ -249,6 +276,16 @@ class Purgatory:
                     completions.append(FetchCompletion(waiter.token, ErrorCode.none, end))
         return completions
 
+    def _remove_produce(self, waiter: DelayedProduce) -> None:
+        queues = self._produces.get(waiter.key, {})
+        queue = [w for w in queues.get(waiter.wait_for, []) if w is not waiter]
+        if queue:
+            queues[waiter.wait_for] = queue
+        else:
+            queues.pop(waiter.wait_for, None)
+        if not queues:
+            self._produces.pop(waiter.key, None)
+
     def _remove(self, table: dict[Hashable, list[Any]], waiter: Any) -> None:
         waiters = table.get(waiter.key, [])
         self._store(table, waiter.key, [w for w in waiters if w is not waiter])
@@ -256,7 +293,10 @@ class Purgatory:
     def fail_partition(self, *, key: Hashable, error: ErrorCode) -> list[Completion]:
         """Leadership moved away: answer every waiter of the partition with `error`."""
         completions: list[Completion] = []
-        for waiter in self._produces.pop(key, []):
+        queues = self._produces.pop(key, {})
+        # In offset order across both kinds, as the answers were parked.
+        waiters = sorted((w for queue in queues.values() for w in queue), key=_required_offset)
+        for waiter in waiters:
             self._finish(waiter)
             completions.append(ProduceCompletion(waiter.token, error))
         for fetch in self._fetches.pop(key, []):
