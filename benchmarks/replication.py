@@ -20,12 +20,18 @@ time to `--plot`.
 Phase 2, one node against the floor (benchmarks/floor.py, its own process): acks=1 RF 1 to a
 single-node cluster and to a server that only appends the Produce bytes with the same group
 commit, alternating in slices. `floor_ratio` = node / floor.
+`--client loadgen` drives the throughput sides with benchmarks.loadgen (the Produce requests a
+busy librdkafka producer sends, one full batch per partition, five in flight per broker, built
+once) instead of a confluent-kafka `produce()` call per record, so the client leaves the
+shared cores to the servers; its latency phase sends one request every 5 ms and takes each
+request's round trip as a sample.
 The last stdout line is one JSON object; stderr shows progress and which targets hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import socket
@@ -34,17 +40,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from rich.table import Table
 
 from benchmarks.common import console, emit_result, mb_per_s, progress
+from benchmarks.loadgen import ACKS as LOADGEN_ACKS
+from benchmarks.loadgen import paced_load, produce_load
 from raftlog.constants import MIB
 from raftlog.testing.cluster import ProcessCluster, free_ports
 
@@ -200,11 +209,38 @@ def paced(
     return tally
 
 
+# A side's turn: (seconds) -> (acked bytes, errors, seconds it produced for).
+SliceRunner = Callable[[float], tuple[int, int, float]]
+
+
+def confluent_slices(producer: Producer, topic: str, value: bytes, bar: Any) -> SliceRunner:
+    def run_slice(seconds: float) -> tuple[int, int, float]:
+        started = time.monotonic()
+        tally = blast(producer, topic, seconds, value, bar)
+        return tally.acked_bytes, tally.errors, time.monotonic() - started
+
+    return run_slice
+
+
+def loadgen_slices(bootstrap: str, side: Side) -> SliceRunner:
+    def run_slice(seconds: float) -> tuple[int, int, float]:
+        result = trio.run(
+            functools.partial(
+                produce_load,
+                bootstrap,
+                side.topic,
+                acks=LOADGEN_ACKS[side.acks],
+                seconds=seconds,
+                record_bytes=RECORD_BYTES,
+            )
+        )
+        return result.acked_bytes, result.errors, result.seconds
+
+    return run_slice
+
+
 def alternate(
-    sides: list[tuple[Side, Producer, list[int]]],
-    seconds: float,
-    value: bytes,
-    description: str,
+    sides: list[tuple[Side, SliceRunner, list[int]]], seconds: float, description: str
 ) -> dict[str, Totals]:
     """Each side produces `seconds` in total, in SLICES turns, the sides taking turns; the
     CPU of each side's server pids is counted over its own turns only."""
@@ -212,16 +248,29 @@ def alternate(
     slice_s = seconds / SLICES
     with progress(description, len(sides) * seconds) as bar:
         for _ in range(SLICES):
-            for side, producer, pids in sides:
+            for side, run_slice, pids in sides:
                 cpu_before = cpu_seconds(pids)
-                started = time.monotonic()
-                tally = blast(producer, side.topic, slice_s, value, bar)
+                acked_bytes, errors, elapsed_s = run_slice(slice_s)
                 total = totals[side.name]
-                total.elapsed_s += time.monotonic() - started
+                total.elapsed_s += elapsed_s
                 total.cpu_s += cpu_seconds(pids) - cpu_before
-                total.acked_bytes += tally.acked_bytes
-                total.errors += tally.errors
+                total.acked_bytes += acked_bytes
+                total.errors += errors
+                bar.tick()
     return totals
+
+
+def slice_runners(
+    client: str, bootstrap: str, sides: list[Side], producers: list[Producer], value: bytes
+) -> list[SliceRunner]:
+    """How each side produces its turns: the side's confluent-kafka producer, or the load
+    generator (benchmarks.loadgen) with the same acks, record size and batch size."""
+    if client == "loadgen":
+        return [loadgen_slices(bootstrap, side) for side in sides]
+    return [
+        confluent_slices(producer, side.topic, value, _NoBar())
+        for side, producer in zip(sides, producers, strict=True)
+    ]
 
 
 def percentile_ms(samples_s: list[float], fraction: float) -> float | None:
@@ -311,8 +360,8 @@ def floor_server(
 @dataclass
 class HalfLoad:
     rate_bytes_s: float
-    tally: Tally
-    started_s: float
+    latencies_s: list[float]
+    errors: int
     samples: list[tuple[float, float]] = field(default_factory=list)  # (s into phase, ms)
 
 
@@ -334,6 +383,7 @@ def three_nodes(
     value: bytes,
     clock: Stopwatch,
     next_cluster: ProcessCluster,
+    client: str,
 ) -> tuple[dict[str, Totals], HalfLoad]:
     """Phase 1. `next_cluster` is started once nothing here is measured any more, so its
     start-up overlaps this cluster's shutdown."""
@@ -351,29 +401,54 @@ def three_nodes(
         producers = [make_producer(cluster.bootstrap_servers, side.acks) for side in sides]
         clock.stage("warming up")
         # Warm up connections and metadata on every side before anything is timed.
-        for side, producer in zip(sides, producers, strict=True):
+        runners = slice_runners(client, cluster.bootstrap_servers, sides, producers, value)
+        for side, producer, run_slice in zip(sides, producers, runners, strict=True):
             blast(producer, side.topic, warm_up_s(seconds), value, _NoBar())
+            run_slice(warm_up_s(seconds))
         totals = alternate(
-            [(side, producer, pids) for side, producer in zip(sides, producers, strict=True)],
+            [(side, runner, pids) for side, runner in zip(sides, runners, strict=True)],
             seconds,
-            value,
             "three nodes: acks=all RF3 | acks=1 RF3 | acks=1 RF1",
         )
         full = totals[ACKS_ALL_RF3.name]
         half_rate = full.acked_bytes / full.elapsed_s / 2 if full.elapsed_s else 0.0
         with progress(f"latency: acks=all RF3 at {half_rate / MIB:.1f} MB/s", seconds / 2) as bar:
-            started = time.monotonic()
-            tally = paced(producers[0], REPLICATED, seconds / 2, half_rate, value, bar)
+            if client == "loadgen":
+                paced_result = trio.run(
+                    functools.partial(
+                        paced_load,
+                        cluster.bootstrap_servers,
+                        REPLICATED,
+                        acks=LOADGEN_ACKS["all"],
+                        seconds=seconds / 2,
+                        rate_bytes_s=half_rate,
+                        interval_ms=PACE_INTERVAL_MS,
+                        record_bytes=RECORD_BYTES,
+                    )
+                )
+                half = HalfLoad(
+                    half_rate,
+                    [rtt for _, rtt in paced_result.samples],
+                    paced_result.errors,
+                    [(at, rtt * 1000) for at, rtt in paced_result.samples],
+                )
+            else:
+                started = time.monotonic()
+                tally = paced(producers[0], REPLICATED, seconds / 2, half_rate, value, bar)
+                half = HalfLoad(
+                    half_rate,
+                    tally.latencies_s,
+                    tally.errors,
+                    [
+                        (at - started, latency * 1000)
+                        for at, latency in zip(tally.acked_at_s, tally.latencies_s, strict=True)
+                    ],
+                )
         for producer in producers:
             producer.flush(0)
         del producers  # librdkafka's threads would keep calling the stopped nodes
         clock.stage("stopping three nodes, starting one")
         next_cluster.start()
-    half = HalfLoad(half_rate, tally, started)
-    half.samples = [
-        (at - started, latency * 1000)
-        for at, latency in zip(tally.acked_at_s, tally.latencies_s, strict=True)
-    ]
     return totals, half
 
 
@@ -384,6 +459,7 @@ def node_against_floor(
     floor: tuple[str, subprocess.Popen[bytes]],
     value: bytes,
     clock: Stopwatch,
+    client: str,
 ) -> dict[str, Totals]:
     """Phase 2, on a started single-node cluster and a running floor server."""
     floor_bootstrap, floor_process = floor
@@ -392,15 +468,21 @@ def node_against_floor(
         node_producer = make_producer(single.bootstrap_servers, "1")
         floor_producer = make_producer(floor_bootstrap, "1")
         clock.stage("warming up")
-        for producer in (node_producer, floor_producer):
+        [node_runner] = slice_runners(
+            client, single.bootstrap_servers, [NODE_ACKS1_RF1], [node_producer], value
+        )
+        [floor_runner] = slice_runners(
+            client, floor_bootstrap, [FLOOR_ACKS1], [floor_producer], value
+        )
+        for producer, run_slice in ((node_producer, node_runner), (floor_producer, floor_runner)):
             blast(producer, UNREPLICATED, warm_up_s(seconds), value, _NoBar())
+            run_slice(warm_up_s(seconds))
         totals = alternate(
             [
-                (NODE_ACKS1_RF1, node_producer, node_pids(single)),
-                (FLOOR_ACKS1, floor_producer, [floor_process.pid]),
+                (NODE_ACKS1_RF1, node_runner, node_pids(single)),
+                (FLOOR_ACKS1, floor_runner, [floor_process.pid]),
             ],
             seconds,
-            value,
             "one node | floor: acks=1 RF1",
         )
         del node_producer, floor_producer
@@ -414,7 +496,12 @@ def warm_up_s(seconds: float) -> float:
 
 # ---------------------------------------------------------------------- results
 def run(
-    seconds: float, partitions: int, root: Path, flush_policy: str, plot_path: Path | None
+    seconds: float,
+    partitions: int,
+    root: Path,
+    flush_policy: str,
+    plot_path: Path | None,
+    client: str = "confluent",
 ) -> dict[str, Any]:
     value = os.urandom(RECORD_BYTES)
     overrides = {**NODE_OVERRIDES, "flush_policy": flush_policy}
@@ -425,14 +512,18 @@ def run(
         floor_running = stack.enter_context(floor_server(root / "floor", partitions, flush_policy))
         single = ProcessCluster(root / "one-node", 1, overrides)
         stack.callback(single.stop)
-        totals, half = three_nodes(seconds, partitions, root, overrides, value, clock, single)
-        totals.update(node_against_floor(seconds, partitions, single, floor_running, value, clock))
+        totals, half = three_nodes(
+            seconds, partitions, root, overrides, value, clock, single, client
+        )
+        totals.update(
+            node_against_floor(seconds, partitions, single, floor_running, value, clock, client)
+        )
     all_rf3 = totals[ACKS_ALL_RF3.name].mb_s
     one_rf3 = totals[ACKS1_RF3.name].mb_s
     one_rf1 = totals[ACKS1_RF1.name].mb_s
     node = totals[NODE_ACKS1_RF1.name].mb_s
     floor = totals[FLOOR_ACKS1.name].mb_s
-    latencies = half.tally.latencies_s
+    latencies = half.latencies_s
     plotted = plot_latency(plot_path, half) if plot_path is not None else None
     return {
         "acks_all_rf3_mb_s": all_rf3,
@@ -458,11 +549,12 @@ def run(
         "floor_cpu_s_per_gib": totals[FLOOR_ACKS1.name].cpu_s_per_gib,
         "single_node_cores_busy": totals[NODE_ACKS1_RF1.name].cores_busy,
         "floor_cores_busy": totals[FLOOR_ACKS1.name].cores_busy,
-        "delivery_errors": sum(t.errors for t in totals.values()) + half.tally.errors,
+        "delivery_errors": sum(t.errors for t in totals.values()) + half.errors,
         "seconds_per_side": seconds,
         "partitions": partitions,
         "record_bytes": RECORD_BYTES,
         "flush_policy": flush_policy,
+        "client": client,
         "plot": str(plotted) if plotted is not None else None,
     }
 
@@ -483,7 +575,7 @@ def plot_latency(path: Path, half: HalfLoad) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(12, 4))
     ax.scatter([s for s, _ in half.samples], [ms for _, ms in half.samples], s=2)
-    latencies = half.tally.latencies_s
+    latencies = half.latencies_s
     for fraction, color in ((0.5, "tab:green"), (0.99, "tab:orange"), (0.999, "tab:red")):
         value = percentile_ms(latencies, fraction)
         if value is not None:
@@ -543,14 +635,26 @@ def main() -> None:
         help="the nodes' (and the floor's) flush_policy: always (fsync before acks, the "
         "default) or interval (Kafka's default: trust replication)",
     )
+    parser.add_argument(
+        "--client",
+        choices=("confluent", "loadgen"),
+        default="confluent",
+        help="what produces on the throughput sides: a confluent-kafka producer (a produce() "
+        "call per record) or benchmarks.loadgen (the same Produce requests built once, so the "
+        "client takes little of the shared CPU); the latency phase always uses confluent-kafka",
+    )
     args = parser.parse_args()
     if args.seconds <= 0 or not 1 <= args.partitions <= 1000:
         parser.error("--seconds must be positive and --partitions in 1..1000")
     if args.dir is not None:
-        result = run(args.seconds, args.partitions, args.dir, args.flush_policy, args.plot)
+        result = run(
+            args.seconds, args.partitions, args.dir, args.flush_policy, args.plot, args.client
+        )
     else:
         with tempfile.TemporaryDirectory(prefix="raftlog-bench-") as tmp:
-            result = run(args.seconds, args.partitions, Path(tmp), args.flush_policy, args.plot)
+            result = run(
+                args.seconds, args.partitions, Path(tmp), args.flush_policy, args.plot, args.client
+            )
     show_targets(result)
     emit_result(result)
 

@@ -1,0 +1,225 @@
+"""A produce load generator that costs its machine little: the same Produce requests a busy
+librdkafka producer sends, built once and sent again and again.
+
+Under load librdkafka sends each broker Produce requests carrying one full batch per partition
+it leads, up to five requests in flight per connection. `produce_load` does the same with
+batches built once (record batch v2, `records_per_batch` records of `record_bytes`, no key,
+no compression, no producer id, so the broker takes every copy as new records), so the
+client's CPU per byte is a small fraction of a `produce()` call per record. A benchmark
+whose client shares the machine's cores with the servers then measures the servers.
+
+    python -m benchmarks.loadgen BOOTSTRAP TOPIC [--acks all] [--seconds 5]
+
+prints {"acked_bytes", "seconds", "mb_s", "requests", "errors"} as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from benchmarks.common import emit_result, mb_per_s
+from raftlog.client import open_cluster
+from raftlog.client.connection import BrokerConnection
+from raftlog.client.protocol import build_request
+from raftlog.errors import ErrorCode
+from raftlog.records import Record, build_batch
+
+# librdkafka's max.in.flight.requests.per.connection under idempotence, and the
+# benchmarks' producer setting.
+IN_FLIGHT_PER_BROKER = 5
+RECORDS_PER_BATCH = 256  # 256 KiB batches of 1 KiB records: the benchmarks' batch.size
+REQUEST_TIMEOUT_MS = 30_000
+ACKS = {"all": -1, "1": 1}
+
+
+@dataclass
+class LoadResult:
+    acked_bytes: int = 0
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mb_s(self) -> float:
+        return mb_per_s(self.acked_bytes, self.seconds)
+
+
+def one_batch(record_bytes: int, records_per_batch: int) -> bytes:
+    value = os.urandom(record_bytes)
+    return build_batch(
+        [Record(key=None, value=value) for _ in range(records_per_batch)],
+        base_offset=0,
+    )
+
+
+async def produce_load(
+    bootstrap: str,
+    topic: str,
+    *,
+    acks: int,
+    seconds: float,
+    record_bytes: int = 1024,
+    records_per_batch: int = RECORDS_PER_BATCH,
+    in_flight: int = IN_FLIGHT_PER_BROKER,
+) -> LoadResult:
+    """Stream Produce requests to every partition of `topic` for `seconds`: each broker gets
+    `in_flight` requests at a time, each carrying one batch for every partition it leads;
+    bytes are counted when a partition answers NONE."""
+    batch = one_batch(record_bytes, records_per_batch)
+    batch_bytes = record_bytes * records_per_batch
+    result = LoadResult()
+    async with open_cluster(bootstrap, client_id="raftlog-loadgen") as cluster:
+        await cluster.refresh_metadata([topic])
+        by_leader: dict[int, list[int]] = {}
+        for info in cluster.topics[topic].partitions:
+            by_leader.setdefault(info.leader_id, []).append(info.partition)
+        if -1 in by_leader:
+            raise RuntimeError(f"{topic}: partitions {by_leader[-1]} have no leader")
+        started = time.monotonic()
+        deadline = started + seconds
+
+        async def sender(connection: BrokerConnection, payload: Any) -> None:
+            while time.monotonic() < deadline:
+                response = await connection.request(payload, timeout_ms=REQUEST_TIMEOUT_MS)
+                result.requests += 1
+                for topic_response in response.responses:
+                    for p in topic_response.partition_responses:
+                        if p.error_code == ErrorCode.none:
+                            result.acked_bytes += batch_bytes
+                        else:
+                            result.errors += 1
+
+        async with trio.open_nursery() as nursery:
+            for leader, partitions in by_leader.items():
+                connection = await cluster.broker(leader)
+                payload = build_request(
+                    "produce",
+                    connection.version("produce"),
+                    {
+                        "transactional_id": None,
+                        "acks": acks,
+                        "timeout": REQUEST_TIMEOUT_MS,
+                        "topic_data": [
+                            {
+                                "name": topic,
+                                "partition_data": [
+                                    {"index": p, "records": batch} for p in partitions
+                                ],
+                            }
+                        ],
+                    },
+                )
+                for _ in range(in_flight):
+                    nursery.start_soon(sender, connection, payload)
+        result.seconds = time.monotonic() - started
+    return result
+
+
+@dataclass
+class PacedResult:
+    acked_bytes: int = 0
+    errors: int = 0
+    # (seconds since the start when the request was sent, its round trip in seconds)
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+
+async def paced_load(
+    bootstrap: str,
+    topic: str,
+    *,
+    acks: int,
+    seconds: float,
+    rate_bytes_s: float,
+    interval_ms: float = 5.0,
+    record_bytes: int = 1024,
+) -> PacedResult:
+    """Every `interval_ms`, one Produce request with `rate_bytes_s * interval_ms` bytes of
+    records for the next partition in turn, sent without waiting for earlier answers: each
+    request's round trip is one latency sample (a batch's produce-to-acknowledgement time,
+    without any client-side queueing)."""
+    records = max(1, round(rate_bytes_s * interval_ms / 1000 / record_bytes))
+    batch = one_batch(record_bytes, records)
+    result = PacedResult()
+    async with open_cluster(bootstrap, client_id="raftlog-loadgen") as cluster:
+        await cluster.refresh_metadata([topic])
+        targets = []
+        for info in sorted(cluster.topics[topic].partitions, key=lambda i: i.partition):
+            if info.leader_id < 0:
+                raise RuntimeError(f"{topic}-{info.partition} has no leader")
+            connection = await cluster.broker(info.leader_id)
+            payload = build_request(
+                "produce",
+                connection.version("produce"),
+                {
+                    "transactional_id": None,
+                    "acks": acks,
+                    "timeout": REQUEST_TIMEOUT_MS,
+                    "topic_data": [
+                        {
+                            "name": topic,
+                            "partition_data": [{"index": info.partition, "records": batch}],
+                        }
+                    ],
+                },
+            )
+            targets.append((connection, payload))
+        started = trio.current_time()
+
+        async def one(connection: BrokerConnection, payload: Any, sent: float) -> None:
+            response = await connection.request(payload, timeout_ms=REQUEST_TIMEOUT_MS)
+            [topic_response] = response.responses
+            [answer] = topic_response.partition_responses
+            if answer.error_code == ErrorCode.none:
+                result.acked_bytes += records * record_bytes
+                result.samples.append((sent - started, trio.current_time() - sent))
+            else:
+                result.errors += 1
+
+        async with trio.open_nursery() as nursery:
+            tick = 0
+            while tick * interval_ms / 1000 < seconds:
+                await trio.sleep_until(started + tick * interval_ms / 1000)
+                connection, payload = targets[tick % len(targets)]
+                nursery.start_soon(one, connection, payload, trio.current_time())
+                tick += 1
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("bootstrap")
+    parser.add_argument("topic")
+    parser.add_argument("--acks", choices=sorted(ACKS), default="all")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--record-bytes", type=int, default=1024)
+    args = parser.parse_args()
+    if not 0 < args.seconds <= 3600 or not 1 <= args.record_bytes <= 1024 * 1024:
+        parser.error("--seconds must be in (0, 3600] and --record-bytes in 1..1048576")
+    result = trio.run(
+        lambda: produce_load(
+            args.bootstrap,
+            args.topic,
+            acks=ACKS[args.acks],
+            seconds=args.seconds,
+            record_bytes=args.record_bytes,
+        )
+    )
+    emit_result(
+        {
+            "acked_bytes": result.acked_bytes,
+            "seconds": round(result.seconds, 3),
+            "mb_s": result.mb_s,
+            "requests": result.requests,
+            "errors": result.errors,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
