@@ -54,6 +54,7 @@ class ApiKey(enum.IntEnum):
     CREATE_PARTITIONS = _KEY_BY_NAME["create_partitions"]
     DELETE_GROUPS = _KEY_BY_NAME["delete_groups"]
     OFFSET_DELETE = _KEY_BY_NAME["offset_delete"]
+    DESCRIBE_TOPIC_PARTITIONS = _KEY_BY_NAME["describe_topic_partitions"]
     INCREMENTAL_ALTER_CONFIGS = _KEY_BY_NAME["incremental_alter_configs"]
     DESCRIBE_CLIENT_QUOTAS = _KEY_BY_NAME["describe_client_quotas"]
     ALTER_CLIENT_QUOTAS = _KEY_BY_NAME["alter_client_quotas"]
