@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import trio
 from raftlog_cli.common import Options, common_options, connect, parse_key_values, run_async
 from raftlog_cli.errors import CliError, kafka_message, unknown_topic
 
@@ -54,18 +55,44 @@ def create(
             )
             result = (await Admin(cluster).create_topics([topic]))[name]
             _check(result.error, name, result.message)
-            described = await Admin(cluster).describe_topics([name])
-            info = described.get(name)
-            count = len(info.partitions) if info else (partitions or 0)
-            rf = len(info.partitions[0].replicas) if info and info.partitions else 0
+            shape = await _created_shape(Admin(cluster), name)
+            if shape is None:
+                # Not visible in time: say what was asked for, never a made-up 0.
+                return {
+                    "name": name,
+                    "partitions": partitions,
+                    "replication_factor": replication_factor,
+                }
+            count, rf = shape
             return {"name": name, "partitions": count, "replication_factor": rf}
 
     created = run_async(opts, go)
+    count = created["partitions"]
+    rf = created["replication_factor"]
     opts.out.message(
-        f"Created topic {name} ({created['partitions']} partitions, "
-        f"replication factor {created['replication_factor']})",
+        f"Created topic {name} ({'the default number of' if count is None else count} "
+        f"partitions, replication factor {'the default' if rf is None else rf})",
         {"created": created},
     )
+
+
+# CreateTopics is answered once the controller has committed the topic; the broker the next
+# Metadata request reaches may not have applied it yet (it then lists the topic without
+# partitions). The defaults the cluster chose are read back once the topic shows them.
+CREATED_VISIBLE_DEADLINE_S = 10.0
+CREATED_POLL_INTERVAL_S = 0.1
+
+
+async def _created_shape(admin: Admin, name: str) -> tuple[int, int] | None:
+    """(partitions, replication factor) of the new topic once a broker lists it whole, or
+    None if none does within CREATED_VISIBLE_DEADLINE_S."""
+    with trio.move_on_after(CREATED_VISIBLE_DEADLINE_S):
+        while True:
+            info = (await admin.describe_topics([name])).get(name)
+            if info is not None and info.partitions and all(p.replicas for p in info.partitions):
+                return len(info.partitions), len(info.partitions[0].replicas)
+            await trio.sleep(CREATED_POLL_INTERVAL_S)
+    return None
 
 
 @topics_group.command("list")
