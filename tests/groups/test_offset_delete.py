@@ -131,3 +131,20 @@ def test_a_commit_in_flight_is_tombstoned_too() -> None:
     assert answer(h.replies[token]) == {("t", 1): E.none}
     assert fetched(h, "idle") == {("t", 0): 1}
     assert fetched(failover(h), "idle") == {("t", 0): 1}
+
+
+def test_kip848_group_keeps_the_offsets_of_subscribed_topics() -> None:
+    from tests.groups.test_consumer_coordinator import G as CG
+    from tests.groups.test_consumer_coordinator import T as CT
+    from tests.groups.test_consumer_coordinator import join
+
+    h = Harness()
+    code, epoch = join(h, "m1")
+    assert code is E.none
+    h.call("offset_commit", commit(CG, {(CT, 0): 5}, generation_id=epoch, member_id="m1"))
+    h.call("offset_commit", commit(CG, {("gone", 0): 3}, generation_id=epoch, member_id="m1"))
+    assert fetched(h, CG) == {(CT, 0): 5, ("gone", 0): 3}
+    reply = h.replies[h.call("offset_delete", delete(CG, {CT: (0,), "gone": (0,)}))]
+    assert reply.error_code is E.none
+    assert answer(reply) == {(CT, 0): E.group_subscribed_to_topic, ("gone", 0): E.none}
+    assert fetched(h, CG) == {(CT, 0): 5}
