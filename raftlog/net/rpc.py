@@ -27,6 +27,7 @@ import logging
 import math
 import random
 import ssl
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
@@ -34,9 +35,10 @@ from typing import Annotated, Any, ClassVar
 import trio
 
 from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Range, Size
+from raftlog.constants import FRAME_SIZE_PREFIX_BYTES
 from raftlog.errors import RemoteError
 from raftlog.net import tls
-from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge, frame
+from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge
 from raftlog.net.limits import (
     DEFAULT_LISTENER_LIMITS,
     ListenerGuard,
@@ -147,10 +149,26 @@ class _Envelope:
 
 
 _CODEC = Codec()
+_FRAME_SIZE = struct.Struct(">i")
+assert _FRAME_SIZE.size == FRAME_SIZE_PREFIX_BYTES
+# Buffers one sendmsg takes at most (Linux's IOV_MAX).
+SEND_MAX_PIECES = 1024
+
+
+# A frame as the pieces that go on the socket in order: the size prefix, then the payload. A
+# large payload (a replica fetch answer's records) is not copied behind its prefix; the
+# writer hands the pieces to one sendmsg.
+Frame = tuple[bytes, bytes]
+
+
+def _encode_frame(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> Frame:
+    payload = _CODEC.encode(_Envelope(kind, correlation_id, sender_id, method, body))
+    return _FRAME_SIZE.pack(len(payload)), payload
 
 
 def _encode(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> bytes:
-    return frame(_CODEC.encode(_Envelope(kind, correlation_id, sender_id, method, body)))
+    """One frame as one buffer."""
+    return b"".join(_encode_frame(kind, correlation_id, sender_id, method, body))
 
 
 def _decode(payload: bytes) -> tuple[int, int, int, str, Any]:
@@ -231,7 +249,7 @@ async def _serve_connection(
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
     # Responses go through one writer task that coalesces whatever is queued; the channel
     # holds at most one response per in-flight request, so it never blocks an answer.
-    responses_in, responses_out = trio.open_memory_channel[bytes](
+    responses_in, responses_out = trio.open_memory_channel[Frame](
         limits.max_inflight_per_connection
     )
 
@@ -246,7 +264,7 @@ async def _serve_connection(
                 result = await handler(sender_id, method, body)
                 if kind != KIND_REQUEST:
                     return
-                out = _encode(KIND_RESPONSE, correlation_id, 0, method, result)
+                out = _encode_frame(KIND_RESPONSE, correlation_id, 0, method, result)
             except IdentityMismatch as exc:
                 log.warning(
                     "closing internal connection from %s (node %s): %s %s",
@@ -272,7 +290,7 @@ async def _serve_connection(
                 if kind != KIND_REQUEST:
                     return
                 # The type only: the message may hold internal state (epochs, ids, paths).
-                out = _encode(KIND_ERROR, correlation_id, 0, method, type(exc).__name__)
+                out = _encode_frame(KIND_ERROR, correlation_id, 0, method, type(exc).__name__)
             await responses_in.send(out)
         finally:
             inflight.release()
@@ -298,20 +316,38 @@ async def _serve_connection(
 
 
 async def _send_coalesced(
-    stream: trio.abc.SendStream, frames: trio.MemoryReceiveChannel[bytes], max_bytes: int
+    stream: trio.abc.SendStream, frames: trio.MemoryReceiveChannel[Frame], max_bytes: int
 ) -> None:
-    """Send frames in order, joining those already queued into one send_all."""
+    """Send frames in order, those already queued together: on a plain socket as one
+    gathered sendmsg of their pieces (no frame is copied to join them), on TLS joined into
+    one send_all."""
+    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
     async for first in frames:
-        parts = [first]
-        size = len(first)
-        while size < max_bytes:
+        pieces = list(first)
+        size = len(first[0]) + len(first[1])
+        while size < max_bytes and len(pieces) + 2 <= SEND_MAX_PIECES:
             try:
                 more = frames.receive_nowait()
             except trio.WouldBlock:
                 break
-            parts.append(more)
-            size += len(more)
-        await stream.send_all(parts[0] if len(parts) == 1 else b"".join(parts))
+            pieces.extend(more)
+            size += len(more[0]) + len(more[1])
+        if sock is None:
+            await stream.send_all(b"".join(pieces))
+        else:
+            await _send_pieces(sock, pieces)
+
+
+async def _send_pieces(sock: trio.socket.SocketType, pieces: list[bytes]) -> None:
+    """sendmsg until every piece is sent, resuming after a short send."""
+    views = [memoryview(piece) for piece in pieces if piece]
+    while views:
+        sent = await sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 async def _read_requests(
@@ -391,7 +427,7 @@ class PeerClient:
         self.address = (host, port)
         self.limits = limits
         self._rng = rng or random.Random()
-        self._send_in, self._send_out = trio.open_memory_channel[bytes](limits.send_queue_frames)
+        self._send_in, self._send_out = trio.open_memory_channel[Frame](limits.send_queue_frames)
         self._pending: dict[int, trio.MemorySendChannel[tuple[int, Any]]] = {}
         self._next_correlation_id = 0
         self._connected = trio.Event()
@@ -417,7 +453,7 @@ class PeerClient:
             self.dropped_casts += 1
             return False
         try:
-            self._send_in.send_nowait(_encode(KIND_CAST, 0, self.sender_id, method, body))
+            self._send_in.send_nowait(_encode_frame(KIND_CAST, 0, self.sender_id, method, body))
             return True
         except trio.WouldBlock:
             self.dropped_casts += 1
@@ -454,7 +490,7 @@ class PeerClient:
             with trio.move_on_after(timeout_s) as scope:
                 await self._connected.wait()
                 await self._send_in.send(
-                    _encode(KIND_REQUEST, correlation_id, self.sender_id, method, body)
+                    _encode_frame(KIND_REQUEST, correlation_id, self.sender_id, method, body)
                 )
                 kind, result = await response_out.receive()
             if scope.cancelled_caught:

@@ -265,3 +265,46 @@ async def test_an_identity_given_by_the_listener_holds_from_the_first_frame():
         await stream.send_all(_encode(KIND_REQUEST, 1, 2, "x", None))  # claims another node
         assert await _read_answers(stream) == []
         nursery.cancel_scope.cancel()
+
+
+async def test_large_answers_queued_together_arrive_whole_and_in_order():
+    # Answers of megabytes, many queued at once: the writer gathers their pieces into
+    # sendmsg calls that the socket takes in part; every byte must arrive in its place.
+    sizes = [3 * 1024 * 1024 + i for i in range(8)]
+
+    async def handler(sender_id, method, body):
+        return bytes([body % 251]) * sizes[body] + body.to_bytes(4, "big")
+
+    async with trio.open_nursery() as nursery:
+        port = await _start_server(nursery, handler, send_coalesce_max_bytes=16 * 1024 * 1024)
+        peers = PeerSet(sender_id=7)
+        await nursery.start(peers.run)
+        peer = peers.peer(1, "127.0.0.1", port)
+        answers = {}
+
+        async def call(i):
+            answers[i] = await peer.call("big", i, timeout_s=30)
+
+        async with trio.open_nursery() as calls:
+            for i in range(len(sizes)):
+                calls.start_soon(call, i)
+        for i, size in enumerate(sizes):
+            assert answers[i] == bytes([i % 251]) * size + i.to_bytes(4, "big")
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_pieces_resumes_after_short_sends():
+    from raftlog.net.rpc import _send_pieces
+
+    class ShortSocket:
+        def __init__(self):
+            self.out = bytearray()
+
+        async def sendmsg(self, buffers):
+            taken = b"".join(bytes(b) for b in buffers)[:5]
+            self.out += taken
+            return len(taken)
+
+    sock = ShortSocket()
+    await _send_pieces(sock, [b"\x00\x00\x00\x03", b"abc", b"", b"defghijklmno"])
+    assert bytes(sock.out) == b"\x00\x00\x00\x03abcdefghijklmno"
