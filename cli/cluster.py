@@ -1,4 +1,5 @@
-"""`raftlog cluster up|down|status|kill|restart`: a local multi-node cluster.
+"""`raftlog cluster up|down|status|kill|restart|add-node|remove-node`: a local multi-node
+cluster (add-node and remove-node: cluster_nodes.py).
 
 `up` writes node configs under --dir, starts one process per node and waits (with a
 deadline) until a controller is elected and every broker is unfenced. `up --secure` makes
@@ -12,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,34 +20,22 @@ import click
 import trio
 from raftlog_cli import cluster_local as local
 from raftlog_cli import cluster_secure as secure
-from raftlog_cli.cluster_health import gather_status, probe_ready
-from raftlog_cli.common import (
-    DEFAULT_CLUSTER_DIR,
-    Options,
-    common_options,
-    connect,
-    run_async,
+from raftlog_cli.cluster_health import gather_status
+from raftlog_cli.cluster_nodes import (
+    DEFAULT_READY_TIMEOUT_S,
+    add_node,
+    dir_option,
+    remove_node,
+    require_cluster,
+    wait_ready,
 )
+from raftlog_cli.common import Options, common_options, connect, run_async
 from raftlog_cli.errors import CliError
 from raftlog_cli.render import Renderer
 from raftlog_cli.render_security import render_secure_cluster
 
 from raftlog.client.properties import PLAINTEXT, ClientPropertiesError, load_client_properties
 from raftlog.errors import ConfigError
-
-DEFAULT_READY_TIMEOUT_S = 60.0
-READY_POLL_INTERVAL_S = 0.25
-
-
-def dir_option(func: Any) -> Any:
-    return click.option(
-        "--dir",
-        "cluster_dir",
-        default=DEFAULT_CLUSTER_DIR,
-        show_default=True,
-        type=click.Path(file_okay=False, path_type=Path),
-        help="Directory of the local cluster.",
-    )(func)
 
 
 @click.group("cluster")
@@ -56,57 +44,11 @@ def cluster_group() -> None:
 
 
 def _require(cluster_dir: Path) -> local.LocalCluster:
-    found = local.load_cluster(cluster_dir)
-    if found is None:
-        raise CliError(f"no local cluster in {cluster_dir} (start one: raftlog cluster up)")
-    return found
+    return require_cluster(cluster_dir)
 
 
 def _running(cluster: local.LocalCluster) -> dict[int, int]:
     return {n.node_id: pid for n in cluster.nodes if (pid := local.running_pid(n)) is not None}
-
-
-async def _wait_ready(
-    cluster: local.LocalCluster,
-    started: dict[int, subprocess.Popen[bytes]],
-    timeout_s: float,
-    out: Renderer,
-) -> str:
-    """Poll until ready; a node that exits or the deadline is an error naming its log.
-
-    Exits are read from our own child handles (poll()), which cannot be fooled by /proc.
-    """
-    node_ids = set(started)
-    detail = "starting"
-    noun = "node" if len(started) == 1 else "nodes"
-    with out.progress(f"Starting {len(started)} raftlog {noun}...") as update:
-        with trio.move_on_after(timeout_s):
-            while True:
-                for node in cluster.nodes:
-                    process = started.get(node.node_id)
-                    if process is not None and process.poll() is not None:
-                        tail = local.log_tail(node)
-                        raise CliError(
-                            f"node {node.node_id} exited during start-up; see {node.log_path}"
-                            + (f": {tail}" if tail else "")
-                        )
-                ready, detail = await _probe(cluster, node_ids)
-                update(detail)
-                if ready:
-                    return detail
-                await trio.sleep(READY_POLL_INTERVAL_S)
-    logs = ", ".join(str(cluster.node(i).log_path) for i in sorted(node_ids))
-    raise CliError(f"cluster not ready after {timeout_s:g} s ({detail}); see the node logs: {logs}")
-
-
-async def _probe(cluster: local.LocalCluster, node_ids: set[int]) -> tuple[bool, str]:
-    if cluster.client_properties is None:
-        return await probe_ready(cluster.bootstrap_servers, node_ids)
-    try:
-        security = load_client_properties(cluster.client_properties).security
-    except ClientPropertiesError as exc:
-        raise CliError(str(exc)) from None
-    return await probe_ready(cluster.bootstrap_servers, node_ids, security)
 
 
 @cluster_group.command("up")
@@ -212,7 +154,7 @@ def up(
 
     async def start() -> str:
         try:
-            return await _wait_ready(cluster, started, timeout_s, out)
+            return await wait_ready(cluster, started, timeout_s, out)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await local.stop_nodes(list(cluster.nodes))
@@ -354,7 +296,7 @@ def restart(node_id: int, cluster_dir: Path, timeout_s: float) -> None:
     async def go() -> str:
         await local.stop_nodes([node])
         started = {node_id: local.start_node(node)}
-        return await _wait_ready(cluster, started, timeout_s, Renderer(json_mode=False))
+        return await wait_ready(cluster, started, timeout_s, Renderer(json_mode=False))
 
     run_async(None, go)
     click.echo(f"Restarted node {node_id}")
@@ -366,3 +308,7 @@ def _lookup(cluster_dir: Path, node_id: int) -> local.LocalNode:
         return cluster.node(node_id)
     except LookupError as exc:
         raise CliError(str(exc)) from None
+
+
+cluster_group.add_command(add_node)
+cluster_group.add_command(remove_node)

@@ -152,13 +152,9 @@ def node_config(
     voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.internal_port}" for n in cluster.nodes)
     replication = min(3, len(cluster.nodes))
     values: dict[str, Any] = dict(
-        node_id=node.node_id,
+        node_settings(node),
         roles=["controller", "broker"],
-        data_dir=str(node.node_dir / "data"),
         cluster_id=cluster.cluster_id,
-        client_listener=f"{LOOPBACK}:{node.client_port}",
-        internal_listener=f"{LOOPBACK}:{node.internal_port}",
-        metrics_listener=node.metrics_address,
         controller_quorum_voters=voters,
         default_replication_factor=replication,
         offsets_topic_replication_factor=replication,
@@ -166,6 +162,44 @@ def node_config(
     )
     values.update(overrides or {})
     return NodeConfig.from_dict(values, source="--node-config")
+
+
+def node_settings(node: LocalNode) -> dict[str, Any]:
+    """The config keys that differ from node to node: its id, data directory and listeners."""
+    return dict(
+        node_id=node.node_id,
+        data_dir=str(node.node_dir / "data"),
+        client_listener=f"{LOOPBACK}:{node.client_port}",
+        internal_listener=f"{LOOPBACK}:{node.internal_port}",
+        metrics_listener=node.metrics_address,
+    )
+
+
+def joining_node_config(template: dict[str, Any], node: LocalNode) -> NodeConfig:
+    """The config of a node joining a running cluster (`cluster add-node`): a member's
+    config keys (`template`, read from its node.toml: the cluster id, bootstrap voters,
+    --node-config settings) with the new node's own keys. It is a broker only: config.py
+    refuses the controller role to a node outside controller_quorum_voters, so it joins the
+    metadata quorum as an observer and becomes a voter through AddRaftVoter (KIP-853)."""
+    return NodeConfig.from_dict(
+        {**template, **node_settings(node), "roles": ["broker"]},
+        source=f"node {node.node_id}",
+    )
+
+
+def write_node(cluster: LocalCluster, node: LocalNode, config_toml: str) -> None:
+    """One node's data directory and config. A secure cluster's configs are private
+    (0600): they seed the admin user's credential."""
+    (node.node_dir / "data").mkdir(parents=True, exist_ok=True)
+    if cluster.secure:
+        _write_private(node.config_path, config_toml)
+    else:
+        node.config_path.write_text(config_toml)
+
+
+def save_cluster(cluster: LocalCluster) -> None:
+    """Rewrite cluster.json (after a node was added or removed)."""
+    _write_atomically(cluster.root / CLUSTER_FILE, json.dumps(cluster.to_json(), indent=2) + "\n")
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -188,8 +222,7 @@ def write_cluster(
     """Write every node's config and cluster.json (configs first: cluster.json marks done).
 
     node_overrides(node): keys of one node (a secure cluster's certificates); `overrides`
-    (the user's --node-config) win over them. A secure cluster's configs are private
-    (0600): they seed the admin user's credential.
+    (the user's --node-config) win over them.
     """
     configs = {}
     for n in cluster.nodes:
@@ -197,12 +230,8 @@ def write_cluster(
         values.update(overrides or {})
         configs[n.node_id] = node_config(cluster, n, values).to_toml()
     for node in cluster.nodes:
-        (node.node_dir / "data").mkdir(parents=True, exist_ok=True)
-        if cluster.secure:
-            _write_private(node.config_path, configs[node.node_id])
-        else:
-            node.config_path.write_text(configs[node.node_id])
-    _write_atomically(cluster.root / CLUSTER_FILE, json.dumps(cluster.to_json(), indent=2) + "\n")
+        write_node(cluster, node, configs[node.node_id])
+    save_cluster(cluster)
 
 
 def load_cluster(root: Path) -> LocalCluster | None:
