@@ -6,7 +6,9 @@ Two kinds of traffic share one connection per peer:
 - calls: request/response with a correlation id (controller requests, partition fetches).
 
 Every frame is msgpack of a list: [kind, correlation_id, sender_id, method, body], declared
-through raftlog.codec; each method declares its body. No pickle ever crosses a socket.
+through raftlog.codec; each method declares its body. No pickle ever crosses a socket. Byte
+strings of TAIL_MIN_BYTES or more in a body (records) follow the envelope raw, as its tails
+(see TAILED_FRAME_MARKER), so that neither side's msgpack copies them.
 
 A server-side connection speaks for one node id only (its `PeerIdentity`): the id is bound at
 the first frame, a later frame claiming another id closes the connection, and handlers get the
@@ -32,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
+import msgpack
 import trio
 
 from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Range, Size
@@ -155,15 +158,66 @@ assert _FRAME_SIZE.size == FRAME_SIZE_PREFIX_BYTES
 SEND_MAX_PIECES = 1024
 
 
-# A frame as the pieces that go on the socket in order: the size prefix, then the payload. A
-# large payload (a replica fetch answer's records) is not copied behind its prefix; the
-# writer hands the pieces to one sendmsg.
-Frame = tuple[bytes, bytes]
+# A frame as the pieces that go on the socket in order: the size prefix, then the payload
+# (with tails: the envelope, then each tail). The writer hands the pieces to one sendmsg, so
+# no piece is copied to join them.
+Frame = tuple[bytes, ...]
+
+# Large byte strings in a body (a replica fetch answer's records) travel as tails: after the
+# msgpack envelope, raw, referenced from where they belong by an extension holding their
+# length, so msgpack never copies them into its buffer. Such a frame's payload is
+#   TAILED_FRAME_MARKER, envelope length (u32), envelope, tail, tail, ...
+# The marker is the one byte msgpack never uses (an envelope starts with an array header).
+# The receiver takes the tails in the order the envelope references them and checks every
+# length against what the frame holds; bytes no reference claims refuse the frame.
+TAILED_FRAME_MARKER = 0xC1
+TAIL_EXT = 100
+TAIL_MIN_BYTES = 64 * 1024
+# The body's containers the sender looks through for tails at most (beyond: sent inline).
+TAIL_SEARCH_MAX_ITEMS = 4096
+_U32 = struct.Struct(">I")
+
+
+def _lift_tails(value: Any, tails: list[bytes], budget: list[int]) -> Any:
+    """`value` with each large bytes in it replaced by a tail reference (appended to
+    `tails`), visited in the order msgpack packs them; containers are copied only where
+    something was replaced."""
+    kind = type(value)
+    if kind is bytes:
+        if len(value) >= TAIL_MIN_BYTES:
+            tails.append(value)
+            return msgpack.ExtType(TAIL_EXT, _U32.pack(len(value)))
+        return value
+    if kind is dict:
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            return value
+        out = {}
+        changed = False
+        for key, item in value.items():
+            lifted = _lift_tails(item, tails, budget)
+            changed = changed or lifted is not item
+            out[key] = lifted
+        return out if changed else value
+    if kind is list or kind is tuple:
+        budget[0] -= len(value)
+        if budget[0] < 0:
+            return value
+        items = [_lift_tails(item, tails, budget) for item in value]
+        changed = any(a is not b for a, b in zip(items, value, strict=True))
+        return items if changed else value
+    return value
 
 
 def _encode_frame(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> Frame:
+    tails: list[bytes] = []
+    body = _lift_tails(body, tails, [TAIL_SEARCH_MAX_ITEMS])
     payload = _CODEC.encode(_Envelope(kind, correlation_id, sender_id, method, body))
-    return _FRAME_SIZE.pack(len(payload)), payload
+    if not tails:
+        return _FRAME_SIZE.pack(len(payload)), payload
+    head = bytes([TAILED_FRAME_MARKER]) + _U32.pack(len(payload)) + payload
+    size = len(head) + sum(len(tail) for tail in tails)
+    return (_FRAME_SIZE.pack(size), head, *tails)
 
 
 def _encode(kind: int, correlation_id: int, sender_id: int, method: str, body: Any) -> bytes:
@@ -173,7 +227,10 @@ def _encode(kind: int, correlation_id: int, sender_id: int, method: str, body: A
 
 def _decode(payload: bytes) -> tuple[int, int, int, str, Any]:
     """Raises DecodeError (a ValueError) for anything but a well-formed envelope."""
-    envelope: _Envelope = _CODEC.decode(_Envelope, payload)
+    if payload[:1] == bytes([TAILED_FRAME_MARKER]):
+        envelope: _Envelope = _CODEC.from_wire(_Envelope, _unpack_tailed(payload))
+    else:
+        envelope = _CODEC.decode(_Envelope, payload)
     return (
         envelope.kind,
         envelope.correlation_id,
@@ -181,6 +238,48 @@ def _decode(payload: bytes) -> tuple[int, int, int, str, Any]:
         envelope.method,
         envelope.body,
     )
+
+
+def _unpack_tailed(payload: bytes) -> Any:
+    """The envelope of a frame with tails, each tail reference replaced by its bytes."""
+    head_end = 1 + _U32.size
+    if len(payload) < head_end:
+        raise DecodeError(f"tailed frame of {len(payload)} bytes has no envelope length")
+    (envelope_bytes,) = _U32.unpack_from(payload, 1)
+    tails_start = head_end + envelope_bytes
+    if tails_start > len(payload):
+        raise DecodeError(
+            f"tailed frame of {len(payload)} bytes claims an envelope of {envelope_bytes} bytes"
+        )
+    view = memoryview(payload)
+    cursor = tails_start
+
+    def take_tail(code: int, data: bytes) -> Any:
+        nonlocal cursor
+        if code != TAIL_EXT:
+            return msgpack.ExtType(code, data)
+        if len(data) != _U32.size:
+            raise DecodeError(f"tail reference of {len(data)} bytes")
+        (length,) = _U32.unpack(data)
+        if length > len(payload) - cursor:
+            raise DecodeError(
+                f"tail of {length} bytes at byte {cursor} runs past the frame's {len(payload)}"
+            )
+        tail = bytes(view[cursor : cursor + length])
+        cursor += length
+        return tail
+
+    try:
+        wire = msgpack.unpackb(
+            view[head_end:tails_start], raw=False, strict_map_key=False, ext_hook=take_tail
+        )
+    except DecodeError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise DecodeError(f"not valid msgpack: {exc}") from None
+    if cursor != len(payload):
+        raise DecodeError(f"{len(payload) - cursor} bytes of the frame's tails are not referenced")
+    return wire
 
 
 async def serve_rpc(
@@ -324,14 +423,14 @@ async def _send_coalesced(
     sock = stream.socket if isinstance(stream, trio.SocketStream) else None
     async for first in frames:
         pieces = list(first)
-        size = len(first[0]) + len(first[1])
-        while size < max_bytes and len(pieces) + 2 <= SEND_MAX_PIECES:
+        size = sum(len(piece) for piece in first)
+        while size < max_bytes and len(pieces) < SEND_MAX_PIECES:
             try:
                 more = frames.receive_nowait()
             except trio.WouldBlock:
                 break
             pieces.extend(more)
-            size += len(more[0]) + len(more[1])
+            size += sum(len(piece) for piece in more)
         if sock is None:
             await stream.send_all(b"".join(pieces))
         else:
@@ -342,7 +441,7 @@ async def _send_pieces(sock: trio.socket.SocketType, pieces: list[bytes]) -> Non
     """sendmsg until every piece is sent, resuming after a short send."""
     views = [memoryview(piece) for piece in pieces if piece]
     while views:
-        sent = await sock.sendmsg(views)
+        sent = await sock.sendmsg(views[:SEND_MAX_PIECES])
         while views and sent >= views[0].nbytes:
             sent -= views[0].nbytes
             views.pop(0)

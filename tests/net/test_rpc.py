@@ -308,3 +308,57 @@ async def test_send_pieces_resumes_after_short_sends():
     sock = ShortSocket()
     await _send_pieces(sock, [b"\x00\x00\x00\x03", b"abc", b"", b"defghijklmno"])
     assert bytes(sock.out) == b"\x00\x00\x00\x03abcdefghijklmno"
+
+
+def test_large_bytes_travel_as_tails_and_come_back_in_place():
+    from raftlog.net.rpc import KIND_RESPONSE, TAIL_MIN_BYTES, _decode, _encode, _encode_frame
+
+    big = [bytes([i]) * (TAIL_MIN_BYTES + i) for i in range(3)]
+    body = {"partitions": [{"records": big[0], "n": 1}, {"records": b"small"}], "x": (big[1], 2)}
+    body["last"] = big[2]
+    pieces = _encode_frame(KIND_RESPONSE, 5, 0, "fetch", body)
+    # Prefix, envelope, then the three tails as the very objects given (never copied).
+    assert len(pieces) == 5 and all(a is b for a, b in zip(pieces[2:], big, strict=True))
+    assert len(pieces[1]) < 200
+    kind, correlation_id, _, _, decoded = _decode(_encode(KIND_RESPONSE, 5, 0, "x", body)[4:])
+    assert (kind, correlation_id) == (KIND_RESPONSE, 5)
+    assert decoded == {
+        "partitions": [{"records": big[0], "n": 1}, {"records": b"small"}],
+        "x": [big[1], 2],
+        "last": big[2],
+    }
+    # Small bodies keep the plain format.
+    assert len(_encode_frame(KIND_RESPONSE, 5, 0, "x", {"records": b"r" * 100})) == 2
+
+
+def test_a_tailed_frame_that_lies_about_its_lengths_is_refused():
+    from raftlog.codec import DecodeError
+    from raftlog.net.rpc import KIND_RESPONSE, TAIL_EXT, TAIL_MIN_BYTES, _decode, _encode
+
+    good = _encode(KIND_RESPONSE, 1, 0, "x", [b"a" * TAIL_MIN_BYTES])[4:]
+    assert _decode(good)[4] == [b"a" * TAIL_MIN_BYTES]
+
+    def tailed(envelope: list, tails: bytes) -> bytes:
+        packed = msgpack.packb(envelope, use_bin_type=True)
+        return b"\xc1" + len(packed).to_bytes(4, "big") + packed + tails
+
+    def ref(length: int, size: int = 4) -> msgpack.ExtType:
+        return msgpack.ExtType(TAIL_EXT, length.to_bytes(size, "big"))
+
+    assert _decode(tailed([2, 1, 0, "x", [ref(3), ref(2)]], b"abcde"))[4] == [b"abc", b"de"]
+    bad = {
+        "no envelope length": good[:3],
+        "envelope past the frame": good[:1] + len(good).to_bytes(4, "big") + good[5:],
+        "a tail past the frame": good[:-1],
+        "bytes no tail claims": good + b"extra",
+        "tails claiming more than there is": tailed([2, 1, 0, "x", [ref(3), ref(3)]], b"abcde"),
+        "a tail reference of the wrong size": tailed([2, 1, 0, "x", ref(3, 8)], b"abc"),
+        "not msgpack": good[:1] + (3).to_bytes(4, "big") + b"\xc1\xc1\xc1",
+    }
+    for why, payload in bad.items():
+        with pytest.raises(DecodeError):
+            _decode(payload)
+            pytest.fail(why)
+    # A tail reference in a frame without tails is no tail: it stays an extension value.
+    plain = msgpack.packb([2, 1, 0, "x", msgpack.ExtType(TAIL_EXT, (5).to_bytes(4, "big"))])
+    assert _decode(plain)[4] == msgpack.ExtType(TAIL_EXT, (5).to_bytes(4, "big"))
