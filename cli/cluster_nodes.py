@@ -36,11 +36,12 @@ import trio
 from raftlog_cli import cluster_local as local
 from raftlog_cli.cluster_health import probe_ready
 from raftlog_cli.common import CLI_LIMITS, DEFAULT_CLUSTER_DIR, run_async
-from raftlog_cli.errors import CliError, kafka_message
+from raftlog_cli.errors import CliError, kafka_message, leaf_exception
 from raftlog_cli.render import Renderer
 
 from raftlog.client import Admin, Cluster, open_cluster
 from raftlog.client.admin_reassign import ElectionType, TopicPartition
+from raftlog.client.connection import ConnectionClosed, RequestTimeout
 from raftlog.client.properties import (
     PLAINTEXT,
     ClientPropertiesError,
@@ -61,6 +62,8 @@ MIN_VOTERS = 3
 # observer not caught up, a new leader that has not committed in its epoch) is retried.
 VOTER_CHANGE_RETRIED = (ErrorCode.request_timed_out, ErrorCode.not_controller)
 VOTER_CHANGE_RETRY_PACE_S = 0.2
+# What a poll of the quorum may meet while leadership moves: asked again.
+PASSING_ERRORS = (KafkaError, OSError, ConnectionClosed, RequestTimeout)
 # The listener name a voter's Raft endpoint goes by (DescribeQuorum v2, AddRaftVoter).
 CONTROLLER_LISTENER = "CONTROLLER"
 
@@ -276,7 +279,11 @@ async def _change_voters(
                     else:
                         await admin.remove_voter(remove)
                 return
-            except KafkaError as exc:
+            except (KafkaError, BaseExceptionGroup) as raised:
+                # The client's nursery wraps what the body raised in a group.
+                exc = leaf_exception(raised)
+                if not isinstance(exc, KafkaError):
+                    raise
                 if exc.code not in VOTER_CHANGE_RETRIED:
                     raise CliError(
                         f"could not {what} the voters: {kafka_message(exc.code, str(exc))}"
@@ -301,8 +308,12 @@ async def _wait_quorum(
                 try:
                     async with connect_local(cluster) as client:
                         quorum = await QuorumAdmin(client).describe_quorum()
-                except (KafkaError, OSError) as exc:
-                    update(f"(waiting for the controller: {type(exc).__name__})")
+                except (*PASSING_ERRORS, BaseExceptionGroup) as raised:
+                    # A leader handing over answers NOT_LEADER_OR_FOLLOWER for a moment.
+                    exc = leaf_exception(raised)
+                    if not isinstance(exc, PASSING_ERRORS):
+                        raise
+                    update(f"(waiting for the controller: {exc})")
                 else:
                     voters = sorted(v.replica_id for v in quorum.voters)
                     update(f"(leader {quorum.leader_id}, voters {voters})")
