@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cluster_e2e import free_base_port, node_serves_kafka, run
+from tests.cli.test_cluster_e2e import free_base_port, node_serves_kafka, run, wait_status
 
 pytestmark = [
     pytest.mark.cluster,
@@ -90,6 +90,8 @@ async def test_add_a_voter_then_remove_an_original_node(tmp_path: Path) -> None:
         assert voters == [2, 3, 4]
         cluster = json.loads((tmp_path / ".raftlog" / "cluster.json").read_text())
         assert [n["node_id"] for n in cluster["nodes"]] == [2, 3, 4]
+        # Healthy without node 1: nothing fenced, under-replicated or offline among the rest.
+        await wait_status(tmp_path, True, lambda s: {n["node_id"] for n in s["nodes"]} == {2, 3, 4})
     finally:
         down = await run(tmp_path, "cluster", "down", check=False)
     assert down.returncode == 0, down.stderr
