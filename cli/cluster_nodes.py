@@ -367,8 +367,9 @@ def add_node(cluster_dir: Path, voter: bool, timeout_s: float, json_mode: bool) 
         template = tomllib.loads(members[0].config_path.read_text())
         config = local.joining_node_config(template, node)
     except (OSError, tomllib.TOMLDecodeError, ConfigError) as exc:
-        raise CliError(f"cannot write node {node.node_id}'s config from node "
-                       f"{members[0].node_id}'s: {exc}") from None  # fmt: skip
+        raise CliError(
+            f"cannot write node {node.node_id}'s config from node {members[0].node_id}'s: {exc}"
+        ) from None
     local.write_node(cluster, node, config.to_toml())
     grown = dataclasses.replace(cluster, nodes=(*cluster.nodes, node))
     process = local.start_node(node)
@@ -393,14 +394,20 @@ def add_node(cluster_dir: Path, voter: bool, timeout_s: float, json_mode: bool) 
             ) or any(v.replica_id == node.node_id for v in quorum.voters)
 
         await _wait_quorum(
-            grown, timeout_s, out, f"Node {node.node_id} catching up on the metadata log...",
+            grown,
+            timeout_s,
+            out,
+            f"Node {node.node_id} catching up on the metadata log...",
             caught_up,
-        )  # fmt: skip
+        )
         await _change_voters(grown, timeout_s, add=node, remove=-1)
         return await _wait_quorum(
-            grown, timeout_s, out, f"Node {node.node_id} becoming a voter...",
+            grown,
+            timeout_s,
+            out,
+            f"Node {node.node_id} becoming a voter...",
             lambda q: any(v.replica_id == node.node_id for v in q.voters),
-        )  # fmt: skip
+        )
 
     quorum = run_async(None, go)
     info: dict[str, Any] = {
@@ -541,10 +548,15 @@ def remove_node(
         if is_voter:
             await _change_voters(cluster, step_s, add=None, remove=node_id)
             await _wait_quorum(
-                cluster, step_s, out, f"Node {node_id} leaving the voters...",
-                lambda q: node_id not in {v.replica_id for v in q.voters}
-                and q.leader_id not in (-1, node_id),
-            )  # fmt: skip
+                cluster,
+                step_s,
+                out,
+                f"Node {node_id} leaving the voters...",
+                lambda q: (
+                    node_id not in {v.replica_id for v in q.voters}
+                    and q.leader_id not in (-1, node_id)
+                ),
+            )
         return await local.stop_nodes([node])
 
     stopped = run_async(None, go)
