@@ -21,6 +21,7 @@ from raftlog.net.kafka import (
     handlers_fetch,
     handlers_reassign,
     handlers_records,
+    handlers_topic_partitions,
 )
 from raftlog.net.kafka.context import Handler
 
@@ -114,6 +115,11 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     # v0-4: idempotent producer (librdkafka's IDEMPOTENT_PRODUCER feature needs v0);
     # v5+ (KIP-890/939 transactions) not implemented.
     ApiKey.INIT_PRODUCER_ID: (0, 4, handlers_core.handle_init_producer_id),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: (
+        0,
+        0,
+        handlers_topic_partitions.handle_describe_topic_partitions,
+    ),
 }
 
 # Moving partitions and leaders (handlers_reassign.py): every version kio models. v1 of

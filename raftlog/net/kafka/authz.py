@@ -172,8 +172,9 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "list_transactions": (DESCRIBE_TRANSACTIONAL_ID,),
         "describe_producers": (READ_TOPIC,),
         "delete_records": (DELETE_TOPIC,),
-        # Not served yet: the checks Kafka makes, for the handlers that will serve them.
         "offset_delete": (DELETE_GROUP, READ_TOPIC),
+        # KIP-966: the topics the principal may DESCRIBE; the rest are left out of a listing.
+        "describe_topic_partitions": (DESCRIBE_TOPIC,),
     }
 )
 
