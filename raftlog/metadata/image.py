@@ -389,6 +389,23 @@ class _Builder:
         reg = self._broker(rec.broker_id, "BrokerShutdownBegin")
         self._set_broker(replace(reg, in_controlled_shutdown=True))
 
+    def unregister_broker(self, rec: r.UnregisterBroker) -> None:
+        reg = self._broker(rec.broker_id, "UnregisterBroker")
+        if reg.epoch != rec.broker_epoch:
+            raise MetadataApplyError(
+                f"UnregisterBroker of broker {rec.broker_id} epoch {rec.broker_epoch}, "
+                f"registered with epoch {reg.epoch}"
+            )
+        # Replica lists keep the id (Kafka's offline replicas): the controller fenced the
+        # broker first, so it leads nothing and stays only in ISRs it was the last member of.
+        old = self.old.brokers.get(rec.broker_id)
+        self.brokers.pop(rec.broker_id)
+        if old is None:
+            # Registered and unregistered within this batch: no change to report.
+            self.delta.changed_brokers.pop(rec.broker_id, None)
+        else:
+            self.delta.changed_brokers[rec.broker_id] = (old, None)
+
     def topic(self, rec: r.Topic) -> None:
         if rec.name in self.names or rec.topic_id in self.topics:
             raise MetadataApplyError(f"Topic {rec.name} ({rec.topic_id}) already exists")
@@ -574,6 +591,7 @@ _HANDLERS: dict[type[r.Record], Any] = {
     r.FenceBroker: _Builder.fence_broker,
     r.UnfenceBroker: _Builder.unfence_broker,
     r.BrokerShutdownBegin: _Builder.shutdown_begin,
+    r.UnregisterBroker: _Builder.unregister_broker,
     r.Topic: _Builder.topic,
     r.Partition: _Builder.partition,
     r.PartitionChange: _Builder.partition_change,

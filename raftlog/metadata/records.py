@@ -65,6 +65,7 @@ __all__ = [
     "RemoveUserScramCredential",
     "Topic",
     "UnfenceBroker",
+    "UnregisterBroker",
     "UserScramCredential",
     "decode_entry",
     "decode_record",
@@ -408,6 +409,17 @@ class RemoveUserScramCredential(Record):
     mechanism: ScramMechanismCode
 
 
+@dataclass(frozen=True, slots=True)
+class UnregisterBroker(Record):
+    """The broker's registration was removed (Kafka's UnregisterBrokerRecord, written for the
+    UnregisterBroker API). Partitions keep its id in their replica lists: those replicas are
+    offline until a broker with that id registers again or they are reassigned away."""
+
+    TYPE_ID: ClassVar[int] = 18
+    broker_id: NodeId
+    broker_epoch: BrokerEpoch
+
+
 RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
     (cls.TYPE_ID, cls.VERSION): cls
     for cls in (
@@ -428,6 +440,7 @@ RECORD_TYPES: dict[tuple[int, int], type[Record]] = {
         RemoveAccessControlEntry,
         UserScramCredential,
         RemoveUserScramCredential,
+        UnregisterBroker,
     )
 }
 
@@ -450,6 +463,7 @@ AnyRecord = (
     | RemoveAccessControlEntry
     | UserScramCredential
     | RemoveUserScramCredential
+    | UnregisterBroker
 )
 CODEC = Codec()
 

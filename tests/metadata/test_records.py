@@ -73,6 +73,7 @@ RECORDS = st.one_of(
         )
     ),
     st.builds(r.RemoveUserScramCredential, text, st.sampled_from([1, 2])),
+    st.builds(r.UnregisterBroker, small, offsets),
 )
 
 
@@ -104,6 +105,7 @@ def test_every_record_type_is_covered_by_the_strategy():
         "RemoveAccessControlEntry",
         "UserScramCredential",
         "RemoveUserScramCredential",
+        "UnregisterBroker",
     }
 
 

@@ -66,6 +66,8 @@ from raftlog.metadata.controller.messages import (
     IncrementalAlterConfigs,
     RegisterBroker,
     RegisterBrokerReply,
+    UnregisterBroker,
+    UnregisterBrokerReply,
 )
 from raftlog.metadata.controller.reassignments import (
     alter_partition_reassignments,
@@ -152,6 +154,7 @@ class Controller:
                 batch, req, self._unsafe
             ),
             ElectLeaders: lambda batch, req, now_ms: elect_leaders(batch, req, self._unsafe),
+            UnregisterBroker: self._unregister_broker,
         }
 
     @classmethod
@@ -256,6 +259,8 @@ class Controller:
         for rec in records:
             if isinstance(rec, r.RegisterBroker | r.UnfenceBroker):
                 self._last_contact_ms[rec.broker_id] = now_ms
+            elif isinstance(rec, r.UnregisterBroker):
+                self._forget(rec.broker_id)
             elif isinstance(rec, r.Topic):
                 self._placement_start += 1
         return delta
@@ -333,6 +338,41 @@ class Controller:
         self._last_heartbeat_ms[req.broker_id] = now_ms
         self._heard_from.add(req.broker_id)
         return RegisterBrokerReply(broker_epoch=epoch)
+
+    def _unregister_broker(
+        self, batch: Batch, req: UnregisterBroker, now_ms: int
+    ) -> UnregisterBrokerReply:
+        """Kafka's UnregisterBroker: fence the broker as a session expiry would (its
+        leaderships move, it leaves the ISRs it can), then drop its registration. Nothing
+        stops a broker that is still running: its next heartbeat is answered
+        BROKER_ID_NOT_REGISTERED and it registers again, so the operator stops it first."""
+        reg = batch.image.brokers.get(req.broker_id)
+        if reg is None:
+            return UnregisterBrokerReply(
+                ErrorCode.broker_id_not_registered, f"broker {req.broker_id} is not registered"
+            )
+        if not reg.fenced:
+            self._fence(batch, req.broker_id)
+        elif any(req.broker_id in state.isr for _, _, state in batch.image.iter_partitions()):
+            # Fenced already, yet still an ISR member it could leave (a fenced broker stays
+            # only as an ISR's last member, which leave_changes keeps as Kafka does).
+            batch.add(
+                *leave_changes(
+                    batch.image, req.broker_id, self.config.unclean_leader_election, self._unsafe
+                )
+            )
+        log.warning("broker %d unregistered (epoch %d)", req.broker_id, reg.epoch)
+        batch.add(r.UnregisterBroker(req.broker_id, reg.epoch))
+        self._forget(req.broker_id)
+        return UnregisterBrokerReply()
+
+    def _forget(self, broker_id: int) -> None:
+        """Drop what this controller remembers of an unregistered broker's liveness."""
+        self._last_contact_ms.pop(broker_id, None)
+        self._last_heartbeat_ms.pop(broker_id, None)
+        self._heard_from.discard(broker_id)
+        self._unreachable_since_ms.pop(broker_id, None)
+        self._unsafe.pop(broker_id, None)
 
     def _heartbeat(self, batch: Batch, req: BrokerHeartbeat, now_ms: int) -> BrokerHeartbeatReply:
         reg = batch.image.brokers.get(req.broker_id)

@@ -444,6 +444,22 @@ class ElectLeadersReply:
     error_message: str | None = None
 
 
+# ---------------------------------------------------------------- UnregisterBroker
+@dataclass(frozen=True, slots=True)
+class UnregisterBroker:
+    """Kafka's UnregisterBroker (KIP-500 era, `kafka-cluster.sh unregister`): remove the
+    broker's registration. A broker still running registers again on its next heartbeat,
+    so the operator stops it first."""
+
+    broker_id: NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterBrokerReply:
+    error_code: ErrorCode = NONE
+    error_message: str | None = None
+
+
 ControllerRequest = (
     RegisterBroker
     | BrokerHeartbeat
@@ -460,6 +476,7 @@ ControllerRequest = (
     | AlterUserScramCredentials
     | AlterPartitionReassignments
     | ElectLeaders
+    | UnregisterBroker
 )
 ControllerReply = (
     RegisterBrokerReply
@@ -476,6 +493,7 @@ ControllerReply = (
     | AlterUserScramCredentialsReply
     | AlterPartitionReassignmentsReply
     | ElectLeadersReply
+    | UnregisterBrokerReply
 )
 # Every class above without a layout of its own travels as a named extension.
 CODEC = Codec(error_code_ext=True, default_layout=NamedExt(CONTROLLER_EXT))
