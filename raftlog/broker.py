@@ -326,7 +326,8 @@ class BrokerBackend:
         by_name = image.topics_by_name
         wanted = sorted(by_name) if names is None else [n for n in names if n in by_name]
         fenced = {b for b, reg in image.brokers.items() if reg.fenced}
-        # Offline replicas (Kafka: on a failed log dir): those of fenced brokers, and this
+        # Offline replicas (Kafka: on a failed log dir): those of fenced or unregistered
+        # brokers (an UnregisterBroker leaves the id in replica lists), and this
         # broker's own that lost or damaged data or sit on a failed disk (KIP-966's unsafe
         # replicas). Each broker knows only its own: `raftlog cluster status` asks them all.
         unsafe_here = set(self._unsafe_partitions())
@@ -355,6 +356,7 @@ class BrokerBackend:
                         r
                         for r in state.replicas
                         if r in fenced
+                        or r not in image.brokers
                         or (r == self.config.node_id and (topic.topic_id, index) in unsafe_here)
                     ),
                     ErrorCode.leader_not_available

@@ -76,6 +76,7 @@ class ApiKey(enum.IntEnum):
     ADD_RAFT_VOTER = _KEY_BY_NAME["add_raft_voter"]
     REMOVE_RAFT_VOTER = _KEY_BY_NAME["remove_raft_voter"]
     UPDATE_RAFT_VOTER = _KEY_BY_NAME["update_raft_voter"]
+    UNREGISTER_BROKER = _KEY_BY_NAME["unregister_broker"]
 
 
 # api key -> (min version, max version, handler). Why each range: docs/protocol.md.
@@ -108,6 +109,8 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1, handlers_admin.handle_incremental_alter_configs),
     # v1 adds endpoint_type (KIP-919), v2 include_fenced_brokers / is_fenced (KIP-1073).
     ApiKey.DESCRIBE_CLUSTER: (0, 2, handlers_cluster.handle_describe_cluster),
+    # KIP-500's broker removal (`kafka-cluster.sh unregister`); kio models only v0.
+    ApiKey.UNREGISTER_BROKER: (0, 0, handlers_cluster.handle_unregister_broker),
     # DescribeQuorum (0-2) and the KIP-853 voter APIs are registered by
     # handlers_quorum.register_quorum_apis with the quorum driver that answers them.
     ApiKey.DESCRIBE_CLIENT_QUOTAS: (0, 1, handlers_cluster.handle_describe_client_quotas),

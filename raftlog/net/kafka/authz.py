@@ -157,6 +157,7 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "alter_partition_reassignments": (ALTER_CLUSTER,),
         "list_partition_reassignments": (DESCRIBE_CLUSTER,),
         "elect_leaders": (ALTER_CLUSTER,),
+        "unregister_broker": (ALTER_CLUSTER,),
         # KIP-853 (handlers_quorum.py).
         "add_raft_voter": (ALTER_CLUSTER,),
         "remove_raft_voter": (ALTER_CLUSTER,),

@@ -1,4 +1,4 @@
-"""DescribeCluster, DescribeClientQuotas and AlterClientQuotas.
+"""DescribeCluster, UnregisterBroker, DescribeClientQuotas and AlterClientQuotas.
 
 DescribeQuorum is served by handlers_quorum, with the quorum driver it needs.
 """
@@ -9,9 +9,11 @@ from typing import Any
 
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.metadata.controller import messages as cm
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
 from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_reassign import _backend as controller_backend
 from raftlog.net.kafka.handlers_util import log
 
 # DescribeCluster endpoint types (KIP-919): a client listener describes brokers; controllers
@@ -77,6 +79,40 @@ def _broker_dict(ctx: RequestContext, broker: Any) -> dict[str, Any]:
         "rack": broker.rack,
         "is_fenced": bool(getattr(broker, "fenced", False)),
     }
+
+
+async def handle_unregister_broker(ctx: RequestContext, request: Any) -> dict[str, Any]:
+    """Kafka's UnregisterBroker (v0, `kafka-cluster.sh unregister`): ALTER on the cluster,
+    sent to the active controller; answered once the removal committed and this broker's
+    image no longer lists the broker. A broker still running registers again on its next
+    heartbeat: stop it first."""
+
+    def answer(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": code, "error_message": message}
+
+    refusal = authz.cluster_refusal(ctx, authz.ALTER_CLUSTER)
+    if refusal is not None:
+        return answer(refusal, authz.AUTHORIZATION_FAILED_MESSAGE)
+    broker_id = int(request.broker_id)
+    if broker_id < 0:
+        # Range-checked here: the controller's codec would refuse it as a malformed request.
+        return answer(ErrorCode.broker_id_not_registered, f"broker {broker_id} is not registered")
+    backend = controller_backend(ctx)
+    if backend is None:
+        return answer(ErrorCode.unknown_server_error, "this node does not reach a controller")
+    timeout_ms = ctx.config.request_timeout_ms
+    try:
+        reply: cm.UnregisterBrokerReply = await backend.controller_call(
+            cm.UnregisterBroker(broker_id), timeout_ms
+        )
+    except KafkaError as exc:
+        return answer(exc.code, exc.message or None)
+    except Exception:
+        log.exception("unregister_broker failed")
+        return answer(ErrorCode.unknown_server_error)
+    if reply.error_code == ErrorCode.none:
+        await backend.wait_for_image(lambda image: broker_id not in image.brokers, timeout_ms)
+    return answer(reply.error_code, reply.error_message)
 
 
 async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> dict[str, Any]:
