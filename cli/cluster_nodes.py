@@ -493,6 +493,23 @@ async def _move_leaders(client: Cluster, node_id: int, timeout_s: float, out: Re
     raise CliError(f"node {node_id} still leads partitions after {timeout_s:g} s")
 
 
+async def _unregister(cluster: local.LocalCluster, node_id: int) -> str | None:
+    """UnregisterBroker for the stopped node (a running broker would register again on its
+    next heartbeat); None when done or it was never a broker, else why it failed (the node
+    is gone either way: a registration left behind is fenced and holds nothing)."""
+    try:
+        async with connect_local(cluster) as client:
+            await Admin(client).unregister_broker(node_id)
+    except (KafkaError, OSError, ConnectionClosed, RequestTimeout, ExceptionGroup) as exc:
+        leaf = leaf_exception(exc)
+        if not isinstance(leaf, KafkaError):
+            return str(leaf)
+        if leaf.code == ErrorCode.broker_id_not_registered:
+            return None  # a controller-only node, or a retry after the removal committed
+        return kafka_message(leaf.code, leaf.message)
+    return None
+
+
 @click.command("remove-node")
 @click.argument("node_id", metavar="NODE", type=int)
 @dir_option
@@ -540,7 +557,7 @@ def remove_node(
         )
         click.confirm(f"Remove node {node_id}?", abort=True, err=True)
 
-    async def go() -> dict[int, str]:
+    async def go() -> tuple[dict[int, str], str | None]:
         async with connect_local(cluster) as client:
             if plan:
                 await _drain(client, plan, timeout_s, out)
@@ -557,11 +574,10 @@ def remove_node(
                     and q.leader_id not in (-1, node_id)
                 ),
             )
-        return await local.stop_nodes([node])
+        stopped = await local.stop_nodes([node])
+        return stopped, await _unregister(cluster, node_id)
 
-    stopped = run_async(None, go)
-    # No UnregisterBroker yet: the controller keeps the stopped broker's registration
-    # (fenced, leading and holding nothing), which is why ids are not reused.
+    stopped, unregister_error = run_async(None, go)
     local.save_cluster(
         dataclasses.replace(cluster, nodes=tuple(n for n in cluster.nodes if n.node_id != node_id))
     )
@@ -569,9 +585,16 @@ def remove_node(
     out.message(
         f"Removed node {node_id}: {len(plan)} replicas moved to other brokers"
         + (", removed from the controller voters" if is_voter else "")
-        + f", {stopped.get(node_id, 'stopped')}; its log stays at {node.log_path}",
+        + f", {stopped.get(node_id, 'stopped')}"
+        + (
+            f"; its broker registration stays (unregister failed: {unregister_error})"
+            if unregister_error
+            else ", unregistered"
+        )
+        + f"; its log stays at {node.log_path}",
         {
             "node_id": node_id,
+            "unregistered": unregister_error is None,
             "moved": [
                 {"topic": t, "partition": p, "replicas": list(r)}
                 for (t, p), r in sorted(plan.items())

@@ -17,6 +17,7 @@ from typing import Any
 from raftlog.client.admin_reassign import ReassignmentAdminMixin
 from raftlog.client.admin_security import SecurityAdminMixin
 from raftlog.client.cluster import Cluster, PartitionInfo, TopicInfo, raise_for
+from raftlog.client.connection import call_negotiated
 from raftlog.client.protocol import IsolationLevel, error_of
 from raftlog.constants import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from raftlog.errors import ErrorCode, KafkaError
@@ -24,6 +25,8 @@ from raftlog.metadata.controller.messages import NewTopic
 from raftlog.quotas.entity import QuotaEntity, validate_alteration
 
 DEFAULT_ADMIN_TIMEOUT_MS = 30_000
+# api name -> (min, max) version spoken by methods that are not in CLIENT_API_VERSIONS.
+UNREGISTER_BROKER_VERSIONS: dict[str, tuple[int, int]] = {"unregister_broker": (0, 0)}
 # Kafka's ListOffsets sentinels.
 
 
@@ -237,6 +240,28 @@ class Admin(SecurityAdminMixin, ReassignmentAdminMixin):
             controller_id=int(response.controller_id),
             brokers={int(b.broker_id): (b.host, int(b.port)) for b in response.brokers},
         )
+
+    async def unregister_broker(self, broker_id: int) -> None:
+        """Kafka's UnregisterBroker (`kafka-cluster.sh unregister`): the controller fences the
+        broker and drops its registration; its partitions list it as an offline replica.
+        Stop the broker first: one still running registers again on its next heartbeat.
+        Raises KafkaError (BROKER_ID_NOT_REGISTERED for an id that is not registered)."""
+
+        async def attempt() -> Any:
+            connection = await self.cluster.controller()
+            response = await call_negotiated(
+                connection,
+                "unregister_broker",
+                {"broker_id": broker_id},
+                UNREGISTER_BROKER_VERSIONS,
+                timeout_ms=self.timeout_ms,
+            )
+            # Retriable answers (NOT_CONTROLLER, REQUEST_TIMED_OUT while the quorum elects a
+            # leader) are retried by Cluster.retrying; anything else is the caller's.
+            raise_for(response.error_code, f"unregister_broker {broker_id}", response.error_message)
+            return response
+
+        await self.cluster.retrying(attempt)
 
     async def describe_quorum(self) -> dict[str, Any]:
         """Leader, epoch, high watermark and voter/observer progress of the metadata log."""

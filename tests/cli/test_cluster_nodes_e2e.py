@@ -67,6 +67,7 @@ async def test_add_a_voter_then_remove_an_original_node(tmp_path: Path) -> None:
             (await run(tmp_path, "cluster", "remove-node", "1", "--yes", "--json")).stdout
         )
         assert removed["was_voter"] and len(removed["moved"]) >= 2
+        assert removed["unregistered"], removed
 
         for partition in ("0", "1"):
             consumed = await run(
