@@ -141,6 +141,7 @@ METADATA_RECORDS: dict[str, r.Record] = {
         "bob-é", 2, bytes(range(64)), bytes(range(64)), bytes(range(64, 128)), 16384
     ),
     "remove_user_scram_credential": r.RemoveUserScramCredential("alice", 2),
+    "unregister_broker": r.UnregisterBroker(4, 3),
 }
 
 READ_ORDERS = acl.AclBinding(
@@ -238,6 +239,11 @@ CONTROLLER_MESSAGES: dict[str, Any] = {
     ),
     "alter_user_scram_credentials_reply": cm.AlterUserScramCredentialsReply(
         (cm.ScramUserResult("bob", ErrorCode.resource_not_found, "none"), cm.ScramUserResult("a"))
+    ),
+    "unregister_broker": cm.UnregisterBroker(4),
+    "unregister_broker_reply": cm.UnregisterBrokerReply(),
+    "unregister_broker_reply_error": cm.UnregisterBrokerReply(
+        ErrorCode.broker_id_not_registered, "broker 4 is not registered"
     ),
 }
 
