@@ -221,6 +221,10 @@ class MetadataImage:
     # ACLs by the id their AccessControlEntry record gave them (Kafka's AclControlManager).
     acls: Mapping[uuid.UUID, AclBinding] = field(default_factory=lambda: _EMPTY)
     scram_credentials: Mapping[ScramKey, ScramCredential] = field(default_factory=lambda: _EMPTY)
+    # broker id -> the epoch of its last registration, for brokers unregistered since: the
+    # next registration of that id continues from it, so a broker epoch is never reused and
+    # a stale process of the removed incarnation stays fenced by epoch.
+    unregistered_broker_epochs: Mapping[int, int] = field(default_factory=lambda: _EMPTY)
 
     # ---------------------------------------------------------------- lookups
     @classmethod
@@ -319,6 +323,7 @@ class _Builder:
         self.delta = MetadataDelta()
         self.acls = _Cow(image.acls)
         self.scram = _Cow(image.scram_credentials)
+        self.unregistered = _Cow(image.unregistered_broker_epochs)
 
     # -------------------------------------------------------------- helpers
     def _broker(self, broker_id: int, what: str) -> BrokerRegistration:
@@ -365,6 +370,8 @@ class _Builder:
         handler(self, rec)
 
     def register_broker(self, rec: r.RegisterBroker) -> None:
+        if rec.broker_id in self.unregistered:
+            self.unregistered.pop(rec.broker_id)
         self._set_broker(
             BrokerRegistration(
                 broker_id=rec.broker_id,
@@ -400,6 +407,7 @@ class _Builder:
         # broker first, so it leads nothing and stays only in ISRs it was the last member of.
         old = self.old.brokers.get(rec.broker_id)
         self.brokers.pop(rec.broker_id)
+        self.unregistered.set(rec.broker_id, rec.broker_epoch)
         if old is None:
             # Registered and unregistered within this batch: no change to report.
             self.delta.changed_brokers.pop(rec.broker_id, None)
@@ -582,6 +590,7 @@ class _Builder:
             else max(old.last_applied_epoch, controller_epoch),
             acls=self.acls.result(),
             scram_credentials=self.scram.result(),
+            unregistered_broker_epochs=self.unregistered.result(),
         )
         return image, self.delta
 

@@ -18,6 +18,7 @@ can only produce an image the log could also have produced.
 from __future__ import annotations
 
 import struct
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
@@ -84,6 +85,11 @@ def image_records(image: MetadataImage) -> list[r.Record]:
             out.append(r.UnfenceBroker(broker_id, reg.epoch))
         if reg.in_controlled_shutdown:
             out.append(r.BrokerShutdownBegin(broker_id, reg.epoch))
+    for broker_id, epoch in sorted(image.unregistered_broker_epochs.items()):
+        # What the image keeps of an unregistered broker is its last epoch: a registration
+        # of that epoch (no endpoints) removed at once says exactly that.
+        out.append(r.RegisterBroker(broker_id, uuid.UUID(int=0), epoch, "", 0, "", 0))
+        out.append(r.UnregisterBroker(broker_id, epoch))
     for name, topic_id in sorted(image.topic_ids_by_name.items()):
         topic = image.topics_by_id[topic_id]
         out.append(r.Topic(name, topic_id))

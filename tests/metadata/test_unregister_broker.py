@@ -6,7 +6,7 @@ from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
 from raftlog.metadata.controller import messages as m
 from raftlog.metadata.controller.controller import Controller
-from raftlog.metadata.image import MetadataApplyError
+from raftlog.metadata.image import MetadataApplyError, MetadataImage
 from raftlog.metadata.snapshot import decode_snapshot, encode_snapshot, image_records
 from tests.metadata.test_controller import (
     SESSION_MS,
@@ -53,11 +53,18 @@ def test_the_snapshot_of_an_image_without_the_broker_round_trips():
     image, _ = base_image().apply([r.FenceBroker(3, 1), r.UnregisterBroker(3, 1)], offset=10)
     restored = decode_snapshot(encode_snapshot(image))
     assert restored == image and 3 not in restored.brokers
+    # The removed registration's epoch survives, so the next one of id 3 continues from it.
+    assert restored.unregistered_broker_epochs == {3: 1}
     assert restored.partition(T1, 0).replicas == (1, 2, 3)
-    assert not any(
-        isinstance(rec, r.RegisterBroker) and rec.broker_id == 3 for rec in image_records(image)
-    )
+    rebuilt, _ = MetadataImage.empty(image.cluster_id).apply(image_records(image), offset=10)
+    assert 3 not in rebuilt.brokers and rebuilt.unregistered_broker_epochs == {3: 1}
     restored.check_invariants()
+    # Registered again: the image forgets the old epoch, and so does the next snapshot.
+    again, _ = image.apply(
+        [r.RegisterBroker(3, image.brokers[1].incarnation_id, 2, "h", 1, "h", 2)], offset=11
+    )
+    assert again.unregistered_broker_epochs == {}
+    assert decode_snapshot(encode_snapshot(again)) == again
 
 
 def test_the_record_round_trips():
@@ -142,7 +149,10 @@ def test_a_broker_still_running_registers_again_on_its_next_heartbeat():
     c.handle(m.UnregisterBroker(2), 0)
     beat = c.handle(m.BrokerHeartbeat(2, epoch, c.committed_offset), 10).reply
     assert beat.error_code == ErrorCode.broker_id_not_registered
-    assert join(c, 2, now_ms=20) == 1
+    # Its new epoch continues from the removed one: a stale request of that one stays fenced.
+    assert join(c, 2, now_ms=20) == epoch + 1
+    stale = c.handle(m.BrokerHeartbeat(2, epoch, c.committed_offset), 30).reply
+    assert stale.error_code == ErrorCode.stale_broker_epoch
     assert not c.image.brokers[2].fenced
 
 
@@ -156,4 +166,6 @@ def test_a_new_controller_from_the_image_and_a_standby_forget_the_broker():
     assert fresh.last_contact_ms(3) is None
     assert fresh.tick(SESSION_MS * 2).records  # brokers 1 and 2 expire; 3 is not there
     assert 3 not in fresh.image.brokers
-    assert fresh.handle(register_request(3), 0).reply.broker_epoch == 1
+    assert fresh.image.unregistered_broker_epochs == {3: 1}
+    assert fresh.handle(register_request(3), 0).reply.broker_epoch == 2
+    assert fresh.image.unregistered_broker_epochs == {}

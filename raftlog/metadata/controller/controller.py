@@ -310,7 +310,11 @@ class Controller:
                     ErrorCode.duplicate_broker_registration,
                     "the broker id is registered by another live incarnation",
                 )
-        epoch = existing.epoch + 1 if existing is not None else 1
+        if existing is not None:
+            epoch = existing.epoch + 1
+        else:
+            # An id unregistered before continues from its last epoch (never reused).
+            epoch = image.unregistered_broker_epochs.get(req.broker_id, 0) + 1
         batch.add(
             r.RegisterBroker(
                 req.broker_id,
