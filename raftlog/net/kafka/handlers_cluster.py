@@ -13,7 +13,7 @@ from raftlog.metadata.controller import messages as cm
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import QuotaAlteration, QuotaAlterResult, QuotaFilter
 from raftlog.net.kafka.context import RequestContext
-from raftlog.net.kafka.handlers_reassign import _backend as controller_backend
+from raftlog.net.kafka.handlers_reassign import controller_backend
 from raftlog.net.kafka.handlers_util import log
 
 # DescribeCluster endpoint types (KIP-919): a client listener describes brokers; controllers

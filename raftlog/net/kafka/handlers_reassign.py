@@ -86,7 +86,7 @@ class _NodeAdapter:
                 await self._metadata.wait_for_change()
 
 
-def _backend(ctx: RequestContext) -> ReassignmentBackend | None:
+def controller_backend(ctx: RequestContext) -> ReassignmentBackend | None:
     backend: Any = ctx.backend
     if isinstance(backend, ReassignmentBackend):
         return backend
@@ -162,7 +162,7 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any
             ErrorCode.invalid_request,
             f"{len(items)} partitions in one request; at most {MAX_PARTITIONS_PER_REQUEST}",
         )
-    backend = _backend(ctx)
+    backend = controller_backend(ctx)
     if backend is None:
         return every(ErrorCode.unknown_server_error, _NO_BACKEND)
     timeout_ms = to_ms(request.timeout, ctx.config.request_timeout_ms)
@@ -198,7 +198,7 @@ async def handle_list_partition_reassignments(ctx: RequestContext, request: Any)
     """DESCRIBE on the cluster; every reassignment in progress (topics None) or those of the
     named partitions, from this broker's committed image."""
     refusal = authz.cluster_refusal(ctx, authz.DESCRIBE_CLUSTER)
-    backend = _backend(ctx)
+    backend = controller_backend(ctx)
     if refusal is not None or backend is None:
         return {
             "throttle_time": 0,
@@ -268,7 +268,7 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> dict[str, A
             ErrorCode.invalid_request,
             f"{len(named)} partitions in one request; at most {MAX_PARTITIONS_PER_REQUEST}",
         )
-    backend = _backend(ctx)
+    backend = controller_backend(ctx)
     if backend is None:
         return every(ErrorCode.unknown_server_error, _NO_BACKEND)
     timeout_ms = to_ms(request.timeout, ctx.config.request_timeout_ms)
