@@ -30,8 +30,8 @@ RATIO_FIELDS = ("ratio", "ack_wait_ratio", "replica_efficiency", "floor_ratio")
 LATENCY_FIELDS = ("p50_ms_at_half_load", "p99_ms_at_half_load", "p999_ms_at_half_load")
 
 
-# Three nodes, one node and the floor start in turn (about 30 s): `make test-all` and
-# `make bench` run it; the floor and the load generator are checked in `make test` below.
+# Three nodes, one node and the floor start in turn (about 30 s): `make test-all` runs it;
+# the floor and the load generator are checked in `make test` below.
 @pytest.mark.slow
 @pytest.mark.cluster
 def test_replication_benchmark_prints_json_last(tmp_path):
