@@ -139,20 +139,27 @@ async def paced_load(
     interval_ms: float = 5.0,
     record_bytes: int = 1024,
 ) -> PacedResult:
-    """Every `interval_ms`, one Produce request with `rate_bytes_s * interval_ms` bytes of
-    records for the next partition in turn, sent without waiting for earlier answers: each
-    request's round trip is one latency sample (a batch's produce-to-acknowledgement time,
-    without any client-side queueing)."""
-    records = max(1, round(rate_bytes_s * interval_ms / 1000 / record_bytes))
-    batch = one_batch(record_bytes, records)
+    """`rate_bytes_s` as a lingering producer sends it: every `interval_ms`, each broker gets
+    one Produce request with a batch for every partition it leads, the interval's bytes split
+    evenly over the partitions, sent without waiting for earlier answers. Each request's
+    round trip is one latency sample (produce to acknowledgement, no client-side queueing)."""
+    partitions_total = 0
+    targets: list[tuple[BrokerConnection, Any, int]] = []
     result = PacedResult()
     async with open_cluster(bootstrap, client_id="raftlog-loadgen") as cluster:
         await cluster.refresh_metadata([topic])
-        targets = []
-        for info in sorted(cluster.topics[topic].partitions, key=lambda i: i.partition):
-            if info.leader_id < 0:
-                raise RuntimeError(f"{topic}-{info.partition} has no leader")
-            connection = await cluster.broker(info.leader_id)
+        by_leader: dict[int, list[int]] = {}
+        for info in cluster.topics[topic].partitions:
+            by_leader.setdefault(info.leader_id, []).append(info.partition)
+        if -1 in by_leader:
+            raise RuntimeError(f"{topic}: partitions {by_leader[-1]} have no leader")
+        partitions_total = sum(len(ps) for ps in by_leader.values())
+        per_batch = max(
+            1, round(rate_bytes_s * interval_ms / 1000 / record_bytes / partitions_total)
+        )
+        batch = one_batch(record_bytes, per_batch)
+        for leader, partitions in sorted(by_leader.items()):
+            connection = await cluster.broker(leader)
             payload = build_request(
                 "produce",
                 connection.version("produce"),
@@ -163,20 +170,19 @@ async def paced_load(
                     "topic_data": [
                         {
                             "name": topic,
-                            "partition_data": [{"index": info.partition, "records": batch}],
+                            "partition_data": [{"index": p, "records": batch} for p in partitions],
                         }
                     ],
                 },
             )
-            targets.append((connection, payload))
+            targets.append((connection, payload, len(partitions) * per_batch * record_bytes))
         started = trio.current_time()
 
-        async def one(connection: BrokerConnection, payload: Any, sent: float) -> None:
+        async def one(connection: BrokerConnection, payload: Any, size: int, sent: float) -> None:
             response = await connection.request(payload, timeout_ms=REQUEST_TIMEOUT_MS)
-            [topic_response] = response.responses
-            [answer] = topic_response.partition_responses
-            if answer.error_code == ErrorCode.none:
-                result.acked_bytes += records * record_bytes
+            codes = [p.error_code for t in response.responses for p in t.partition_responses]
+            if all(code == ErrorCode.none for code in codes):
+                result.acked_bytes += size
                 result.samples.append((sent - started, trio.current_time() - sent))
             else:
                 result.errors += 1
@@ -185,8 +191,9 @@ async def paced_load(
             tick = 0
             while tick * interval_ms / 1000 < seconds:
                 await trio.sleep_until(started + tick * interval_ms / 1000)
-                connection, payload = targets[tick % len(targets)]
-                nursery.start_soon(one, connection, payload, trio.current_time())
+                now = trio.current_time()
+                for connection, payload, size in targets:
+                    nursery.start_soon(one, connection, payload, size, now)
                 tick += 1
     return result
 

@@ -20,11 +20,13 @@ time to `--plot`.
 Phase 2, one node against the floor (benchmarks/floor.py, its own process): acks=1 RF 1 to a
 single-node cluster and to a server that only appends the Produce bytes with the same group
 commit, alternating in slices. `floor_ratio` = node / floor.
-`--client loadgen` drives the throughput sides with benchmarks.loadgen (the Produce requests a
-busy librdkafka producer sends, one full batch per partition, five in flight per broker, built
-once) instead of a confluent-kafka `produce()` call per record, so the client leaves the
-shared cores to the servers; its latency phase sends one request every 5 ms and takes each
-request's round trip as a sample.
+The throughput sides are driven by benchmarks.loadgen (the Produce requests a busy librdkafka
+producer sends, one full batch per partition, five in flight per broker, built once), so the
+client leaves the shared cores to the servers and every side is bound by its server. The
+latency phase always uses confluent-kafka (linger.ms 5): a lingering producer sizes its
+batches to the load, so its delivery latency is what an application sees at half load.
+`--client confluent` uses a confluent-kafka producer (a `produce()` call per record) instead:
+the view of a stock client, whose own CPU then caps the fastest sides.
 The last stdout line is one JSON object; stderr shows progress and which targets hold.
 """
 
@@ -53,7 +55,7 @@ from rich.table import Table
 
 from benchmarks.common import console, emit_result, mb_per_s, progress
 from benchmarks.loadgen import ACKS as LOADGEN_ACKS
-from benchmarks.loadgen import paced_load, produce_load
+from benchmarks.loadgen import produce_load
 from raftlog.constants import MIB
 from raftlog.testing.cluster import ProcessCluster, free_ports
 
@@ -413,37 +415,19 @@ def three_nodes(
         full = totals[ACKS_ALL_RF3.name]
         half_rate = full.acked_bytes / full.elapsed_s / 2 if full.elapsed_s else 0.0
         with progress(f"latency: acks=all RF3 at {half_rate / MIB:.1f} MB/s", seconds / 2) as bar:
-            if client == "loadgen":
-                paced_result = trio.run(
-                    functools.partial(
-                        paced_load,
-                        cluster.bootstrap_servers,
-                        REPLICATED,
-                        acks=LOADGEN_ACKS["all"],
-                        seconds=seconds / 2,
-                        rate_bytes_s=half_rate,
-                        interval_ms=PACE_INTERVAL_MS,
-                        record_bytes=RECORD_BYTES,
-                    )
-                )
-                half = HalfLoad(
-                    half_rate,
-                    [rtt for _, rtt in paced_result.samples],
-                    paced_result.errors,
-                    [(at, rtt * 1000) for at, rtt in paced_result.samples],
-                )
-            else:
-                started = time.monotonic()
-                tally = paced(producers[0], REPLICATED, seconds / 2, half_rate, value, bar)
-                half = HalfLoad(
-                    half_rate,
-                    tally.latencies_s,
-                    tally.errors,
-                    [
-                        (at - started, latency * 1000)
-                        for at, latency in zip(tally.acked_at_s, tally.latencies_s, strict=True)
-                    ],
-                )
+            # Always a stock client: a lingering producer sizes its batches to the load,
+            # which is what latency at half load means to an application.
+            started = time.monotonic()
+            tally = paced(producers[0], REPLICATED, seconds / 2, half_rate, value, bar)
+            half = HalfLoad(
+                half_rate,
+                tally.latencies_s,
+                tally.errors,
+                [
+                    (at - started, latency * 1000)
+                    for at, latency in zip(tally.acked_at_s, tally.latencies_s, strict=True)
+                ],
+            )
         for producer in producers:
             producer.flush(0)
         del producers  # librdkafka's threads would keep calling the stopped nodes
@@ -501,7 +485,7 @@ def run(
     root: Path,
     flush_policy: str,
     plot_path: Path | None,
-    client: str = "confluent",
+    client: str = "loadgen",
 ) -> dict[str, Any]:
     value = os.urandom(RECORD_BYTES)
     overrides = {**NODE_OVERRIDES, "flush_policy": flush_policy}
@@ -637,8 +621,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--client",
-        choices=("confluent", "loadgen"),
-        default="confluent",
+        choices=("loadgen", "confluent"),
+        default="loadgen",
         help="what produces on the throughput sides: a confluent-kafka producer (a produce() "
         "call per record) or benchmarks.loadgen (the same Produce requests built once, so the "
         "client takes little of the shared CPU); the latency phase always uses confluent-kafka",
