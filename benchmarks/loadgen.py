@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -118,83 +118,6 @@ async def produce_load(
                 for _ in range(in_flight):
                     nursery.start_soon(sender, connection, payload)
         result.seconds = time.monotonic() - started
-    return result
-
-
-@dataclass
-class PacedResult:
-    acked_bytes: int = 0
-    errors: int = 0
-    # (seconds since the start when the request was sent, its round trip in seconds)
-    samples: list[tuple[float, float]] = field(default_factory=list)
-
-
-async def paced_load(
-    bootstrap: str,
-    topic: str,
-    *,
-    acks: int,
-    seconds: float,
-    rate_bytes_s: float,
-    interval_ms: float = 5.0,
-    record_bytes: int = 1024,
-) -> PacedResult:
-    """`rate_bytes_s` as a lingering producer sends it: every `interval_ms`, each broker gets
-    one Produce request with a batch for every partition it leads, the interval's bytes split
-    evenly over the partitions, sent without waiting for earlier answers. Each request's
-    round trip is one latency sample (produce to acknowledgement, no client-side queueing)."""
-    partitions_total = 0
-    targets: list[tuple[BrokerConnection, Any, int]] = []
-    result = PacedResult()
-    async with open_cluster(bootstrap, client_id="raftlog-loadgen") as cluster:
-        await cluster.refresh_metadata([topic])
-        by_leader: dict[int, list[int]] = {}
-        for info in cluster.topics[topic].partitions:
-            by_leader.setdefault(info.leader_id, []).append(info.partition)
-        if -1 in by_leader:
-            raise RuntimeError(f"{topic}: partitions {by_leader[-1]} have no leader")
-        partitions_total = sum(len(ps) for ps in by_leader.values())
-        per_batch = max(
-            1, round(rate_bytes_s * interval_ms / 1000 / record_bytes / partitions_total)
-        )
-        batch = one_batch(record_bytes, per_batch)
-        for leader, partitions in sorted(by_leader.items()):
-            connection = await cluster.broker(leader)
-            payload = build_request(
-                "produce",
-                connection.version("produce"),
-                {
-                    "transactional_id": None,
-                    "acks": acks,
-                    "timeout": REQUEST_TIMEOUT_MS,
-                    "topic_data": [
-                        {
-                            "name": topic,
-                            "partition_data": [{"index": p, "records": batch} for p in partitions],
-                        }
-                    ],
-                },
-            )
-            targets.append((connection, payload, len(partitions) * per_batch * record_bytes))
-        started = trio.current_time()
-
-        async def one(connection: BrokerConnection, payload: Any, size: int, sent: float) -> None:
-            response = await connection.request(payload, timeout_ms=REQUEST_TIMEOUT_MS)
-            codes = [p.error_code for t in response.responses for p in t.partition_responses]
-            if all(code == ErrorCode.none for code in codes):
-                result.acked_bytes += size
-                result.samples.append((sent - started, trio.current_time() - sent))
-            else:
-                result.errors += 1
-
-        async with trio.open_nursery() as nursery:
-            tick = 0
-            while tick * interval_ms / 1000 < seconds:
-                await trio.sleep_until(started + tick * interval_ms / 1000)
-                now = trio.current_time()
-                for connection, payload, size in targets:
-                    nursery.start_soon(one, connection, payload, size, now)
-                tick += 1
     return result
 
 
