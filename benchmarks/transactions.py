@@ -240,9 +240,11 @@ def fetch_for(
     total_bytes = total_s = 0.0
     while total_s <= min_s:
         consumed, elapsed = fetch_all(bootstrap, partitions, isolation_level, records)
+        if elapsed <= 0:
+            break  # nothing to read: another pass would read nothing either
         total_bytes += consumed
         total_s += elapsed
-    return total_bytes / total_s
+    return total_bytes / total_s if total_s > 0 else 0.0
 
 
 def fetch_all(
