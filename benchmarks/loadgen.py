@@ -77,7 +77,11 @@ async def produce_load(
     async with open_cluster(bootstrap, client_id="raftlog-loadgen") as cluster:
         await cluster.refresh_metadata([topic])
         by_leader: dict[int, list[int]] = {}
-        for info in cluster.topics[topic].partitions:
+        known = cluster.topics.get(topic)
+        if known is None or known.error != ErrorCode.none or not known.partitions:
+            code = known.error.name if known is not None else "UNKNOWN_TOPIC_OR_PARTITION"
+            raise RuntimeError(f"topic {topic!r} cannot take load: {code}")
+        for info in known.partitions:
             by_leader.setdefault(info.leader_id, []).append(info.partition)
         if -1 in by_leader:
             raise RuntimeError(f"{topic}: partitions {by_leader[-1]} have no leader")
