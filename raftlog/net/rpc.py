@@ -173,12 +173,14 @@ Frame = tuple[bytes, ...]
 TAILED_FRAME_MARKER = 0xC1
 TAIL_EXT = 100
 TAIL_MIN_BYTES = 64 * 1024
-# The body's containers the sender looks through for tails at most (beyond: sent inline).
+# The body's containers the sender looks through for tails at most, and how deep (beyond
+# either: sent inline).
 TAIL_SEARCH_MAX_ITEMS = 4096
+TAIL_SEARCH_MAX_DEPTH = 64
 _U32 = struct.Struct(">I")
 
 
-def _lift_tails(value: Any, tails: list[bytes], budget: list[int]) -> Any:
+def _lift_tails(value: Any, tails: list[bytes], budget: list[int], depth: int = 0) -> Any:
     """`value` with each large bytes in it replaced by a tail reference (appended to
     `tails`), visited in the order msgpack packs them; containers are copied only where
     something was replaced."""
@@ -188,6 +190,11 @@ def _lift_tails(value: Any, tails: list[bytes], budget: list[int]) -> Any:
             tails.append(value)
             return msgpack.ExtType(TAIL_EXT, _U32.pack(len(value)))
         return value
+    if kind is msgpack.ExtType and value.code == TAIL_EXT:
+        # The receiver would take it for a tail reference and misplace every later tail.
+        raise ValueError(f"an RPC body may not hold msgpack extension {TAIL_EXT} itself")
+    if depth >= TAIL_SEARCH_MAX_DEPTH:
+        return value
     if kind is dict:
         budget[0] -= len(value)
         if budget[0] < 0:
@@ -195,7 +202,7 @@ def _lift_tails(value: Any, tails: list[bytes], budget: list[int]) -> Any:
         out = {}
         changed = False
         for key, item in value.items():
-            lifted = _lift_tails(item, tails, budget)
+            lifted = _lift_tails(item, tails, budget, depth + 1)
             changed = changed or lifted is not item
             out[key] = lifted
         return out if changed else value
@@ -203,7 +210,7 @@ def _lift_tails(value: Any, tails: list[bytes], budget: list[int]) -> Any:
         budget[0] -= len(value)
         if budget[0] < 0:
             return value
-        items = [_lift_tails(item, tails, budget) for item in value]
+        items = [_lift_tails(item, tails, budget, depth + 1) for item in value]
         changed = any(a is not b for a, b in zip(items, value, strict=True))
         return items if changed else value
     return value
@@ -440,13 +447,14 @@ async def _send_coalesced(
 async def _send_pieces(sock: trio.socket.SocketType, pieces: list[bytes]) -> None:
     """sendmsg until every piece is sent, resuming after a short send."""
     views = [memoryview(piece) for piece in pieces if piece]
-    while views:
-        sent = await sock.sendmsg(views[:SEND_MAX_PIECES])
-        while views and sent >= views[0].nbytes:
-            sent -= views[0].nbytes
-            views.pop(0)
+    first = 0  # views before this one are sent
+    while first < len(views):
+        sent = await sock.sendmsg(views[first : first + SEND_MAX_PIECES])
+        while first < len(views) and sent >= views[first].nbytes:
+            sent -= views[first].nbytes
+            first += 1
         if sent:
-            views[0] = views[0][sent:]
+            views[first] = views[first][sent:]
 
 
 async def _read_requests(

@@ -175,8 +175,18 @@ class PartitionLog:
             headers = batches.headers
             if not headers:
                 raise CorruptRecordError("append of zero bytes: no record batch")
+            expected_pos = 0
             for pos, header in headers:
+                # The headers must tile the data back to back: a gap or an overlap would
+                # write bytes no check covered (a caller's bug, refused before any write).
+                if pos != expected_pos:
+                    raise CorruptRecordError(f"validated batch at {pos}, expected {expected_pos}")
+                expected_pos = pos + header.size_bytes
                 self._check_leader_batch(pos, header)
+            if expected_pos != len(data):
+                raise CorruptRecordError(
+                    f"validated batches cover {expected_pos} of {len(data)} bytes"
+                )
         else:
             data = batches
             headers = self._validate(data, as_leader=True)

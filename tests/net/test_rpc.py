@@ -362,3 +362,27 @@ def test_a_tailed_frame_that_lies_about_its_lengths_is_refused():
     # A tail reference in a frame without tails is no tail: it stays an extension value.
     plain = msgpack.packb([2, 1, 0, "x", msgpack.ExtType(TAIL_EXT, (5).to_bytes(4, "big"))])
     assert _decode(plain)[4] == msgpack.ExtType(TAIL_EXT, (5).to_bytes(4, "big"))
+
+
+def test_the_sender_refuses_a_body_holding_a_tail_reference_and_stops_deep():
+    import msgpack
+
+    from raftlog.net.rpc import (
+        KIND_RESPONSE,
+        TAIL_EXT,
+        TAIL_MIN_BYTES,
+        TAIL_SEARCH_MAX_DEPTH,
+        _decode,
+        _encode,
+        _encode_frame,
+    )
+
+    forged = {"records": msgpack.ExtType(TAIL_EXT, (5).to_bytes(4, "big"))}
+    with pytest.raises(ValueError, match="extension"):
+        _encode_frame(KIND_RESPONSE, 1, 0, "fetch", forged)
+    # Nested past the search depth, large bytes go inline and still arrive whole.
+    deep: object = b"d" * TAIL_MIN_BYTES
+    for _ in range(TAIL_SEARCH_MAX_DEPTH + 5):
+        deep = [deep]
+    assert len(_encode_frame(KIND_RESPONSE, 2, 0, "x", deep)) == 2
+    assert _decode(_encode(KIND_RESPONSE, 2, 0, "x", deep)[4:])[4] == deep

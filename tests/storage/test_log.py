@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.batch_validation import validated_client_batches
+from raftlog.batch_validation import ValidatedBatches, validated_client_batches
 from raftlog.errors import CorruptRecordError
 from raftlog.records import Record, build_batch, iter_all_records, iter_batches, validate_batch
 from raftlog.storage import (
@@ -205,6 +205,18 @@ def test_validated_batches_append_stores_the_same_bytes_as_a_checked_append(
     with pytest.raises(RecordTooLargeError):
         trusted.append_as_leader(validated, leader_epoch=5, now_ms=0)
     assert trusted.log_end_offset == 12
+
+
+def test_validated_batches_that_do_not_tile_their_data_are_refused(tmp_path: Path) -> None:
+    data = batch(3, ts_ms=1000) + batch(2, ts_ms=2000)
+    lg = PartitionLog.open(tmp_path / "v-0", SMALL, now_ms=0)
+    validated = validated_client_batches(data, max_message_bytes=SMALL.max_message_bytes)
+    first, second = validated.headers
+    for headers in ([second], [first], [first, first], [(first[0] + 1, first[1]), second]):
+        forged = ValidatedBatches(data, headers)
+        with pytest.raises(CorruptRecordError):
+            lg.append_as_leader(forged, leader_epoch=1, now_ms=0)
+    assert lg.log_end_offset == 0
 
 
 def test_write_all_resumes_after_short_writes(tmp_path: Path) -> None:
