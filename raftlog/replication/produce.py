@@ -42,6 +42,7 @@ import trio
 
 from raftlog.batch_validation import (
     InvalidRecordError,
+    ValidatedBatches,
     validated_client_batches,
 )
 from raftlog.errors import ErrorCode, KafkaError
@@ -58,6 +59,7 @@ from raftlog.replication.core.purgatory import (
 from raftlog.replication.hosted import HostedPartition
 from raftlog.replication.producer_state import ProducerStateTable, Verdict
 from raftlog.replication.replicas import PendingProduce, Replicas
+from raftlog.storage.config import LogConfig
 
 log = logging.getLogger("raftlog.replication.produce")
 
@@ -227,26 +229,34 @@ class ProducePath:
                 f"min.insync.replicas {min_isr}",
             )
         now_ms = replicas.clock_ms()
+
+        def validate(config: LogConfig) -> ValidatedBatches | ProduceResult:
+            try:
+                return validated_client_batches(
+                    records,
+                    max_message_bytes=config.max_message_bytes,
+                    require_keys=config.compact,
+                )
+            except KafkaError as exc:
+                client_id = getattr(producer, "client_id", None)
+                self._refusals.warning(
+                    "refused produce to %s-%d from client %r (%s): %s",
+                    topic,
+                    partition,
+                    client_id,
+                    exc.code.name,
+                    exc.message,
+                )
+                return ProduceResult(
+                    exc.code,
+                    error_message=exc.message,
+                    record_errors=exc.record_errors if isinstance(exc, InvalidRecordError) else (),
+                )
+
         config = hosted.log.config
-        try:
-            validated = validated_client_batches(
-                records, max_message_bytes=config.max_message_bytes, require_keys=config.compact
-            )
-        except KafkaError as exc:
-            client_id = getattr(producer, "client_id", None)
-            self._refusals.warning(
-                "refused produce to %s-%d from client %r (%s): %s",
-                topic,
-                partition,
-                client_id,
-                exc.code.name,
-                exc.message,
-            )
-            return ProduceResult(
-                exc.code,
-                error_message=exc.message,
-                record_errors=exc.record_errors if isinstance(exc, InvalidRecordError) else (),
-            )
+        validated = validate(config)
+        if isinstance(validated, ProduceResult):
+            return validated
         headers = validated.headers
         opening = _opening_transactions(hosted.producers.table, headers)
         if opening:
@@ -272,6 +282,14 @@ class ProducePath:
                     ErrorCode.request_timed_out,
                     error_message=f"{topic}-{partition}: producer state reloading",
                 )
+            if hosted.log.config is not config:
+                # The topic's config changed during the awaits (compaction turned on,
+                # LogAppendTime): the batches are checked against what holds now.
+                config = hosted.log.config
+                validated = validate(config)
+                if isinstance(validated, ProduceResult):
+                    return validated
+                headers = validated.headers
         table = hosted.producers.table
         check = table.check_headers([header for _, header in headers])
         if check.verdict is Verdict.ERROR:
