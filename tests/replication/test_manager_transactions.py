@@ -5,6 +5,7 @@ verification seam, restarts, a lost .txnindex, and a leader change."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -436,4 +437,28 @@ async def test_retention_is_not_held_by_a_transaction_that_never_ends(tmp_path: 
         assert answer[("kept", 0)] == ErrorCode.none
         status = leader.partition_states()[("kept", 0)]
         assert status.last_stable_offset == status.high_watermark == plog.log_end_offset
+        await cluster.stop_all()
+
+
+async def test_a_config_change_during_verification_is_checked_before_the_append(
+    tmp_path: Path,
+) -> None:
+    """The topic turned compacted while a first transactional batch awaited the coordinator:
+    its keyless records are refused as they would be had they arrived a moment later."""
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, config=CONFIG)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        leader = cluster.managers[cluster.leader_id]
+        hosted = leader.replicas.partitions[(TOPIC, 0)]
+
+        async def verify_while_compaction_starts(request: TxnProduce) -> ErrorCode:
+            hosted.log.update_config(
+                dataclasses.replace(hosted.log.config, cleanup_policy="compact")
+            )
+            return ErrorCode.none
+
+        leader.writes.verify_transaction = verify_while_compaction_starts
+        refused = await send(cluster, txn(7, 0))
+        assert refused.error == ErrorCode.invalid_record
+        assert hosted.log.log_end_offset == 0
         await cluster.stop_all()
