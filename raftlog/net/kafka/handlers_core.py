@@ -88,7 +88,8 @@ async def handle_api_versions(ctx: RequestContext, request: Any) -> dict[str, An
 
 
 # ------------------------------------------------------------------------------ Metadata
-def _partition_dict(p: Any) -> dict[str, Any]:
+def partition_dict(p: Any) -> dict[str, Any]:
+    """A partition as Metadata (and DescribeTopicPartitions) answer it."""
     error = p.error
     if error == ErrorCode.none and p.leader_id < 0:
         error = ErrorCode.leader_not_available
@@ -109,7 +110,7 @@ def _topic_dict(t: TopicInfo) -> dict[str, Any]:
         "name": t.name,
         "topic_id": t.topic_id,
         "is_internal": t.is_internal,
-        "partitions": [_partition_dict(p) for p in t.partitions],
+        "partitions": [partition_dict(p) for p in t.partitions],
         "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
     }
 

@@ -23,6 +23,7 @@ from raftlog.metadata.controller.topics import TopicError, check_topic_name
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import PartitionInfo, TopicInfo
 from raftlog.net.kafka.context import RequestContext
+from raftlog.net.kafka.handlers_core import partition_dict
 from raftlog.security.acl import ResourceType
 
 # Kafka's max.request.partition.size.limit default: the most partitions one answer holds.
@@ -122,17 +123,5 @@ def _topic_dict(ctx: RequestContext, info: TopicInfo, page: list[PartitionInfo])
 
 
 def _partition_dict(p: PartitionInfo) -> dict[str, Any]:
-    error = p.error
-    if error == ErrorCode.none and p.leader_id < 0:
-        error = ErrorCode.leader_not_available
-    return {
-        "error_code": error,
-        "partition_index": p.partition,
-        "leader_id": p.leader_id,
-        "leader_epoch": p.leader_epoch,
-        "replica_nodes": list(p.replicas),
-        "isr_nodes": list(p.isr),
-        "eligible_leader_replicas": None,
-        "last_known_elr": None,
-        "offline_replicas": list(p.offline_replicas),
-    }
+    # Metadata's partition, with KIP-966's eligible leader replicas (none kept: null).
+    return {**partition_dict(p), "eligible_leader_replicas": None, "last_known_elr": None}
