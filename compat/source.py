@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,13 @@ LIBRDKAFKA_SUBDIR = Path("package/deps/librdkafka")
 CONFIGURE_ARGS = ("--disable-gssapi", "--disable-curl", "--disable-lz4-ext")
 NPM_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 3600
+# Optional features configure looks for that decide which tests run, with the header its
+# check includes (configure.self). A build made while one was missing is redone once the
+# header appears: RapidJSON, for one, gates the tests that check the JSON statistics.
+OPTIONAL_FEATURES = {"WITH_RAPIDJSON": "rapidjson/schema.h"}
+# What the last complete build was made with, written after it succeeded.
+BUILD_STAMP = ".raftlog-compat-build.json"
+HEADER_CHECK_TIMEOUT_S = 60
 
 
 class CompatSetupError(LocalError):
@@ -122,19 +131,79 @@ def extract(tarball: Path, work_dir: Path) -> Path:
     return root
 
 
-def build(root: Path, log_path: Path) -> Suite:
-    """configure, the library and the test-runner (skipped when already built); the
-    compiler's output goes to `log_path`."""
+def configured_features(root: Path) -> dict[str, bool]:
+    """What configure recorded in Makefile.config for each of OPTIONAL_FEATURES (a feature
+    it did not mention counts as missing)."""
+    path = root / "Makefile.config"
+    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    found = {}
+    for feature in OPTIONAL_FEATURES:
+        match = re.search(rf"^{feature}=\s*(\S+)", text, re.MULTILINE)
+        found[feature] = match is not None and match.group(1) == "y"
+    return found
+
+
+def header_available(header: str) -> bool:
+    """Whether the C++ compiler finds `header` on its default include path, as configure's
+    compile check would."""
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if compiler is None:
+        return False
+    try:
+        done = subprocess.run(
+            [compiler, "-E", "-x", "c++", "-o", os.devnull, "-"],
+            input=f"#include <{header}>\n",
+            capture_output=True,
+            text=True,
+            timeout=HEADER_CHECK_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # no compiler to ask: configure would not find the header either
+    return done.returncode == 0
+
+
+def rebuild_reason(root: Path, available: Callable[[str], bool] = header_available) -> str | None:
+    """Why the tree must be (re)built, or None when its last build still holds: no
+    test-runner, no record of a complete build, other configure arguments, or an optional
+    feature configure found missing whose header is there now."""
+    if not Suite(root).test_runner.exists():
+        return "not built yet"
+    stamp = root / BUILD_STAMP
+    try:
+        made_with = json.loads(stamp.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no record of a complete build"
+    if not isinstance(made_with, dict) or made_with.get("configure_args") != list(CONFIGURE_ARGS):
+        return "built with other configure arguments"
+    for feature, present in configured_features(root).items():
+        if not present and available(OPTIONAL_FEATURES[feature]):
+            return f"built without {feature}, whose {OPTIONAL_FEATURES[feature]} is now installed"
+    return None
+
+
+def build(root: Path, log_path: Path, available: Callable[[str], bool] = header_available) -> Suite:
+    """configure, the library and the test-runner, unless the last build still holds (see
+    rebuild_reason); the compiler's output goes to `log_path`."""
     suite = Suite(root)
-    if suite.test_runner.exists():
+    reason = rebuild_reason(root, available)
+    if reason is None:
         return suite
+    # Until the build completes there is no runner and no stamp: a build stopped half way
+    # is redone, never taken for a finished one.
+    (root / BUILD_STAMP).unlink(missing_ok=True)
+    suite.test_runner.unlink(missing_ok=True)
     jobs = str(os.cpu_count() or 1)
     steps = [
         ["./configure", *CONFIGURE_ARGS],
+        # Objects of an earlier build were compiled against another config.h. (The top
+        # Makefile's clean also visits examples/, which the npm package leaves out.)
+        *(["make", "-C", subdir, "clean"] for subdir in ("src", "src-cpp", "tests")),
         ["make", "-j", jobs, "libs"],
         ["make", "-C", "tests", "-j", jobs, "build"],
     ]
     with log_path.open("w", encoding="utf-8") as log_file:
+        log_file.write(f"# building: {reason}\n")
         for step in steps:
             log_file.write(f"$ {' '.join(step)}\n")
             log_file.flush()
@@ -152,6 +221,10 @@ def build(root: Path, log_path: Path) -> Suite:
                 )
     if not suite.test_runner.exists():
         raise CompatSetupError(f"the build made no {suite.test_runner}; see {log_path}")
+    (root / BUILD_STAMP).write_text(
+        json.dumps({"configure_args": list(CONFIGURE_ARGS), **configured_features(root)}),
+        encoding="utf-8",
+    )
     return suite
 
 

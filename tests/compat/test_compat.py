@@ -5,6 +5,7 @@ fetched."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -186,3 +187,58 @@ def test_extraction_refuses_paths_out_of_the_tree(tmp_path: Path) -> None:
     with pytest.raises(tarfile.OutsideDestinationError):
         source.extract(tarball, tmp_path / "work")
     assert not (tmp_path / "escaped.txt").exists()
+
+
+def _built_tree(root: Path, rapidjson: str) -> None:
+    """A tree as a finished build leaves it: the runner, configure's record, the stamp."""
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test-runner").write_bytes(b"")
+    (root / "Makefile.config").write_text(
+        f"WITH_SSL=\ty\nWITH_RAPIDJSON=\t{rapidjson}\nWITH_SNAPPY=\ty\n"
+    )
+    (root / source.BUILD_STAMP).write_text(
+        json.dumps({"configure_args": list(source.CONFIGURE_ARGS)})
+    )
+
+
+def test_a_build_without_an_optional_feature_is_redone_once_its_header_is_installed(
+    tmp_path: Path,
+) -> None:
+    def installed(header: str) -> bool:
+        return header == "rapidjson/schema.h"
+
+    def missing(header: str) -> bool:
+        return False
+
+    without = tmp_path / "without"
+    _built_tree(without, "n")
+    assert source.rebuild_reason(without, missing) is None  # still missing: keep the build
+    reason = source.rebuild_reason(without, installed)
+    assert reason is not None and "WITH_RAPIDJSON" in reason
+    with_it = tmp_path / "with"
+    _built_tree(with_it, "y")
+    assert source.rebuild_reason(with_it, installed) is None
+
+
+def test_a_build_with_no_stamp_or_other_arguments_is_redone(tmp_path: Path) -> None:
+    def missing(header: str) -> bool:
+        return False
+
+    assert source.rebuild_reason(tmp_path / "empty", missing) == "not built yet"
+    root = tmp_path / "tree"
+    _built_tree(root, "y")
+    (root / source.BUILD_STAMP).unlink()  # a build stopped before its end, or an old one
+    assert source.rebuild_reason(root, missing) == "no record of a complete build"
+    (root / source.BUILD_STAMP).write_text('{"configure_args": ["--enable-gssapi"]}')
+    assert source.rebuild_reason(root, missing) == "built with other configure arguments"
+    (root / source.BUILD_STAMP).write_text("not json")
+    assert source.rebuild_reason(root, missing) == "no record of a complete build"
+
+
+def test_the_header_check_uses_the_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert not source.header_available("cstdio")
+    monkeypatch.delenv("CXX")
+    if source.shutil.which("c++") or source.shutil.which("g++"):
+        assert source.header_available("cstdio")
+        assert not source.header_available("no/such/header_for_raftlog.h")
