@@ -10,6 +10,11 @@ offsets are the acknowledgement the leader counts towards its HW, so the fsync m
 
 Failures (the leader unreachable, a timeout, an error answer) back off for
 replica_fetch_backoff_ms and try again; metadata moves partitions between fetchers.
+
+Follower replication throttles (core/throttle.py: a partition listed in
+`follower.replication.throttled.replicas` for this broker, while this replica is outside the
+ISR) share this broker's `follower.replication.throttled.rate`, Kafka's way: while the budget
+is spent such a partition is left out of the rounds; what its answers bring is paid from it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from raftlog.replication.core.follower import (
     FollowerState,
     FollowerStep,
 )
+from raftlog.replication.core.throttle import ConfigsView, ThrottleState
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
     ReplicaFetchPartition,
@@ -80,9 +86,14 @@ class ReplicaFetcher:
             await self._wakeup.wait()
         self._wakeup = trio.Event()
 
-    def _due_requests(self) -> list[tuple[HostedPartition, FollowerState, FetchRequest]]:
+    def _due_requests(self) -> _Due:
         now_ms = self.pool.clock_ms()
-        due = []
+        due = _Due()
+        throttle = self.pool.throttle
+        policy = throttle.update(self.pool.configs(), now_ms)
+        limit = throttle.follower
+        check = limit is not None and bool(policy.follower_partitions)
+        spent = check and limit is not None and limit.allowance_bytes(now_ms) == 0
         for key in sorted(self.keys):
             hosted = self.pool.hosted(key)
             if hosted is None:
@@ -96,9 +107,24 @@ class ReplicaFetcher:
                 # The producer state is being rebuilt from this log in a worker thread: the
                 # log must hold still; the next round (after the backoff) asks again.
                 continue
+            # The partition's state, not the follower's: an ISR change keeps the follower.
+            state = hosted.replica.state
+            throttled = (
+                check
+                and state is not None
+                and policy.follower_throttles(
+                    hosted.topic, hosted.partition, follower.replica_id, state.isr
+                )
+            )
+            if throttled and spent:
+                assert limit is not None
+                due.held_ms = limit.wait_ms(now_ms)
+                continue
             request = follower.fetch_request(now_ms=now_ms)
             if request is not None:
                 due.append((hosted, follower, request))
+                if throttled:
+                    due.throttled.add(key)
         return due
 
     async def _round(self) -> None:
@@ -109,8 +135,9 @@ class ReplicaFetcher:
             return
         due = self._due_requests()
         if not due:
-            # Nothing to ask (backing off, or no partitions yet): wait for new work.
-            await self._wait_for_work(settings.backoff_ms)
+            # Nothing to ask (backing off, held by a throttle, or no partitions yet): wait for
+            # new work.
+            await self._wait_for_work(min(settings.backoff_ms, due.held_ms or settings.backoff_ms))
             return
         request = ReplicaFetchRequest(
             replica_id=settings.replica_id,
@@ -143,6 +170,7 @@ class ReplicaFetcher:
                 )
             await trio.sleep(settings.backoff_ms / 1000)
             return
+        self._pay_throttle(due.throttled, answers)
         appended, failed, answered = self._apply_answers(due, answers)
         if not await self._flush(appended):
             failed = True
@@ -157,6 +185,15 @@ class ReplicaFetcher:
         self.rounds += 1
         if failed:
             await trio.sleep(settings.backoff_ms / 1000)
+
+    def _pay_throttle(
+        self, throttled: set[TopicPartition], answers: dict[TopicPartition, ReplicaFetchAnswer]
+    ) -> None:
+        limit = self.pool.throttle.follower
+        if limit is None or not throttled:
+            return
+        size_bytes = sum(len(answers[k].records) for k in throttled if k in answers)
+        limit.record(size_bytes, self.pool.clock_ms())
 
     @staticmethod
     def _note_caught_up(answered: list[tuple[HostedPartition, FollowerState, int]]) -> None:
@@ -312,6 +349,20 @@ class ReplicaFetcher:
         return out
 
 
+class _Due(list[tuple[HostedPartition, FollowerState, FetchRequest]]):
+    """A round's fetches; `throttled` names those a follower throttle pays for, `held_ms`
+    (when not 0) how long a spent throttle holds back the partitions it left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.throttled: set[TopicPartition] = set()
+        self.held_ms = 0
+
+
+def _no_configs() -> ConfigsView:
+    return {}
+
+
 class FetcherPool:
     """The set of fetchers, one per leader broker; moves partitions when leaders change."""
 
@@ -326,8 +377,12 @@ class FetcherPool:
         on_progress: Callable[[HostedPartition], None],
         truncate: Truncate,
         rebuild_producers: Callable[[HostedPartition], None],
+        configs: Callable[[], ConfigsView] = _no_configs,
     ) -> None:
         self.settings = settings
+        # The image's configs (replication throttles are read from them).
+        self.configs = configs
+        self.throttle = ThrottleState(settings.replica_id)
         self.hosted = hosted
         self.send_fetch = send_fetch
         self.flusher = flusher

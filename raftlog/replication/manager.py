@@ -122,6 +122,7 @@ class ReplicaManager:
             on_progress=self._on_follower_progress,
             truncate=self._truncate_follower,
             rebuild_producers=self._rebuild_producers,
+            configs=lambda: self.replicas.image.configs,
         )
         # Verifies every hosted log's batches in the background (off when the rate is 0).
         self.scrubber = Scrubber(

@@ -3,6 +3,12 @@
 The Kafka backend and the internal RPC call these directly. Records are never
 decoded or re-encoded: consumers get file regions of the segment (sent with sendfile), followers
 get the same bytes read in a worker thread (they travel inside a msgpack frame).
+
+Replica reads of partitions under a leader replication throttle (core/throttle.py: listed in
+`leader.replication.throttled.replicas` for this broker, fetched by a follower outside the
+ISR) share this broker's `leader.replication.throttled.rate`: a read returns at most what the
+budget holds, and none while it is spent; a fetch with nothing else to return then waits
+until the budget refills (or for other news) instead of answering empty at once.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from raftlog.net.kafka.backend import (
 )
 from raftlog.net.rpc import IdentityMismatch
 from raftlog.replication.core.leader import LeaderState
+from raftlog.replication.core.throttle import ThrottleState
 from raftlog.replication.core.types import FetchDecision, FetchOutcome
 from raftlog.replication.fetch_wire import (
     ReplicaFetchAnswer,
@@ -83,6 +90,8 @@ class ReadPaths:
     def __init__(self, replicas: Replicas, on_damage: OnDamage = _ignore_damage) -> None:
         self.replicas = replicas
         self.on_damage = on_damage
+        # The leader side of replication throttles (the follower side is the fetchers').
+        self.throttle = ThrottleState(replicas.node_id)
 
     def _verified(self, hosted: HostedPartition, result: ReadResult, outcome: ScrubResult) -> int:
         """Record what `verify_read` found for `result`; returns the bytes of the read that
@@ -274,20 +283,43 @@ class ReadPaths:
                 reads.append((item, hosted, leader))
             else:
                 answers[key] = _answer_without_records(item, decision)
-        if reads and not answers and not _has_data(reads) and request.max_wait_ms > 0:
-            await self._park(
-                reads, min(request.max_wait_ms, self.replicas.config.replica_fetch_wait_max_ms)
-            )
-        answers.update(await self._read_for_replicas(reads))
+        throttled = self._throttled(request.replica_id, reads, now_ms)
+        limit = self.throttle.leader
+        wait_ms = min(request.max_wait_ms, self.replicas.config.replica_fetch_wait_max_ms)
+        unblocked = reads
+        if throttled and limit is not None and limit.allowance_bytes(now_ms) == 0:
+            # The throttled partitions' data does not count as news until the budget refills.
+            unblocked = [r for r in reads if (r[0].topic, r[0].partition) not in throttled]
+            wait_ms = min(wait_ms, limit.wait_ms(now_ms))
+        if reads and not answers and not _has_data(unblocked) and wait_ms > 0:
+            await self._park(reads, wait_ms, unblocked)
+        answers.update(await self._read_for_replicas(reads, throttled))
         return encode_response([answers[(p.topic, p.partition)] for p in request.partitions])
+
+    def _throttled(
+        self, replica_id: int, reads: list[ReplicaRead], now_ms: int
+    ) -> frozenset[TopicPartition]:
+        """The partitions of `reads` whose replication to `replica_id` is throttled."""
+        policy = self.throttle.update(self.replicas.image.configs, now_ms)
+        if policy.leader_rate_bytes_per_s is None or not policy.leader_partitions:
+            return frozenset()
+        return frozenset(
+            (item.topic, item.partition)
+            for item, _, leader in reads
+            if policy.leader_throttles(item.topic, item.partition, replica_id, leader.isr)
+        )
 
     async def _park(
         self,
         reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]],
         max_wait_ms: int,
+        data_reads: list[ReplicaRead] | None = None,
     ) -> None:
-        """Wait for new data or a role change of any requested partition (no polling); a
-        higher HW alone ends the wait HIGH_WATERMARK_LINGER_MS later."""
+        """Wait for new data (of `data_reads`, by default all) or a role change of any
+        requested partition (no polling); a higher HW alone ends the wait
+        HIGH_WATERMARK_LINGER_MS later."""
+        if data_reads is None:
+            data_reads = reads
         deadline = trio.current_time() + max_wait_ms / 1000
         linger_s = HIGH_WATERMARK_LINGER_MS / 1000
         while True:
@@ -302,7 +334,7 @@ class ReadPaths:
             finally:
                 for _, hosted, _ in reads:
                     hosted.waiters.discard(wakeup)
-            if trio.current_time() >= deadline or _has_data(reads) or self._moved(reads):
+            if trio.current_time() >= deadline or _has_data(data_reads) or self._moved(reads):
                 return
 
     def _moved(self, reads: list[ReplicaRead]) -> bool:
@@ -315,12 +347,15 @@ class ReadPaths:
     async def _read_for_replicas(
         self,
         reads: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState]],
+        throttled: frozenset[TopicPartition] = frozenset(),
     ) -> dict[TopicPartition, ReplicaFetchAnswer]:
         answers: dict[TopicPartition, ReplicaFetchAnswer] = {}
         regions: list[tuple[ReplicaFetchPartition, HostedPartition, LeaderState, Any]] = []
         budget_bytes = (
             self.replicas.config.internal_frame_max_bytes - REPLICA_FETCH_FRAME_OVERHEAD_BYTES
         )
+        limit = self.throttle.leader if throttled else None
+        now_ms = self.replicas.clock_ms()
         for item, hosted, leader in reads:
             key = (item.topic, item.partition)
             # The leadership this fetch was validated against may have ended while it was parked.
@@ -331,8 +366,22 @@ class ReadPaths:
                 answers[key] = _refusal(item, ErrorCode.not_leader_or_follower)
                 continue
             max_bytes = max(0, min(self.replicas.config.replica_fetch_max_bytes, budget_bytes))
+            min_one_batch = not regions
+            limited = limit is not None and key in throttled
+            if limited:
+                assert limit is not None
+                allowance_bytes = limit.allowance_bytes(now_ms)
+                if allowance_bytes == 0:
+                    answers[key] = _answer_throttled(item, hosted, leader)
+                    continue
+                max_bytes = min(max_bytes, allowance_bytes)
+                # A batch larger than the allowance still goes (and is paid back before the
+                # next one), or a throttled replica would never get it; never past the frame.
+                min_one_batch = min_one_batch or (
+                    budget_bytes >= hosted.log.config.max_message_bytes
+                )
             try:
-                result = hosted.log.read(item.fetch_offset, max_bytes, min_one_batch=not regions)
+                result = hosted.log.read(item.fetch_offset, max_bytes, min_one_batch=min_one_batch)
             except OffsetOutOfRangeError:
                 answers[key] = ReplicaFetchAnswer(
                     item.topic,
@@ -346,6 +395,9 @@ class ReadPaths:
                 answers[key] = _refusal(item, exc.code)
                 continue
             budget_bytes -= result.size_bytes
+            if limited:
+                assert limit is not None
+                limit.record(result.size_bytes, now_ms)
             regions.append((item, hosted, leader, result))
 
         def read_all() -> list[tuple[bytes, ScrubResult | None]]:
@@ -391,6 +443,19 @@ def _has_data(reads: list[ReplicaRead]) -> bool:
 
 def _has_hw_news(reads: list[ReplicaRead]) -> bool:
     return any(0 <= item.high_watermark < leader.high_watermark for item, _, leader in reads)
+
+
+def _answer_throttled(
+    item: ReplicaFetchPartition, hosted: HostedPartition, leader: LeaderState
+) -> ReplicaFetchAnswer:
+    """A throttled partition's answer while the budget is spent: no records, its HW."""
+    return ReplicaFetchAnswer(
+        item.topic,
+        item.partition,
+        ErrorCode.none,
+        leader.high_watermark,
+        hosted.log.log_start_offset,
+    )
 
 
 def _refusal(item: ReplicaFetchPartition, error: ErrorCode) -> ReplicaFetchAnswer:
