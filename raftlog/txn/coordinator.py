@@ -97,6 +97,10 @@ ProducerIdAllocator = Callable[[], int | None]
 
 S = TransactionState
 
+# How long an add may wait for the markers of its producer's last transaction before it is
+# answered CONCURRENT_TRANSACTIONS (which clients retry after a backoff; librdkafka: 20 ms).
+ADD_WAIT_MAX_MS = 1_000
+
 
 class _Why(Enum):
     INIT = auto()  # InitProducerId: reply the new id and epoch
@@ -105,6 +109,9 @@ class _Why(Enum):
     END = auto()  # EndTxn from the producer
     TIMEOUT = auto()  # the coordinator aborts a timed-out transaction
     COMPLETE = auto()  # every marker written
+    # Every marker written, and the producer's add for its next transaction was waiting:
+    # the Complete record and the next Ongoing one, appended together.
+    COMPLETE_AND_ADD = auto()
     EXPIRE = auto()  # transactional.id.expiration.ms
 
 
@@ -129,6 +136,17 @@ class _Pending:
     batch: _AddBatch | None = None
     batch_index: int = 0
     partitions: tuple[TopicPartition, ...] = ()
+    # The transit whose record goes first in the same append (COMPLETE_AND_ADD).
+    via: TxnTransit | None = None
+
+
+@dataclass
+class _WaitingAdd:
+    """An add that came while the producer's last transaction was writing its markers."""
+
+    pending: _Pending  # its transit is a placeholder until the markers are written
+    request: AddPartitionsTxn
+    since_ms: int
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,9 @@ class TxnCoordinator:
         self._pending: dict[int, _Pending] = {}
         self._markers: dict[int, _MarkerSend] = {}
         self._markers_inflight: set[str] = set()
+        # transactional id -> its producer's add for the next transaction, answered once
+        # the markers are written (COMPLETE_AND_ADD) or after ADD_WAIT_MAX_MS.
+        self._waiting_adds: dict[str, _WaitingAdd] = {}
         # transactional id -> when its markers (or completion record) are tried again.
         self._retry_at_ms: dict[str, int] = {}
         # Transactions whose markers a newer coordinator or producer epoch refused.
@@ -274,7 +295,7 @@ class TxnCoordinator:
         completions are ignored. The new leader's coordinator finishes what is owed."""
         fx = Effects()
         answered: set[int] = set()
-        for pending in self._pending.values():
+        for pending in self._unanswered():
             if pending.batch is not None:
                 if id(pending.batch) not in answered:
                     answered.add(id(pending.batch))
@@ -284,6 +305,7 @@ class TxnCoordinator:
                     (pending.token, self._error_reply(pending, ErrorCode.not_coordinator))
                 )
         self._pending.clear()
+        self._waiting_adds.clear()
         self._markers.clear()
         self._markers_inflight.clear()
         self._retry_at_ms.clear()
@@ -312,7 +334,17 @@ class TxnCoordinator:
         self._pending[append_id] = pending
         value = None if pending.transit.state is S.DEAD else pending.transit.to_value()
         record = fmt.record(pending.transactional_id, value)
-        fx.appends.append(Append(append_id, self.partition, (record,)))
+        if pending.via is None:
+            fx.appends.append(Append(append_id, self.partition, (record,)))
+        else:
+            first = fmt.record(pending.transactional_id, pending.via.to_value())
+            fx.appends.append(Append(append_id, self.partition, (first, record)))
+
+    def _unanswered(self) -> Iterable[_Pending]:
+        """Every request still owed an answer: appending, or waiting for markers."""
+        yield from self._pending.values()
+        for waiting in self._waiting_adds.values():
+            yield waiting.pending
 
     def _error_reply(self, pending: _Pending, code: ErrorCode) -> object:
         if pending.api is TxnApi.INIT_PRODUCER_ID:
@@ -484,6 +516,24 @@ class TxnCoordinator:
         if code is not ErrorCode.none:
             return answer(code)
         txn = self.transactions[req.transactional_id]
+        if self._may_wait(txn, req):
+            # The producer begins its next transaction while the last one's markers are
+            # written (librdkafka, kafka-python and aiokafka all do, at once): answered
+            # once they are, with the Complete record and this add's record in one append,
+            # rather than CONCURRENT_TRANSACTIONS and the client's backoff.
+            batch.remaining += 1
+            placeholder = _Pending(
+                req.transactional_id,
+                txn.snapshot(),
+                _Why.ADD,
+                api=api,
+                api_version=req.api_version,
+                batch=batch,
+                batch_index=index,
+                partitions=req.partitions,
+            )
+            self._waiting_adds[req.transactional_id] = _WaitingAdd(placeholder, req, now_ms)
+            return None
         if txn.pending_in_progress or txn.state in PREPARE_STATES:
             return answer(ErrorCode.concurrent_transactions)
         wanted = frozenset(req.partitions)
@@ -507,6 +557,26 @@ class TxnCoordinator:
         )
         self._append(fx, pending)
         return None
+
+    def _may_wait(self, txn: TransactionMetadata, req: AddPartitionsTxn) -> bool:
+        """Whether an add (its producer checked) may wait for the markers of the
+        transaction its producer just ended: one add per id, TV1 only (a TV2 Complete may
+        move the producer to a new id), and only while markers are on their way."""
+        txn_id = txn.transactional_id
+        return (
+            txn.state in PREPARE_STATES
+            and not txn.pending_in_progress
+            and not txn.is_tv2
+            and req.client_transaction_version < TV_2
+            and txn_id not in self._waiting_adds
+            and txn_id not in self.stalled
+            and (txn_id in self._markers_inflight or txn_id in self._retry_at_ms)
+        )
+
+    def _answer_waiting(self, fx: Effects, txn_id: str, code: ErrorCode) -> None:
+        waiting = self._waiting_adds.pop(txn_id, None)
+        if waiting is not None:
+            self._finish_add(fx, waiting.pending, code)
 
     def _check_producer(
         self, transactional_id: str, producer_id: int, producer_epoch: int
@@ -704,6 +774,9 @@ class TxnCoordinator:
             self._advance(fx, txn, now_ms)
         elif why is _Why.COMPLETE:
             self._retry_at_ms.pop(pending.transactional_id, None)
+        elif why is _Why.COMPLETE_AND_ADD:
+            self._retry_at_ms.pop(pending.transactional_id, None)
+            self._finish_add(fx, pending, ErrorCode.none)
         elif why is _Why.EXPIRE:
             del self.transactions[pending.transactional_id]
         return fx
@@ -714,9 +787,12 @@ class TxnCoordinator:
             self._finish_add(fx, pending, code)
         elif why in (_Why.INIT, _Why.FENCE_FOR_INIT, _Why.END):
             fx.replies.append((pending.token, self._error_reply(pending, code)))
-        elif why is _Why.COMPLETE:
+        elif why in (_Why.COMPLETE, _Why.COMPLETE_AND_ADD):
             # Tried again until it lands or this coordinator resigns (a lost leadership
-            # resigns it; the next one writes the markers and this record itself).
+            # resigns it; the next one writes the markers and this record itself). The add
+            # that rode along gets the error, which its client retries.
+            if why is _Why.COMPLETE_AND_ADD:
+                self._finish_add(fx, pending, code)
             self._retry_at_ms[pending.transactional_id] = (
                 now_ms + self.config.transaction_marker_retry_backoff_ms
             )
@@ -737,7 +813,7 @@ class TxnCoordinator:
     def _fail_batch(self, fx: Effects, batch: _AddBatch, code: ErrorCode) -> None:
         """Answer a batch now: transactions still waiting for their record get `code`."""
         results = list(batch.results)
-        for pending in self._pending.values():
+        for pending in self._unanswered():
             if pending.batch is batch and pending.api is not None:
                 mapped = for_version(code, pending.api, pending.api_version)
                 results[pending.batch_index] = AddPartitionsTxnResult(
@@ -773,6 +849,18 @@ class TxnCoordinator:
                 )
             )
             return
+        waiting = self._waiting_adds.pop(txn_id, None)
+        if waiting is not None:
+            req = waiting.request
+            code = self._check_producer(txn_id, req.producer_id, req.producer_epoch)
+            if code is ErrorCode.none:
+                done, add = txn.prepare_complete_then_add(
+                    frozenset(req.partitions), now_ms, req.client_transaction_version
+                )
+                pending = replace(waiting.pending, transit=add, why=_Why.COMPLETE_AND_ADD, via=done)
+                self._append(fx, pending)
+                return
+            self._finish_add(fx, waiting.pending, code)
         self._append(fx, _Pending(txn_id, txn.prepare_complete(now_ms), _Why.COMPLETE))
 
     def on_markers_done(
@@ -809,6 +897,7 @@ class TxnCoordinator:
             else:
                 retry = True
         if txn_id in self.stalled:
+            self._answer_waiting(fx, txn_id, ErrorCode.concurrent_transactions)
             return fx
         if retry or txn.partitions:
             # Partitions missing from the answer count as failed: retried, never assumed.
@@ -825,6 +914,7 @@ class TxnCoordinator:
             self._next_abort_scan_ms,
             self._next_expire_scan_ms,
             *self._retry_at_ms.values(),
+            *(w.since_ms + ADD_WAIT_MAX_MS for w in self._waiting_adds.values()),
         )
 
     def tick(self, now_ms: int) -> Effects:
@@ -835,6 +925,10 @@ class TxnCoordinator:
             if due_ms <= now_ms:
                 del self._retry_at_ms[txn_id]
                 self._advance(fx, self.transactions[txn_id], now_ms)
+        for txn_id, waiting in list(self._waiting_adds.items()):
+            if waiting.since_ms + ADD_WAIT_MAX_MS <= now_ms:
+                # Markers still failing: the client backs off and asks again.
+                self._answer_waiting(fx, txn_id, ErrorCode.concurrent_transactions)
         if now_ms >= self._next_abort_scan_ms:
             self._next_abort_scan_ms = (
                 now_ms + self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms

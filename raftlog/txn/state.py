@@ -143,6 +143,9 @@ class TransactionMetadata:
         self.next_producer_id = next_producer_id
         self.client_transaction_version = client_transaction_version
         self.pending: TxnTransit | None = None
+        # The Complete transit written in the same append as `pending` (an Ongoing one):
+        # prepare_complete_then_add.
+        self.pending_via: TxnTransit | None = None
 
     @classmethod
     def new(
@@ -260,12 +263,20 @@ class TransactionMetadata:
         return transit
 
     def complete(self, transit: TxnTransit) -> None:
-        """Apply the pending `transit`: its record is replicated."""
+        """Apply the pending `transit`: its record is replicated (after the Complete one
+        it was appended with, if any)."""
         if self.pending != transit:
             raise IllegalTransitionError(f"{self!r}: complete({transit}) is not the pending one")
-        if self.state not in VALID_PREVIOUS_STATES[transit.state]:
-            raise IllegalTransitionError(f"{self!r}: {self.state.name} -> {transit.state.name}")
+        previous = self.state
+        via = self.pending_via
+        if via is not None:
+            if previous not in VALID_PREVIOUS_STATES[via.state]:
+                raise IllegalTransitionError(f"{self!r}: {previous.name} -> {via.state.name}")
+            previous = via.state
+        if previous not in VALID_PREVIOUS_STATES[transit.state]:
+            raise IllegalTransitionError(f"{self!r}: {previous.name} -> {transit.state.name}")
         self.pending = None
+        self.pending_via = None
         self.producer_id = transit.producer_id
         self.previous_producer_id = transit.previous_producer_id
         self.producer_epoch = transit.producer_epoch
@@ -281,6 +292,7 @@ class TransactionMetadata:
     def abort_pending(self) -> None:
         """The pending transit's record was not written: the state stays as it was."""
         self.pending = None
+        self.pending_via = None
 
     # ------------------------------------------------------------------ transitions
     def prepare_increment_epoch(
@@ -469,6 +481,43 @@ class TransactionMetadata:
                 **changes,  # type: ignore[arg-type]
             )
         )
+
+    def prepare_complete_then_add(
+        self,
+        partitions: frozenset[TopicPartition],
+        now_ms: int,
+        client_transaction_version: int = TV_0,
+    ) -> tuple[TxnTransit, TxnTransit]:
+        """Every marker is written and the producer already asks to add partitions to its
+        next transaction: the Complete transit and the next transaction's Ongoing transit,
+        whose records are appended together (one replicated write where there were two, on
+        the path of every producer that begins a transaction as soon as the last one is
+        committed). The Ongoing transit is the pending one; `complete` applies it as if
+        the Complete one had been applied first, `abort_pending` drops both."""
+        if self.is_tv2 or client_transaction_version >= TV_2:
+            # A TV2 Complete may move the producer to a new id: its next transaction's
+            # producer is only known once that is applied.
+            raise IllegalTransitionError(f"{self!r}: a TV2 end is completed on its own")
+        done = self.prepare_complete(now_ms)
+        self.pending = None
+        ahead = TransactionMetadata(
+            self.transactional_id,
+            producer_id=done.producer_id,
+            producer_epoch=done.producer_epoch,
+            transaction_timeout_ms=done.transaction_timeout_ms,
+            state=done.state,
+            partitions=done.partitions,
+            start_timestamp_ms=done.start_timestamp_ms,
+            last_update_timestamp_ms=done.last_update_timestamp_ms,
+            previous_producer_id=done.previous_producer_id,
+            last_producer_epoch=done.last_producer_epoch,
+            next_producer_id=done.next_producer_id,
+            client_transaction_version=done.client_transaction_version,
+        )
+        add = ahead.prepare_add_partitions(partitions, now_ms, client_transaction_version)
+        self.pending = add
+        self.pending_via = done
+        return done, add
 
     def prepare_dead(self) -> TxnTransit:
         """transactional.id.expiration.ms passed: the id is forgotten (a tombstone)."""

@@ -170,8 +170,8 @@ def test_markers_only_after_the_prepare_record_and_complete_only_after_markers()
     assert h.reply(end).error_code is E.none  # answered when the decision is durable
     assert len(h.markers) == 1 and h.markers[0].commit and h.markers[0].coordinator_epoch == 0
     assert h.state_of("tx") is S.PREPARE_COMMIT
-    # In PrepareCommit: the producer's next steps wait, a retry of EndTxn knows its outcome.
-    assert h.add("tx", pid, 0, T0) is E.concurrent_transactions
+    # In PrepareCommit: the producer's next steps wait (an add waits for the markers:
+    # test_waiting_add.py), a retry of EndTxn knows its outcome.
     assert h.end("tx", pid, 0, True) is E.concurrent_transactions
     assert h.end("tx", pid, 0, False) is E.invalid_txn_state
     assert h.init("tx").error_code is E.concurrent_transactions
