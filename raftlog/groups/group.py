@@ -29,6 +29,7 @@ from raftlog.groups.group_members import (
     join_group_members,
     max_rebalance_timeout_ms,
     next_leader,
+    replace_member_id,
     select_protocol,
 )
 from raftlog.groups.messages import (
@@ -64,15 +65,30 @@ VALID_PREVIOUS_STATES: dict[GroupState, frozenset[GroupState]] = {
 
 
 @dataclass(frozen=True)
+class StaticJoin:
+    """A restarted static member that took its old incarnation's place in a Stable group
+    (KIP-345): its JoinGroup is answered once the new member id is stored."""
+
+    token: Token
+    old_member_id: str
+    new_member_id: str
+    old_protocols: tuple[tuple[str, bytes], ...]  # restored if the store fails
+    leader_before: str | None  # the leader id a client older than JoinGroup v9 is told
+    supports_skip_assignment: bool
+
+
+@dataclass(frozen=True)
 class StoreGroup:
     """Persist this group's metadata; the coordinator answers with Group.on_stored().
 
     `assignments` is the leader's SyncGroup: it is handed out only once stored, so a member
     never acts on an assignment a new coordinator would not know after a failover.
+    `static_join` is a static member's replacement, answered once stored.
     """
 
     generation_id: int
     assignments: dict[str, bytes] | None = None
+    static_join: StaticJoin | None = None
 
 
 @dataclass
@@ -206,10 +222,9 @@ class Group:
     ) -> None:
         previous = instance_owner(self.members, req.group_instance_id)
         if previous is not None:
-            # A restarted static member: fence the old incarnation and take its place. Kafka
-            # can skip the rebalance here (KIP-345); we rebalance, which is always safe.
-            self._remove_member(fx, previous.member_id, ErrorCode.fenced_instance_id, now_ms)
-        elif self._is_full():
+            self._replace_static_member(fx, token, req, previous, member_id, now_ms)
+            return
+        if self._is_full():
             fx.reply(token, self._error_join(UNKNOWN_MEMBER_ID, ErrorCode.group_max_size_reached))
             return
         if req.require_known_member_id and req.group_instance_id is None:
@@ -217,6 +232,99 @@ class Group:
             fx.reply(token, self._error_join(member_id, ErrorCode.member_id_required))
             return
         self._add_member_and_rebalance(fx, token, req, member_id, now_ms)
+
+    def _replace_static_member(
+        self,
+        fx: GroupEffects,
+        token: Token,
+        req: JoinGroupRequest,
+        previous: Member,
+        new_id: str,
+        now_ms: int,
+    ) -> None:
+        """A static member restarted (unknown member id, known instance id): it takes its old
+        incarnation's place under a new member id (Kafka's updateStaticMemberAndRebalance,
+        KIP-345). In a Stable group whose protocol it leaves unchanged nobody else notices:
+        the new id is stored, the member gets the current generation back and, at SyncGroup,
+        its old assignment. In CompletingRebalance the leader may be assigning to the old
+        id, so the group rebalances; in PreparingRebalance it joins like any member."""
+        old_id = previous.member_id
+        leader_before = self.leader_id
+        # The old incarnation, if still waiting on a reply, is a zombie from now on.
+        fx.reply(previous.join_token, self._error_join(old_id, ErrorCode.fenced_instance_id))
+        fx.reply(previous.sync_token, self._sync_reply(ErrorCode.fenced_instance_id))
+        previous.join_token = previous.sync_token = None
+        old_protocols = tuple(previous.protocols)
+        member = self._rekey(old_id, new_id)
+        member.protocols = list(req.protocols)
+        member.last_heartbeat_ms = now_ms
+        member.join_token = token
+        if self.state is GroupState.STABLE and self.select_protocol() == self.protocol_name:
+            join = StaticJoin(
+                token, old_id, new_id, old_protocols, leader_before, req.supports_skip_assignment
+            )
+            fx.stores.append(StoreGroup(self.generation_id, static_join=join))
+        elif self.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(fx, now_ms)
+        else:  # PreparingRebalance: this may have been the last member awaited
+            self._maybe_complete_join(fx, now_ms)
+
+    def _rekey(self, old_id: str, new_id: str) -> Member:
+        member = replace_member_id(self.members, old_id, new_id)
+        if self.leader_id == old_id:
+            self.leader_id = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
+        return member
+
+    def _on_static_join_stored(self, store: StoreGroup, code: ErrorCode) -> GroupEffects:
+        fx = GroupEffects()
+        join = store.static_join
+        assert join is not None
+        member = self.members.get(join.new_member_id)
+        if (
+            member is None
+            or member.join_token != join.token
+            or self.state is not GroupState.STABLE
+            or self.generation_id != store.generation_id
+        ):
+            return fx  # a rebalance or a leave answered the join meanwhile
+        member.join_token = None
+        if code is not ErrorCode.none:
+            # Not stored: the old incarnation's record is what a new coordinator would load.
+            self._rekey(join.new_member_id, join.old_member_id).protocols = list(join.old_protocols)
+            fx.reply(
+                join.token,
+                JoinGroupResponse(
+                    error_code=code,
+                    member_id=UNKNOWN_MEMBER_ID,
+                    generation_id=self.generation_id,
+                    protocol_type=self.protocol_type,
+                    protocol_name=self.protocol_name,
+                    leader=join.leader_before or "",
+                ),
+            )
+            return fx
+        # A v9+ leader is told it leads but must not assign (the group keeps its assignment);
+        # an older client is given the previous leader id, so a restarted leader does not
+        # compute an assignment a Stable group would ignore.
+        skip = join.supports_skip_assignment and member.member_id == self.leader_id
+        fx.reply(
+            join.token,
+            JoinGroupResponse(
+                error_code=ErrorCode.none,
+                member_id=member.member_id,
+                generation_id=self.generation_id,
+                protocol_type=self.protocol_type,
+                protocol_name=self.protocol_name,
+                leader=(self.leader_id if join.supports_skip_assignment else join.leader_before)
+                or "",
+                members=join_group_members(self.members, self.protocol_name) if skip else (),
+                skip_assignment=skip,
+            ),
+        )
+        return fx
 
     def _join_known_member(
         self, fx: GroupEffects, token: Token, req: JoinGroupRequest, now_ms: int
@@ -406,6 +514,8 @@ class Group:
 
     def on_stored(self, store: StoreGroup, code: ErrorCode, now_ms: int) -> GroupEffects:
         """The persist requested by `store` finished with `code` (none = replicated)."""
+        if store.static_join is not None:
+            return self._on_static_join_stored(store, code)
         fx = GroupEffects()
         if (
             store.assignments is None

@@ -84,6 +84,19 @@ def instance_owner(members: Mapping[str, Member], group_instance_id: str | None)
     return None
 
 
+def replace_member_id(members: dict[str, Member], old_id: str, new_id: str) -> Member:
+    """Re-key member `old_id` as `new_id` in place, keeping its place in the join order (a
+    restarted static member takes over its old incarnation's record, KIP-345)."""
+    entries = list(members.items())
+    members.clear()
+    for member_id, member in entries:
+        if member_id == old_id:
+            member.member_id = new_id
+            member_id = new_id
+        members[member_id] = member
+    return members[new_id]
+
+
 def max_rebalance_timeout_ms(members: Mapping[str, Member]) -> int:
     """The group's rebalance timeout: the longest any member asked for."""
     return max((m.rebalance_timeout_ms for m in members.values()), default=0)

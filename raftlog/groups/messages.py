@@ -29,6 +29,8 @@ class JoinGroupRequest:
     client_host: str = ""
     # KIP-394: JoinGroup v4+ must first get a member id (MEMBER_ID_REQUIRED), then rejoin.
     require_known_member_id: bool = True
+    # JoinGroup v9+ (KIP-814): a restarted static leader may be told to skip the assignor.
+    supports_skip_assignment: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class JoinGroupResponse:
     protocol_name: str | None = None
     leader: str = ""
     members: tuple[JoinGroupMember, ...] = ()  # only the leader gets the member list
+    # v9+: the leader of a Stable group, rejoined as a restarted static member, must not
+    # run its assignor (the group keeps its assignment).
+    skip_assignment: bool = False
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ class GroupHandlers:
             client_host=_client_host(ctx),
             # KIP-394: only v4+ clients know to retry with the member id we hand out.
             require_known_member_id=ctx.api_version >= 4,
+            supports_skip_assignment=ctx.api_version >= 9,
         )
         reason = getattr(request, "reason", None)
         if reason:
@@ -222,7 +223,7 @@ class GroupHandlers:
             "protocol_type": resp.protocol_type,
             "protocol_name": protocol_name,
             "leader": resp.leader,
-            "skip_assignment": False,
+            "skip_assignment": resp.skip_assignment,
             "member_id": resp.member_id,
             "members": [
                 {
