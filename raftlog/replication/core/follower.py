@@ -118,6 +118,11 @@ class FollowerState:
         return min(self._leader_high_watermark, self.log.log_end_offset)
 
     @property
+    def leader_high_watermark(self) -> int:
+        """The leader's HW as its last answer gave it (what this replica lags behind)."""
+        return self._leader_high_watermark
+
+    @property
     def awaiting_flush(self) -> bool:
         return (
             self.settings.flush_policy == FLUSH_ALWAYS
