@@ -5,9 +5,10 @@ reassign --generate   proposes a plan moving the topics of --topics-to-move-json
                       --broker-list (replicas spread over racks first, as topic creation does)
 reassign --execute    starts the plan of --reassignment-json-file (prints the current
                       assignment first: keep it to roll back); --wait follows it to the end
-                      with a progress bar
+                      with a progress bar; --throttle limits the copying (reassign_throttle.py)
 reassign --verify     says, per partition, whether the plan is complete, still in progress,
-                      or neither (the replicas differ from the plan)
+                      or neither (the replicas differ from the plan); once all are complete it
+                      removes a throttle
 reassign --cancel     cancels the plan's reassignments still in progress
 """
 
@@ -22,6 +23,13 @@ import click
 import trio
 from raftlog_cli.common import Options, common_options, connect, run_async
 from raftlog_cli.errors import CliError, kafka_message
+from raftlog_cli.reassign_throttle import (
+    MAX_THROTTLE_BYTES_PER_S,
+    ClearedThrottles,
+    clear_throttles,
+    set_throttles,
+    throttle_plan,
+)
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -128,6 +136,15 @@ async def _current(admin: Admin, topics: Sequence[str]) -> dict[TopicPartition, 
 @click.option("--broker-list", metavar="ID,ID,...", help="Target brokers for --generate.")
 @click.option("--wait", is_flag=True, help="With --execute: follow the moves to the end.")
 @click.option(
+    "--throttle",
+    "throttle_bytes_per_s",
+    type=click.IntRange(min=1, max=MAX_THROTTLE_BYTES_PER_S),
+    default=None,
+    metavar="BYTES_PER_S",
+    help="With --execute: limit the copying to this many bytes/s per broker "
+    "(leader/follower.replication.throttled.rate); --verify removes it once the moves are done.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=click.IntRange(min=1, max=7 * 24 * 3600),
@@ -142,6 +159,7 @@ def reassign(
     topics_to_move_json_file: str | None,
     broker_list: str | None,
     wait: bool,
+    throttle_bytes_per_s: int | None,
     timeout_s: int,
     opts: Options,
 ) -> None:
@@ -150,10 +168,12 @@ def reassign(
         raise click.UsageError("give one of --generate, --execute, --verify or --cancel")
     if wait and action != "execute":
         raise click.UsageError("--wait goes with --execute")
+    if throttle_bytes_per_s is not None and action != "execute":
+        raise click.UsageError("--throttle goes with --execute (--verify removes it)")
     if action == "generate":
         _generate(topics_to_move_json_file, broker_list, opts)
     elif action == "execute":
-        _execute(_plan_from(reassignment_json_file), wait, timeout_s, opts)
+        _execute(_plan_from(reassignment_json_file), wait, timeout_s, opts, throttle_bytes_per_s)
     elif action == "verify":
         _verify(_plan_from(reassignment_json_file), opts)
     else:
@@ -195,7 +215,9 @@ def _generate(topics_file: str | None, broker_list: str | None, opts: Options) -
     opts.out.text(plan_json(proposed))
 
 
-def _execute(plan: Plan, wait: bool, timeout_s: int, opts: Options) -> None:
+def _execute(
+    plan: Plan, wait: bool, timeout_s: int, opts: Options, throttle_bytes_per_s: int | None = None
+) -> None:
     if any(replicas is None for replicas in plan.values()):
         raise CliError("the plan cancels partitions (replicas null): use --cancel for that")
     topics = sorted({topic for topic, _ in plan})
@@ -204,28 +226,47 @@ def _execute(plan: Plan, wait: bool, timeout_s: int, opts: Options) -> None:
         async with connect(opts) as cluster:
             admin = Admin(cluster)
             current = await _current(admin, topics)
+            if throttle_bytes_per_s is not None:
+                # Before the moves start, so that none copies unthrottled (Kafka's order).
+                await set_throttles(admin, throttle_plan(current, plan), throttle_bytes_per_s)
             results = await admin.alter_partition_reassignments(plan)
             return {k: v for k, v in current.items() if k in plan}, results
 
     current, results = run_async(opts, go)
     failed = _failures(results)
+    throttled = {} if throttle_bytes_per_s is None else {"throttle": throttle_bytes_per_s}
     if not opts.json:
         opts.out.text("Current partition replica assignment (save it to roll back)")
         opts.out.text(plan_json(current))
         opts.out.text("")
+        if throttle_bytes_per_s is not None:
+            opts.out.text(
+                f"The moves' replication is throttled to {throttle_bytes_per_s} bytes/s per "
+                "broker; the throttle stays until --verify (or --wait) finds every move done."
+            )
     if failed:
         raise CliError("reassignment refused for " + "; ".join(failed))
     if not wait:
         opts.out.message(
             f"Started reassignment of {len(plan)} partitions",
-            {"started": len(plan), "rollback": json.loads(plan_json(current))},
+            {"started": len(plan), "rollback": json.loads(plan_json(current)), **throttled},
         )
         return
     _wait(plan, timeout_s, opts)
+    cleared = _clear(plan, opts) if throttle_bytes_per_s is not None else None
     opts.out.message(
-        f"Reassignment of {len(plan)} partitions complete",
-        {"completed": len(plan), "rollback": json.loads(plan_json(current))},
+        f"Reassignment of {len(plan)} partitions complete"
+        + ("" if cleared is None else "; throttle removed"),
+        {"completed": len(plan), "rollback": json.loads(plan_json(current)), **throttled},
     )
+
+
+def _clear(plan: Plan, opts: Options) -> ClearedThrottles:
+    async def go() -> ClearedThrottles:
+        async with connect(opts) as cluster:
+            return await clear_throttles(Admin(cluster), {topic for topic, _ in plan})
+
+    return run_async(opts, go)
 
 
 async def _status(admin: Admin, plan: Plan) -> dict[TopicPartition, str]:
@@ -311,11 +352,16 @@ class _bar:
 
 
 def _verify(plan: Plan, opts: Options) -> None:
-    async def go() -> dict[TopicPartition, str]:
+    async def go() -> tuple[dict[TopicPartition, str], ClearedThrottles | None]:
         async with connect(opts) as cluster:
-            return await _status(Admin(cluster), plan)
+            admin = Admin(cluster)
+            status = await _status(admin, plan)
+            if any(s != "complete" for s in status.values()):
+                return status, None
+            # Every move is done: a throttle of the plan has nothing left to limit.
+            return status, await clear_throttles(admin, {topic for topic, _ in plan})
 
-    status = run_async(opts, go)
+    status, cleared = run_async(opts, go)
     if opts.json:
         opts.out.json(
             [{"topic": t, "partition": p, "status": s} for (t, p), s in sorted(status.items())]
@@ -323,6 +369,12 @@ def _verify(plan: Plan, opts: Options) -> None:
     else:
         for (topic, partition), state in sorted(status.items()):
             opts.out.text(f"Reassignment of partition {topic}-{partition}: {state}")
+        if cleared is not None and (cleared.topics or cleared.brokers):
+            opts.out.text(
+                "Throttle removed (topics: "
+                f"{', '.join(cleared.topics) or 'none'}; brokers: "
+                f"{', '.join(str(b) for b in cleared.brokers) or 'none'})"
+            )
     wrong = [k for k, s in status.items() if s not in ("complete", "in progress")]
     if wrong:
         raise CliError(f"{len(wrong)} partitions are neither moved nor moving")
