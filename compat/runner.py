@@ -10,6 +10,7 @@ is reported with that test, and the next test gets a fresh cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,9 +19,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compat.source import Suite
 from compat.suite import Outcome, TestCase, needs_kafka_cli, parse_summary
+
+if TYPE_CHECKING:
+    from raftlog.testing.cluster import ProcessCluster
 
 # The broker version the tests gate features on (TEST_BRKVER): raftlog speaks Kafka 3.9's
 # protocol versions or later.
@@ -41,9 +46,18 @@ class Verdict:
     log: str  # the run's output file, relative to the results directory
 
 
+# Kafka's default group.initial.rebalance.delay.ms, which trivup's brokers keep (its
+# server.properties template leaves the key out); raftlog's own default is 0. Group tests
+# count rebalance callbacks on that assumption: two consumers that subscribe a millisecond
+# apart share the first generation (0113_cooperative_rebalance's unsubscribe subtest expects
+# one assign callback each, not an assign-all, a revoke and a second assign).
+KAFKA_INITIAL_REBALANCE_DELAY_MS = 3_000
+
+
 def cluster_overrides(scenario: str) -> dict[str, object]:
-    """Node settings of trivup's scenario files, with a node's default timings (the test
-    cluster's fast ones fence brokers that a busy two-core machine slows down)."""
+    """Node settings of trivup's scenario files and Kafka's defaults they rely on, with a
+    node's default timings (the test cluster's fast ones fence brokers that a busy two-core
+    machine slows down)."""
     from raftlog.config import NodeConfig
     from raftlog.testing.cluster import FAST_TIMINGS
 
@@ -53,7 +67,22 @@ def cluster_overrides(scenario: str) -> dict[str, object]:
         "num_partitions": 4,
         "default_replication_factor": 3,
         "auto_create_topics_enable": scenario != "noautocreate",
+        "group_initial_rebalance_delay_ms": KAFKA_INITIAL_REBALANCE_DELAY_MS,
     }
+
+
+def rack_of(node_id: int) -> str:
+    """The broker.rack librdkafka's test clusters give each broker (cluster_testing.py:
+    `broker.rack=RACK${appid}`); 0101_fetch_from_follower needs three distinct racks and
+    aims its client.rack at one of them."""
+    return f"RACK{node_id}"
+
+
+def give_racks(cluster: ProcessCluster) -> None:
+    """Rewrite each node's config, before it starts, with its own rack."""
+    for node_id, node in cluster.nodes.items():
+        node.config = dataclasses.replace(node.config, broker_rack=rack_of(node_id))
+        node.config_path.write_text(node.config.to_toml(), encoding="utf-8")
 
 
 def _test_conf(path: Path, bootstrap: str, timeout_multiplier: float) -> Path:
@@ -172,6 +201,7 @@ def run_scenario(
                         CLUSTER_NODES,
                         overrides=cluster_overrides(scenario),
                     )
+                    give_racks(cluster)
                     cluster.__enter__()
                 conf = _test_conf(
                     Path(tmp) / "test.conf", cluster.bootstrap_servers, timeout_multiplier

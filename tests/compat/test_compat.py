@@ -242,3 +242,47 @@ def test_the_header_check_uses_the_compiler(monkeypatch: pytest.MonkeyPatch) -> 
     if source.shutil.which("c++") or source.shutil.which("g++"):
         assert source.header_available("cstdio")
         assert not source.header_available("no/such/header_for_raftlog.h")
+
+
+def test_each_node_gets_its_own_rack_as_librdkafkas_test_clusters_do(tmp_path: Path) -> None:
+    from compat.runner import give_racks
+    from raftlog.config import NodeConfig
+    from raftlog.testing.cluster import ProcessCluster
+
+    cluster = ProcessCluster(tmp_path, 3)  # configured, not started
+    give_racks(cluster)
+    for node_id, node in cluster.nodes.items():
+        assert node.config.broker_rack == f"RACK{node_id}"
+        assert NodeConfig.load(node.config_path).broker_rack == f"RACK{node_id}"
+
+
+def test_clusters_get_the_scenario_settings_and_kafkas_initial_rebalance_delay() -> None:
+    from compat.runner import cluster_overrides
+
+    default = cluster_overrides("default")
+    assert default["num_partitions"] == 4 and default["default_replication_factor"] == 3
+    assert default["auto_create_topics_enable"] is True
+    assert cluster_overrides("noautocreate")["auto_create_topics_enable"] is False
+    # trivup's brokers keep Kafka's 3 s default; the group tests count callbacks on it.
+    assert default["group_initial_rebalance_delay_ms"] == 3_000
+
+
+JAVA_OUTPUT = (
+    "\x1b[33m[0098_consumer_txn           /  1.028s] WARN: "
+    "test_run_java(TransactionProducerCli): KAFKA_PATH must be set\n"
+    '\x1b[0m\x1b[31m### Test "0098_consumer_txn" failed at '
+    "0098-consumer-txn.cpp:509:do_test() at Thu Nov 26: ###\n"
+    'Test assertion failed: "msgs.size() == 5": Expected 5, got: 0\n'
+)
+
+
+def test_a_test_whose_java_helper_could_not_start_needs_kafka(tmp_path: Path) -> None:
+    outcome = parse_summary(JAVA_OUTPUT)["0098_consumer_txn"]
+    assert outcome.detail.startswith("test_run_java(TransactionProducerCli): KAFKA_PATH")
+    assert "Expected 5, got: 0" in outcome.detail
+    (tmp_path / "test.c").write_text(
+        "struct test tests[] = {\n    _TEST(0098_consumer_txn, 0),\n    {NULL}};\n"
+    )
+    outcomes = {outcome.name: outcome}
+    verdicts = judge(read_tests(tmp_path), "default", outcomes, False, None, 3.0, "x.log")
+    assert [v.state for v in verdicts] == ["needs-kafka-cli"]
