@@ -1,6 +1,6 @@
-"""ListOffsets v8/v9: the tiered-storage specs (EARLIEST_LOCAL -4, LATEST_TIERED -5) answered
-as Kafka answers without tiered storage. The real path: tests/integration/
-test_list_offsets_processes.py."""
+"""ListOffsets v8-10: the tiered-storage specs (EARLIEST_LOCAL -4, LATEST_TIERED -5) answered
+as Kafka answers without tiered storage; v10's timeout_ms (for remote reads) changes nothing.
+The real path: tests/integration/test_list_offsets_processes.py."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def list_offsets(version: int, timestamp_ms: int, partition: int = 0) -> Any:
     values = {
         "replica_id": -1,
         "isolation_level": 0,
+        "timeout": 30_000,  # v10+
         "topics": [
             {
                 "name": "t",
@@ -63,11 +64,11 @@ def asked(broker: Broker) -> list[int]:
     return timestamps
 
 
-def test_v8_and_v9_are_advertised() -> None:
-    assert VERSION_TABLE[ApiKey.LIST_OFFSETS][:2] == (1, 9)
+def test_v8_to_v10_are_advertised() -> None:
+    assert VERSION_TABLE[ApiKey.LIST_OFFSETS][:2] == (1, 10)
 
 
-@pytest.mark.parametrize("version", [8, 9])
+@pytest.mark.parametrize("version", [8, 9, 10])
 async def test_earliest_local_is_the_log_start(broker: Broker, asked, version) -> None:
     client = await WireClient.connect(broker.port)
     response = await client.request(list_offsets(version, EARLIEST_LOCAL_TIMESTAMP))
@@ -75,11 +76,14 @@ async def test_earliest_local_is_the_log_start(broker: Broker, asked, version) -
     assert asked == [EARLIEST_TIMESTAMP]
 
 
-async def test_latest_tiered_is_nothing_without_tiered_storage(broker: Broker, asked) -> None:
+@pytest.mark.parametrize("version", [9, 10])
+async def test_latest_tiered_is_nothing_without_tiered_storage(
+    broker: Broker, asked, version
+) -> None:
     client = await WireClient.connect(broker.port)
-    response = await client.request(list_offsets(9, LATEST_TIERED_TIMESTAMP))
+    response = await client.request(list_offsets(version, LATEST_TIERED_TIMESTAMP))
     assert answer(response) == (ErrorCode.none, -1, -1, -1)
     # The partition's own errors still come first.
-    response = await client.request(list_offsets(9, LATEST_TIERED_TIMESTAMP, partition=1))
+    response = await client.request(list_offsets(version, LATEST_TIERED_TIMESTAMP, partition=1))
     assert answer(response)[0] == ErrorCode.unknown_topic_or_partition
     assert asked == [EARLIEST_TIMESTAMP, EARLIEST_TIMESTAMP]

@@ -85,16 +85,21 @@ VERSION_TABLE: dict[int, tuple[int, int, Handler]] = {
     ApiKey.API_VERSIONS: (0, 3, handlers_core.handle_api_versions),
     # v3 is the first with record batch v2 (headers); librdkafka enables zstd only with
     # Produce 7 + Fetch 10; v10 carries KIP-951 current_leader/node_endpoints. v11 and v12
-    # (KIP-890 part 2: the leader adds the partition to the transaction) are registered by
-    # handlers_txn.register_txn_apis with the coordinator that serves them; v13 addresses
-    # topics by id.
+    # (KIP-890 part 2: the leader adds the partition to the transaction) and v13 (topics by
+    # id, KIP-516; handle_produce serves it) mean transaction version 2, so they are
+    # registered by handlers_txn.register_txn_apis with the coordinator that serves them.
     ApiKey.PRODUCE: (3, 10, handlers_core.handle_produce),
-    # v12 is the last version addressing topics by name; v13+ needs topic ids in fetch.
-    ApiKey.FETCH: (4, 12, handlers_fetch.handle_fetch),
+    # v13 names topics by id (KIP-516; unknown ids answer UNKNOWN_TOPIC_ID); v14 only adds
+    # an error this node never sends (OFFSET_MOVED_TO_TIERED_STORAGE); v15 moves replica_id
+    # into replica_state (KIP-903); v16 adds node_endpoints for moved leaders (KIP-951);
+    # v17 a follower's directory id (KIP-853), ignored here. v18 (KIP-1166, a follower's
+    # high watermark) is left out.
+    ApiKey.FETCH: (4, 17, handlers_fetch.handle_fetch),
     # v7 adds MAX_TIMESTAMP (KIP-734); v8 EARLIEST_LOCAL (-4, KIP-405) and v9 LATEST_TIERED
-    # (-5, KIP-1005), answered as Kafka does without tiered storage; v10 (timeout_ms) is
-    # left out.
-    ApiKey.LIST_OFFSETS: (1, 9, handlers_fetch.handle_list_offsets),
+    # (-5, KIP-1005), answered as Kafka does without tiered storage; v10's timeout_ms bounds
+    # reads from remote storage, which this node has none of. v11 (EARLIEST_PENDING_UPLOAD,
+    # KIP-1023) is left out.
+    ApiKey.LIST_OFFSETS: (1, 10, handlers_fetch.handle_list_offsets),
     # v12 has topic ids and nullable topic names; v13 (KIP-1102 top-level error) left out.
     ApiKey.METADATA: (0, 12, handlers_core.handle_metadata),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (2, 4, handlers_fetch.handle_offset_for_leader_epoch),

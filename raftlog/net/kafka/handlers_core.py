@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,10 @@ async def handle_api_versions(ctx: RequestContext, request: Any) -> dict[str, An
 
 
 # ------------------------------------------------------------------------------ Metadata
+# Metadata v12 answers a null name for a topic asked by an id it cannot name (KIP-516).
+METADATA_NULLABLE_NAMES_SINCE = 12
+
+
 def partition_dict(p: Any) -> dict[str, Any]:
     """A partition as Metadata (and DescribeTopicPartitions) answer it."""
     error = p.error
@@ -149,15 +154,16 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
         by_id: dict[str, Any] = {}  # names the client asked for by topic id
         for item in requested:
             name = getattr(item, "name", None)
-            topic_id = getattr(item, "topic_id", None)
-            if name is None and topic_id is not None:
-                name = backend.topic_name(topic_id)
+            if name is None:
+                # Named by id alone (v10+; Kafka itself answers ids from v12). kio reads the
+                # all-zero id as None, and no topic has it: UNKNOWN_TOPIC_ID, as any unknown id.
+                topic_id = getattr(item, "topic_id", None)
+                name = None if topic_id is None else backend.topic_name(topic_id)
                 if name is None:
                     topics.append(_missing_topic(None, ErrorCode.unknown_topic_id, topic_id))
                     continue
                 by_id[name] = topic_id
-            if name is not None:
-                names.append(name)
+            names.append(name)
         # Checked before existence, so an unauthorized name looks the same either way.
         describable = authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, names)
         known = {t.name: t for t in backend.topics([n for n in names if n in describable])}
@@ -199,6 +205,11 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> dict[str, Any]:
                 topic["topic_authorized_operations"] = authz.authorized_operations(
                     ctx, ResourceType.TOPIC, topic["name"]
                 )
+    if ctx.api_version < METADATA_NULLABLE_NAMES_SINCE:
+        # v10-11 take topic ids but answer a non-null name: an unknown or hidden id gets "".
+        for topic in topics:
+            if topic["name"] is None:
+                topic["name"] = ""
     cluster_operations = NO_AUTHORIZED_OPERATIONS
     # v8-10 carry the cluster's operations; v11 moved them to DescribeCluster (KIP-700).
     asked = getattr(request, "include_cluster_authorized_operations", False)
@@ -220,6 +231,16 @@ def _endpoint(ctx: RequestContext, broker: Any) -> dict[str, Any]:
     """host and port of `broker` on the listener this request came in on."""
     host, port = ctx.advertised(broker.node_id, broker.host, broker.port)
     return {"host": host, "port": port}
+
+
+def node_endpoints(ctx: RequestContext, node_ids: Collection[int]) -> list[dict[str, Any]]:
+    """KIP-951's node_endpoints (Produce v10+, Fetch v16+): the listed brokers among
+    `node_ids` (the leaders a response names), on this request's listener."""
+    return [
+        {"node_id": b.node_id, **_endpoint(ctx, b), "rack": b.rack}
+        for b in ctx.backend.brokers()
+        if b.node_id in node_ids
+    ]
 
 
 async def _auto_create(ctx: RequestContext, names: Sequence[str]) -> dict[str, ErrorCode]:
@@ -245,6 +266,8 @@ async def _auto_create(ctx: RequestContext, names: Sequence[str]) -> dict[str, E
 # KIP-890 part 2: a transactional Produce v12+ is from a client of transaction version 2,
 # whose batches add their partitions to the transaction (replication/produce.py).
 PRODUCE_TV2_SINCE = 12
+# Produce v13 (Kafka 4.1, KIP-516) names topics by id in the request and the answer.
+PRODUCE_TOPIC_IDS_SINCE = 13
 
 
 @dataclass(frozen=True)
@@ -266,17 +289,19 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
             transactional_id=request.transactional_id,
             transaction_version=2,
         )
-    jobs: list[tuple[str, int, bytes | None]] = [
-        (topic.name, p.index, p.records)
-        for topic in request.topic_data
-        for p in topic.partition_data
-    ]
+    # The topic as the answer names it (its name; its id from v13) and, per partition, its
+    # name, index and records. A topic id this node does not know names no topic ("").
+    keys, jobs = _produce_jobs(ctx, request)
     results: list[ProduceResult] = [ProduceResult()] * len(jobs)
     produced_bytes = sum(len(r) for _, _, r in jobs if r is not None)
-    # Partitions the authorizer refused (answered here, never appended); none when it is off.
-    refused: set[int] = set()
+    # Partitions answered here and never appended: unknown topic ids (UNKNOWN_TOPIC_ID before
+    # the topic's authorization, as Kafka), then what the authorizer refused (none when off).
+    by_id = ctx.api_version >= PRODUCE_TOPIC_IDS_SINCE
+    refused = {i for i, (topic, _, _) in enumerate(jobs) if by_id and not topic}
+    for i in refused:
+        results[i] = ProduceResult(ErrorCode.unknown_topic_id)
     if ctx.authorizer is not None:
-        refused = _refuse_unauthorized(ctx, request.transactional_id, jobs, results)
+        refused |= _refuse_unauthorized(ctx, request.transactional_id, jobs, results, refused)
 
     # Wait for the connection's earlier Produce requests to append (turns.py); this one's
     # turn ends once each of its partitions has appended or failed.
@@ -312,6 +337,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
     ) -> None:
         if acks not in VALID_ACKS:
             results[i] = ProduceResult(ErrorCode.invalid_required_acks)
+        elif partition < 0:
+            results[i] = ProduceResult(ErrorCode.unknown_topic_or_partition)
         elif topic in CLIENT_READ_ONLY_TOPICS:
             _internal_topic_refusals.warning(
                 "refused produce to internal topic %s from client %r", topic, ctx.client_id
@@ -347,8 +374,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
         return None  # Kafka never answers acks=0
 
     leaders = {r.current_leader.leader_id for r in results if r.current_leader is not None}
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, partition, _), r in zip(jobs, results, strict=True):
+    by_topic: dict[str | uuid.UUID | None, list[dict[str, Any]]] = {}
+    for key, (_, partition, _), r in zip(keys, jobs, results, strict=True):
         entry: dict[str, Any] = {
             "index": partition,
             "error_code": r.error,
@@ -363,19 +390,48 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
         }
         if r.current_leader is not None:
             entry["current_leader"] = leader_dict(r.current_leader)
-        by_topic.setdefault(topic, []).append(entry)
+        by_topic.setdefault(key, []).append(entry)
     response: dict[str, Any] = {
-        "responses": [{"name": t, "partition_responses": ps} for t, ps in by_topic.items()],
+        # codec.build keeps the one of name / topic_id that the version has.
+        "responses": [
+            {"name": k, "topic_id": k, "partition_responses": ps} for k, ps in by_topic.items()
+        ],
         "throttle_time": 0,
     }
     if leaders:
         # KIP-951: endpoints of the new leaders, so the client need not refresh metadata.
-        response["node_endpoints"] = [
-            {"node_id": b.node_id, **_endpoint(ctx, b), "rack": b.rack}
-            for b in ctx.backend.brokers()
-            if b.node_id in leaders
-        ]
+        response["node_endpoints"] = node_endpoints(ctx, leaders)
     return response
+
+
+def _produce_jobs(
+    ctx: RequestContext, request: Any
+) -> tuple[list[str | uuid.UUID | None], list[tuple[str, int, bytes | None]]]:
+    """(topic keys, jobs), one of each per partition of the request: the key names the topic
+    in the answer (its name; from v13 its id, KIP-516), a job is (topic name, partition
+    index, records), with "" as the name of a topic id this node does not know."""
+    keys: list[str | uuid.UUID | None] = []
+    jobs: list[tuple[str, int, bytes | None]] = []
+    names: dict[uuid.UUID, str] = {}
+    by_id = ctx.api_version >= PRODUCE_TOPIC_IDS_SINCE
+    for topic in request.topic_data:
+        key: str | uuid.UUID | None
+        if by_id:
+            # kio reads the all-zero id as None: no topic has it.
+            topic_id: uuid.UUID | None = topic.topic_id
+            key = topic_id
+            if topic_id is None:
+                name = ""
+            elif topic_id in names:
+                name = names[topic_id]
+            else:
+                name = names[topic_id] = ctx.backend.topic_name(topic_id) or ""
+        else:
+            key = name = topic.name
+        for p in topic.partition_data:
+            keys.append(key)
+            jobs.append((name, p.index, p.records))
+    return keys, jobs
 
 
 def _refuse_unauthorized(
@@ -383,11 +439,13 @@ def _refuse_unauthorized(
     transactional_id: str | None,
     jobs: Sequence[tuple[str, int, bytes | None]],
     results: list[ProduceResult],
+    answered: Collection[int],
 ) -> set[int]:
     """Kafka's checks for a produce: transactional batches need WRITE on the request's
     transactional id (else every partition is refused with TRANSACTIONAL_ID_AUTHORIZATION_
     FAILED); then WRITE on each topic (else that topic's partitions get TOPIC_AUTHORIZATION_
-    FAILED, before any existence check, and the others are appended). Fills `results` for
+    FAILED, before any existence check, and the others are appended). Past the first
+    check, jobs in `answered` (unknown topic ids) keep their answer. Fills `results` for
     the refused jobs and returns their indexes."""
     transactional = any(r is not None and authz.has_transactional_batch(r) for _, _, r in jobs)
     if transactional and (
@@ -397,8 +455,9 @@ def _refuse_unauthorized(
         for i in range(len(jobs)):
             results[i] = ProduceResult(ErrorCode.transactional_id_authorization_failed)
         return set(range(len(jobs)))
-    writable = authz.allowed_names(ctx, authz.WRITE_TOPIC, (topic for topic, _, _ in jobs))
-    refused = {i for i, (topic, _, _) in enumerate(jobs) if topic not in writable}
+    pending = [i for i in range(len(jobs)) if i not in answered]
+    writable = authz.allowed_names(ctx, authz.WRITE_TOPIC, (jobs[i][0] for i in pending))
+    refused = {i for i in pending if jobs[i][0] not in writable}
     for i in refused:
         results[i] = ProduceResult(ErrorCode.topic_authorization_failed)
     return refused
