@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # protocol versions or later.
 KAFKA_VERSION = "3.9.0"
 DEFAULT_DEADLINE_S = 600.0
+# librdkafka's group.protocol for the tests' consumers (TEST_CONSUMER_GROUP_PROTOCOL):
+# classic (JoinGroup/SyncGroup) or consumer (KIP-848, ConsumerGroupHeartbeat).
+GROUP_PROTOCOLS = ("classic", "consumer")
 CLUSTER_NODES = 3
 
 
@@ -93,15 +96,10 @@ def _test_conf(path: Path, bootstrap: str, timeout_multiplier: float) -> Path:
     return path
 
 
-def _run_number(
-    suite: Suite,
-    number: str,
-    scenario: str,
-    conf: Path,
-    log_path: Path,
-    deadline_s: float,
-) -> tuple[str, bool]:
-    """Run one test number; (its output, whether it hit the deadline)."""
+def runner_env(
+    suite: Suite, number: str, scenario: str, conf: Path, group_protocol: str = "classic"
+) -> dict[str, str]:
+    """The test-runner's environment for one test number."""
     env = {
         **os.environ,
         "TESTS": number,
@@ -112,6 +110,24 @@ def _run_number(
             filter(None, (suite.library_path, os.environ.get("LD_LIBRARY_PATH")))
         ),
     }
+    env.pop("TEST_CONSUMER_GROUP_PROTOCOL", None)
+    if group_protocol != "classic":
+        # Unset, the runner leaves group.protocol at librdkafka's default (classic).
+        env["TEST_CONSUMER_GROUP_PROTOCOL"] = group_protocol
+    return env
+
+
+def _run_number(
+    suite: Suite,
+    number: str,
+    scenario: str,
+    conf: Path,
+    log_path: Path,
+    deadline_s: float,
+    group_protocol: str = "classic",
+) -> tuple[str, bool]:
+    """Run one test number; (its output, whether it hit the deadline)."""
+    env = runner_env(suite, number, scenario, conf, group_protocol)
     with log_path.open("wb") as out:
         process = subprocess.Popen(
             [str(suite.test_runner), "-L", "-p1", "-D"],
@@ -180,6 +196,7 @@ def run_scenario(
     *,
     deadline_s: float = DEFAULT_DEADLINE_S,
     timeout_multiplier: float = 1.0,
+    group_protocol: str = "classic",
     on_verdicts: Callable[[list[Verdict]], None] = lambda verdicts: None,
 ) -> list[Verdict]:
     """Every test number of `cases` in `scenario`, each against a healthy cluster."""
@@ -209,7 +226,13 @@ def run_scenario(
                 log_name = f"{scenario}-{number}.log"
                 started = time.monotonic()
                 output, timed_out = _run_number(
-                    suite, number, scenario, conf, results_dir / log_name, deadline_s
+                    suite,
+                    number,
+                    scenario,
+                    conf,
+                    results_dir / log_name,
+                    deadline_s,
+                    group_protocol,
                 )
                 elapsed_s = time.monotonic() - started
                 exited = [n for n, node in cluster.nodes.items() if not node.running]

@@ -286,3 +286,14 @@ def test_a_test_whose_java_helper_could_not_start_needs_kafka(tmp_path: Path) ->
     outcomes = {outcome.name: outcome}
     verdicts = judge(read_tests(tmp_path), "default", outcomes, False, None, 3.0, "x.log")
     assert [v.state for v in verdicts] == ["needs-kafka-cli"]
+
+
+def test_the_group_protocol_reaches_the_runner_only_when_not_classic(tmp_path: Path) -> None:
+    from compat.runner import runner_env
+
+    suite = source.Suite(tmp_path)
+    classic = runner_env(suite, "0113", "default", tmp_path / "test.conf")
+    assert "TEST_CONSUMER_GROUP_PROTOCOL" not in classic
+    assert classic["TESTS"] == "0113" and classic["TEST_KAFKA_VERSION"] == "3.9.0"
+    consumer = runner_env(suite, "0113", "default", tmp_path / "test.conf", "consumer")
+    assert consumer["TEST_CONSUMER_GROUP_PROTOCOL"] == "consumer"
