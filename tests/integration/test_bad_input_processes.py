@@ -139,7 +139,7 @@ def test_random_frames_are_answered_or_closed(cluster, bystander):
     seed = int(os.environ.get("BAD_INPUT_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
     print(f"seed={seed}")
-    apis = [(METADATA, 1, 12), (FETCH, 4, 12), (LIST_OFFSETS, 1, 7), (API_VERSIONS, 0, 3)]
+    apis = [(METADATA, 1, 12), (FETCH, 4, 17), (LIST_OFFSETS, 1, 10), (API_VERSIONS, 0, 3)]
     for i in range(40):
         api_key, lo, hi = rng.choice(apis)
         version = rng.randint(lo, hi)
