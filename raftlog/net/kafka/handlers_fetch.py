@@ -264,11 +264,14 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
         ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
     answered.update(zip(to_read, results, strict=True))
     leaders: set[int] = set()
+    leaders_now: dict[str, dict[int, LeaderHint]] = {}
     by_topic: dict[str | uuid.UUID | None, list[dict[str, Any]]] = {}
     for i, w in enumerate(requested):
         r = answered[i]
         if r.error in _LEADER_MOVED and r.current_leader is None and w.topic is not None:
-            r = dataclasses.replace(r, current_leader=_leader_now(ctx, w.topic, w.partition))
+            if w.topic not in leaders_now:
+                leaders_now[w.topic] = _leaders_now(ctx, w.topic)
+            r = dataclasses.replace(r, current_leader=leaders_now[w.topic].get(w.partition))
         entry: dict[str, Any] = {
             "partition_index": w.partition,
             "error_code": r.error,
@@ -305,14 +308,15 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
     return response
 
 
-def _leader_now(ctx: RequestContext, topic: str, partition: int) -> LeaderHint | None:
-    """The partition's leader and epoch as this node's metadata has them (None: no leader
-    known), for a partition the backend refused without saying who leads it."""
-    for info in ctx.backend.topics([topic]):
-        for p in info.partitions:
-            if p.partition == partition and p.leader_id >= 0:
-                return LeaderHint(p.leader_id, p.leader_epoch)
-    return None
+def _leaders_now(ctx: RequestContext, topic: str) -> dict[int, LeaderHint]:
+    """partition -> leader and epoch as this node's metadata has them (partitions with no
+    leader left out), for partitions the backend refused without saying who leads them."""
+    return {
+        p.partition: LeaderHint(p.leader_id, p.leader_epoch)
+        for info in ctx.backend.topics([topic])
+        for p in info.partitions
+        if p.leader_id >= 0
+    }
 
 
 def _refused(
