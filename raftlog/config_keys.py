@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
@@ -129,9 +129,72 @@ def _message_format_version(text: str) -> str:
     return value
 
 
+# Kafka's ThrottledReplicaListValidator accepts "partition:broker" entries of digits.
+_THROTTLED_ENTRY = re.compile(r"\d{1,10}:\d{1,10}")
+# A list longer than this is refused (a topic has at most 100,000 partitions of 32 replicas;
+# the config text itself is bounded by the request).
+MAX_THROTTLED_REPLICAS = 100_000 * 32
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottledReplicas:
+    """One topic's throttled replica list: every replica ("*"), or (partition, broker) pairs."""
+
+    every: bool = False
+    replicas: frozenset[tuple[int, int]] = field(default_factory=frozenset)
+
+    def covers(self, partition: int, broker_id: int) -> bool:
+        return self.every or (partition, broker_id) in self.replicas
+
+    def partitions_of(self, broker_id: int) -> frozenset[int] | None:
+        """The partitions throttled on `broker_id` (None: all of them)."""
+        if self.every:
+            return None
+        return frozenset(p for p, b in self.replicas if b == broker_id)
+
+
+def parse_throttled_replicas(text: str) -> ThrottledReplicas:
+    """Kafka's format: "*", or comma-separated "partition:broker" entries (may be empty).
+    Raises ValueError naming what is wrong."""
+    value = text.strip()
+    if value == "*":
+        return ThrottledReplicas(every=True)
+    pairs: set[tuple[int, int]] = set()
+    for raw in value.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        if not _THROTTLED_ENTRY.fullmatch(entry):
+            raise ValueError(
+                f"{entry!r} is not partition:broker (a list of them, or * for every replica)"
+            )
+        partition, broker = (int(part) for part in entry.split(":"))
+        if partition > INT32_MAX or broker > INT32_MAX:
+            raise ValueError(f"{entry!r}: partition and broker ids are at most {INT32_MAX}")
+        pairs.add((partition, broker))
+        if len(pairs) > MAX_THROTTLED_REPLICAS:
+            raise ValueError(f"more than {MAX_THROTTLED_REPLICAS} throttled replicas")
+    return ThrottledReplicas(replicas=frozenset(pairs))
+
+
+def _throttled_replicas(text: str) -> str:
+    try:
+        parse_throttled_replicas(text)
+    except ValueError as exc:
+        raise ConfigValueError(str(exc)) from None
+    return text.strip()
+
+
 _CLEANUP = _choice_list(*CLEANUP_POLICIES)
 # Keys whose value is a comma-separated list (IncrementalAlterConfigs APPEND/SUBTRACT apply).
-LIST_KEYS = frozenset({"cleanup.policy", "log.cleanup.policy"})
+LIST_KEYS = frozenset(
+    {
+        "cleanup.policy",
+        "log.cleanup.policy",
+        "follower.replication.throttled.replicas",
+        "leader.replication.throttled.replicas",
+    }
+)
 
 # Topic-level configs (Kafka's names and bounds).
 TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
@@ -152,9 +215,12 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
         _int(1, INT64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
     ),
     "flush.policy": ConfigKey(_choice(*FLUSH_POLICIES), lambda c: c.flush_policy, "flush_policy"),
+    # Replicas whose replication the brokers' throttled rates limit (KIP-455 reassignments).
+    "follower.replication.throttled.replicas": ConfigKey(_throttled_replicas, lambda c: ""),
     "index.interval.bytes": ConfigKey(
         _int(0, INT32_MAX), lambda c: str(c.index_interval_bytes), "index_interval_bytes"
     ),
+    "leader.replication.throttled.replicas": ConfigKey(_throttled_replicas, lambda c: ""),
     "max.compaction.lag.ms": ConfigKey(_int(1, INT64_MAX), lambda c: str(INT64_MAX)),
     # Nothing smaller than a batch header can be appended (nor fill a segment).
     "max.message.bytes": ConfigKey(

@@ -102,3 +102,16 @@ def test_message_format_version_is_accepted_as_kafka_3_accepts_it():
     assert validate_configs(TOPIC_CONFIGS, {"message.format.version": "3.0-IV1"}) is None
     for bad in ("latest", "3", "1.2.3.4.5", "3.0-IV1; x", "9" * 40):
         assert validate_configs(TOPIC_CONFIGS, {"message.format.version": bad}), bad
+
+
+@pytest.mark.parametrize(
+    "key", ["leader.replication.throttled.replicas", "follower.replication.throttled.replicas"]
+)
+def test_throttled_replica_lists_are_checked_as_kafka_checks_them(key):
+    spec = TOPIC_CONFIGS[key]
+    for good in ("", "*", "0:1", "0:1, 1:2,2:3", " * "):
+        spec.parse(good)
+    # What a hostile or careless client may send: refused with a clear error, never stored.
+    for bad in ("all", "0:", ":1", "0:1:2", "-1:2", "0:1,x", "*,0:1", "99999999999:1", "0;1"):
+        with pytest.raises(ConfigValueError):
+            spec.parse(bad)

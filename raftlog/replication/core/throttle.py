@@ -24,10 +24,13 @@ configs mapping.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from raftlog.config_keys import (
+    ThrottledReplicas,
+    parse_throttled_replicas,
+)
 from raftlog.constants import MS_PER_S
 from raftlog.quotas.rate import TokenBucket
 
@@ -55,55 +58,8 @@ THROTTLE_BURST_S = 1.0
 # With a rate of 0 nothing throttled moves; the wait before looking again (a config change
 # lifts it).
 BLOCKED_RECHECK_MS = 1000
-# Kafka's ThrottledReplicaListValidator accepts "partition:broker" entries of digits.
-_ENTRY = re.compile(r"\d{1,10}:\d{1,10}")
-# A list longer than this is refused (a topic has at most 100,000 partitions of 32 replicas;
-# the config text itself is bounded by the request).
-MAX_THROTTLED_REPLICAS = 100_000 * 32
-_INT32_MAX = 2**31 - 1
 
 ConfigsView = Mapping[tuple[str, str], Mapping[str, str]]
-
-
-@dataclass(frozen=True, slots=True)
-class ThrottledReplicas:
-    """One topic's throttled replica list: every replica ("*"), or (partition, broker) pairs."""
-
-    every: bool = False
-    replicas: frozenset[tuple[int, int]] = field(default_factory=frozenset)
-
-    def covers(self, partition: int, broker_id: int) -> bool:
-        return self.every or (partition, broker_id) in self.replicas
-
-    def partitions_of(self, broker_id: int) -> frozenset[int] | None:
-        """The partitions throttled on `broker_id` (None: all of them)."""
-        if self.every:
-            return None
-        return frozenset(p for p, b in self.replicas if b == broker_id)
-
-
-def parse_throttled_replicas(text: str) -> ThrottledReplicas:
-    """Kafka's format: "*", or comma-separated "partition:broker" entries (may be empty).
-    Raises ValueError naming what is wrong."""
-    value = text.strip()
-    if value == "*":
-        return ThrottledReplicas(every=True)
-    pairs: set[tuple[int, int]] = set()
-    for raw in value.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if not _ENTRY.fullmatch(entry):
-            raise ValueError(
-                f"{entry!r} is not partition:broker (a list of them, or * for every replica)"
-            )
-        partition, broker = (int(part) for part in entry.split(":"))
-        if partition > _INT32_MAX or broker > _INT32_MAX:
-            raise ValueError(f"{entry!r}: partition and broker ids are at most {_INT32_MAX}")
-        pairs.add((partition, broker))
-        if len(pairs) > MAX_THROTTLED_REPLICAS:
-            raise ValueError(f"more than {MAX_THROTTLED_REPLICAS} throttled replicas")
-    return ThrottledReplicas(replicas=frozenset(pairs))
 
 
 def format_throttled_replicas(pairs: Iterable[tuple[int, int]]) -> str:
