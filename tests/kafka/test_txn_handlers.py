@@ -290,7 +290,7 @@ def test_registered_versions_and_rules() -> None:
         assert authz.API_RULES[codec.api_name(api_key)], api_key
     # EndTxn v5 is KIP-890 part 2 (an epoch bump per transaction); Produce v12 with it.
     assert TXN_VERSION_TABLE[ApiKey.END_TXN] == (0, 5)
-    assert table[ApiKey.PRODUCE][1] == 12
+    assert table[ApiKey.PRODUCE][1] == 13
 
 
 # ---------------------------------------------------------------- a transaction per version

@@ -114,7 +114,7 @@ async def test_produce_v12_adds_the_partition_and_end_txn_v5_bumps_the_epoch(
         finalized = {f.name: int(f.max_version_level) for f in versions.finalized_features}
         assert finalized == {"transaction.version": 2}
         advertised = {int(k.api_key): int(k.max_version) for k in versions.api_keys}
-        assert advertised[26] == 5 and advertised[0] == 12  # EndTxn, Produce
+        assert advertised[26] == 5 and advertised[0] == 13  # EndTxn, Produce
         # DescribeQuorum v0-2 comes from handlers_quorum, which every node registers.
         quorum_api = next(k for k in versions.api_keys if int(k.api_key) == 55)
         assert (int(quorum_api.min_version), int(quorum_api.max_version)) == (0, 2)

@@ -19,6 +19,7 @@ from raftlog.net.kafka import (
     handlers_cluster,
     handlers_core,
     handlers_fetch,
+    handlers_log_dirs,
     handlers_reassign,
     handlers_records,
     handlers_topic_partitions,
@@ -147,6 +148,8 @@ REASSIGNMENT_APIS: dict[int, tuple[int, int, Handler]] = {
     ApiKey.ELECT_LEADERS: (0, 2, handlers_reassign.handle_elect_leaders),
 }
 VERSION_TABLE.update(REASSIGNMENT_APIS)
+# DescribeLogDirs v1-4 (handlers_log_dirs.py): this broker's log directory and partition sizes.
+VERSION_TABLE.update(handlers_log_dirs.LOG_DIR_APIS)
 
 
 @dataclass(frozen=True)

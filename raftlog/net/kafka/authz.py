@@ -126,6 +126,7 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         # decides whether the KIP-430 field is filled (else 0).
         "describe_cluster": (DESCRIBE_CLUSTER,),
         "describe_quorum": (DESCRIBE_CLUSTER,),
+        "describe_log_dirs": (DESCRIBE_CLUSTER,),
         # Groups.
         "find_coordinator": (DESCRIBE_GROUP, DESCRIBE_TRANSACTIONAL_ID),
         "join_group": (READ_GROUP,),

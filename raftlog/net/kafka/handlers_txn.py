@@ -92,8 +92,8 @@ _bad_producers = RateLimitedLog(log)
 #   with the `transaction.version` feature finalized at 2 (handlers_core.feature_fields);
 # - Produce v11 only tells the broker the client knows TRANSACTION_ABORTABLE, v12 is KIP-890
 #   part 2 (a transactional batch adds its partition to the transaction); v13 addresses
-#   topics by id, which produce does not yet (PRODUCE_VERSIONS, registered here because
-#   v11-12 are the transaction layer's);
+#   topics by id (handlers_core.handle_produce), registered here with v11-12, which are the
+#   transaction layer's;
 # - WriteTxnMarkers v2 carries the transaction version of KIP-890 part 2 (only the
 #   coordinator's own markers need it here, and they travel over the internal RPC);
 # - ListTransactions v2 filters by a transactional id regular expression (KIP-1152): not yet.
@@ -109,7 +109,7 @@ TXN_VERSION_TABLE: dict[int, tuple[int, int]] = {
 }
 
 # Produce's range with KIP-890 part 2 (see above); the lower bound is the node's own.
-PRODUCE_MAX_VERSION = 12
+PRODUCE_MAX_VERSION = 13
 
 MAX_IDS_PER_REQUEST = 10_000
 MAX_TRANSACTIONS_PER_REQUEST = 10_000
