@@ -297,3 +297,11 @@ def test_the_group_protocol_reaches_the_runner_only_when_not_classic(tmp_path: P
     assert classic["TESTS"] == "0113" and classic["TEST_KAFKA_VERSION"] == "3.9.0"
     consumer = runner_env(suite, "0113", "default", tmp_path / "test.conf", "consumer")
     assert consumer["TEST_CONSUMER_GROUP_PROTOCOL"] == "consumer"
+
+
+def test_a_known_long_test_gets_a_longer_deadline() -> None:
+    from compat.runner import deadline_for
+
+    assert deadline_for("0113", 600.0) == 1_200.0
+    assert deadline_for("0113", 3_000.0) == 3_000.0
+    assert deadline_for("0001", 600.0) == 600.0
