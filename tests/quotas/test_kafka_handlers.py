@@ -122,14 +122,14 @@ async def test_fetch_under_a_consumer_quota_returns_one_window_of_bytes(harness)
     # The file regions (zero-copy sends) were counted: ~3 kB from a standing start at 5 kB/s.
     assert to_ms(capped.throttle_time) == pytest.approx(capped_bytes / 5, abs=50)
     assert to_ms(free.throttle_time) == 0
-    # A replica's fetch is never capped nor counted.
+    # Naming a replica buys nothing without an authorizer to vouch for it (raftlog's
+    # followers fetch over the internal listener): capped and counted as the consumer it is.
     usage_before = harness.quotas.manager.usage(harness.clock.now_ms)
-    replica = await harness.request(
+    posing = await harness.request(
         dataclasses.replace(fetch_request(12, "t", 0), replica_id=2), "c"
     )
-    assert len(replica.responses[0].partitions[0].records) == free_bytes
-    assert to_ms(replica.throttle_time) == 0
-    assert harness.quotas.manager.usage(harness.clock.now_ms) == usage_before
+    assert len(posing.responses[0].partitions[0].records) <= 5000
+    assert harness.quotas.manager.usage(harness.clock.now_ms) != usage_before
     # The first non-empty partition still returns a batch bigger than the cap.
     harness.set_quotas({(("client-id", "c"),): {"consumer_byte_rate": 1024.0}})
     tiny = await harness.request(fetch_request(12, "t", 0), "c")

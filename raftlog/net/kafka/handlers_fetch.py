@@ -217,13 +217,20 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
     )
     # Under a consumer quota one response carries at most one quota window's bytes (Kafka's
     # getMaxValueInQuotaWindow): the bytes arrive evenly instead of as a burst and a mute.
-    # Replication is never throttled. raftlog's followers fetch over the internal listener,
-    # but a fetch that names a replica (replica_id, or replica_state from v15) is exempt too.
+    # Replication is never throttled, but raftlog's followers fetch over the internal
+    # listener: a fetch here that names a replica (replica_id, or replica_state from v15) is
+    # exempt only when the authorizer grants it CLUSTER_ACTION (as a broker's principal has
+    # in Kafka). Without an authorizer anyone could name one, so it is a consumer like any.
     replica_state = getattr(request, "replica_state", None)
     replica_id = getattr(replica_state, "replica_id", getattr(request, "replica_id", -1))
     is_replica = replica_id is not None and replica_id >= 0
+    trusted_replica = (
+        is_replica
+        and ctx.authorizer is not None
+        and authz.allows(ctx, authz.CLUSTER_ACTION_FOR_REPLICA_FETCH, log_denied=False)
+    )
     quota_max_bytes = (
-        None if is_replica else ctx.quotas.fetch_max_bytes(ctx.client_id, ctx.connection.user)
+        None if trusted_replica else ctx.quotas.fetch_max_bytes(ctx.client_id, ctx.connection.user)
     )
     if quota_max_bytes is not None:
         max_bytes = min(max_bytes, quota_max_bytes)
@@ -259,7 +266,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> dict[str, Any]:
         with trio.move_on_at(deadline):
             await _wait_any(events)
 
-    if not is_replica:
+    if not trusted_replica:
         # Zero-copy regions count at their length: the bytes the socket will carry.
         ctx.throttle(ctx.quotas.record_fetch(ctx.client_id, ctx.connection.user, total_bytes))
     answered.update(zip(to_read, results, strict=True))
