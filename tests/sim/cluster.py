@@ -41,6 +41,7 @@ from tests.sim.invariants import Invariant, StepEffects, all_invariants
 SIM_RAFT_CONFIG = RaftConfig(
     election_timeout_ms=400,
     fetch_timeout_ms=1500,
+    fetch_timeout_jitter_ms=375,  # the driver's quarter of fetch_timeout_ms
     election_backoff_max_ms=400,
     fetch_max_wait_ms=700,
     max_fetch_entries=20,

@@ -109,6 +109,26 @@ CHECK_QUORUM_RESIGNATION: list[Step] = [
     ("expect", "hw_equal"),
 ]
 
+# The leader is cut off right after an append answered both followers' parked fetches, so
+# they last heard from it at the same moment. The first election after their fetch timeout
+# must succeed (epoch E+1): the fetch deadlines are jittered, and a clash of simultaneous
+# pre-votes goes to the lower id instead of splitting the vote.
+ISOLATED_LEADER_ONE_ROUND: list[Step] = [
+    ("until_leader", 5000),
+    ("remember_leader", "L"),
+    ("remember_epoch", "E"),
+    ("run", 1000),
+    ("propose", "L", 1),
+    ("run", 20),
+    ("isolate", "L"),
+    ("until_leader", FETCH_TIMEOUT_MS + 100, "L"),
+    ("expect", "newest_epoch", "E", 1),
+    ("heal",),
+    ("run", 3000),
+    ("expect", "not_leader", "L"),
+    ("expect", "hw_equal"),
+]
+
 GRACEFUL_RESIGNATION: list[Step] = [
     ("until_leader", 5000),
     ("remember_leader", "L"),
@@ -133,6 +153,8 @@ SCENARIOS = {
     "pre_vote_flapping_node": (PRE_VOTE_FLAPPING_NODE, 5),
     "restarted_leader": (RESTARTED_LEADER, 3),
     "check_quorum_resignation": (CHECK_QUORUM_RESIGNATION, 3),
+    "isolated_leader_one_round": (ISOLATED_LEADER_ONE_ROUND, 3),
+    "isolated_leader_one_round_5": (ISOLATED_LEADER_ONE_ROUND, 5),
 }
 
 

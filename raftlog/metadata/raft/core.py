@@ -43,6 +43,7 @@ from raftlog.metadata.raft.messages import (
 from raftlog.metadata.raft.replication import Replication
 from raftlog.metadata.raft.roles import Follower, Leader, Resigned, Role, Unattached
 from raftlog.metadata.raft.types import (
+    LeaderContact,
     NotLeader,
     Overloaded,
     ProtocolViolation,
@@ -129,6 +130,7 @@ class RaftCore(Membership):
         self._persisted = persisted
         # follower side
         self._fetch_inflight_deadline_ms: int | None = None
+        self.leader_contact: LeaderContact | None = None
         self._fetch_target: int | None = None
         self._snapshot_fetch: tuple[SnapshotId, bytearray] | None = None
         self._snapshot_check = snapshot_check
@@ -181,6 +183,15 @@ class RaftCore(Membership):
     def entries(self) -> list[Entry]:
         """A copy of the in-memory log (entries after the snapshot)."""
         return list(self._log)
+
+    def epoch_before(self, offset: int) -> int | None:
+        """The epoch of the entry just below `offset` (the snapshot's epoch at its end; 0 for
+        an empty prefix; None if the entry is gone into the snapshot or not in the log)."""
+        if offset == self._log_start:
+            return self._snapshot.epoch if self._snapshot else 0
+        if not self._log_start < offset <= self.log_end:
+            return None
+        return self._log[offset - 1 - self._log_start].epoch
 
     # ----------------------------------------------------------------- driver API
 

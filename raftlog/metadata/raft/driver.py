@@ -67,6 +67,22 @@ log = logging.getLogger("raftlog.quorum")
 # sender id, so the table (and the connections and per-replica leader state behind it) is
 # bounded; a cluster has far fewer brokers than this.
 MAX_OBSERVER_COUNT = 1024
+# A voter's fetch deadline is fetch_timeout_ms less up to this fraction of it (drawn anew at
+# every answer from the leader): RaftConfig.fetch_timeout_jitter_ms. Kafka has no such key.
+FETCH_TIMEOUT_JITTER_DIVISOR = 4
+
+
+def fetch_timeout_jitter_ms(config: NodeConfig) -> int:
+    """A quarter of fetch_timeout_ms: voters cut off from their leader at one moment time out
+    hundreds of ms apart (far more than a pre-vote's round trip), so the first election is
+    won, and the later of them still comes no later than the timeout.
+
+    Never so much that a voter could time out before broker_session_timeout_ms: a new
+    controller hands over the previous metadata leader's silence (controller/liveness.py) on
+    the ground that electing it took every voter's fetch timeout, which must therefore cover
+    the session that the cut-off leader's own broker lease still had to run."""
+    quarter_ms = config.fetch_timeout_ms // FETCH_TIMEOUT_JITTER_DIVISOR
+    return max(0, min(quarter_ms, config.fetch_timeout_ms - config.broker_session_timeout_ms))
 
 
 # Refused raft messages are logged at most once per this interval (the rest are counted).
@@ -132,6 +148,7 @@ class QuorumDriver:
         raft_config = RaftConfig(
             election_timeout_ms=config.election_timeout_ms,
             fetch_timeout_ms=config.fetch_timeout_ms,
+            fetch_timeout_jitter_ms=fetch_timeout_jitter_ms(config),
             election_backoff_max_ms=config.election_backoff_max_ms,
             fetch_max_wait_ms=min(config.raft_fetch_max_wait_ms, config.fetch_timeout_ms // 2),
             request_timeout_ms=config.fetch_timeout_ms,

@@ -109,7 +109,13 @@ class Elections:
         return now_ms + timeout_ms + self._rng.randrange(timeout_ms)
 
     def _fetch_timeout(self) -> int:
-        return self.config.fetch_timeout_ms
+        """How long a follower waits for its leader from now: fetch_timeout_ms, less a fresh
+        random jitter on a voter (RaftConfig.fetch_timeout_jitter_ms), so voters cut off from
+        their leader at one moment do not all start pre-vote at the same millisecond."""
+        jitter_ms = self.config.fetch_timeout_jitter_ms
+        if jitter_ms <= 0 or not self.is_voter:
+            return self.config.fetch_timeout_ms
+        return self.config.fetch_timeout_ms - self._rng.randrange(jitter_ms + 1)
 
     def _become(self, new: Role) -> None:
         old = self._role
@@ -133,7 +139,7 @@ class Elections:
         role = self._role
         if isinstance(role, Prospective) and role.leader_id is not None:
             # Pre-vote failed: others still hear from that leader, so try it again.
-            deadline_ms = now_ms + self.config.fetch_timeout_ms
+            deadline_ms = now_ms + self._fetch_timeout()
             self._become(Follower(role.epoch, role.leader_id, role.voted_for, deadline_ms))
             self._maybe_fetch(now_ms)
         elif isinstance(role, Prospective | Voted):
@@ -264,7 +270,10 @@ class Elections:
             # Otherwise pre-vote changes nothing; refused while we still hear from a leader,
             # so a node that was partitioned away cannot depose a healthy one when it returns.
             granted = (
-                eligible and msg.candidate_epoch > self.epoch and not self._has_live_leader(now_ms)
+                eligible
+                and msg.candidate_epoch > self.epoch
+                and not self._has_live_leader(now_ms)
+                and not self._outranks_rival(msg)
             )
             self._send(from_id, VoteResponse(True, self.epoch, self.leader_id, granted))
             return
@@ -290,6 +299,27 @@ class Elections:
                 granted = True
         self._send(from_id, VoteResponse(False, self.epoch, self.leader_id, granted))
 
+    def _outranks_rival(self, msg: Vote) -> bool:
+        """Whether this Prospective refuses a rival's pre-vote to keep its own alive.
+
+        Two voters that stopped hearing the leader at the same moment pre-vote at once; if
+        each granted the other, both would become candidates of the same epoch, vote for
+        themselves and split, costing a whole election timeout. Between two such rivals
+        with equal logs the lower node id wins: the higher one refuses nothing, the lower one
+        refuses the higher one. It stops refusing once that rival refused it (the rival still
+        hears the leader, or has the better claim) or its own pre-vote is lost, so a rival is
+        never blocked by a pre-vote that cannot win. Refusing a pre-vote changes nothing
+        durable: only liveness is at stake, never safety."""
+        role = self._role
+        return (
+            isinstance(role, Prospective)
+            and msg.candidate_epoch == role.epoch + 1
+            and msg.candidate_id > self.node_id
+            and msg.candidate_id not in role.rejected
+            and (msg.last_epoch, msg.last_offset) == (self.last_epoch, self.log_end)
+            and vote_result(role.granted, role.rejected, self.voters) is not VoteResult.LOST
+        )
+
     def _on_vote_response(self, now_ms: int, from_id: int, msg: VoteResponse) -> None:
         self._observe(now_ms, msg.epoch, msg.leader_id)
         role = self._role
@@ -306,12 +336,33 @@ class Elections:
                 self._role = dataclasses.replace(role, granted=role.granted | {from_id})
                 self._maybe_win_election(now_ms)
             else:
+                first_refusal = from_id not in role.rejected  # not a duplicated response
                 role = dataclasses.replace(role, rejected=role.rejected | {from_id})
-                if vote_result(role.granted, role.rejected, self.voters) is VoteResult.LOST:
+                result = vote_result(role.granted, role.rejected, self.voters)
+                if result is VoteResult.LOST:
                     # Lost: back off a random while before asking again (pre-vote first).
                     backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
                     role = dataclasses.replace(role, election_deadline_ms=now_ms + backoff_ms)
+                elif first_refusal and self._split(role):
+                    # Split: a rival candidate of this epoch (or a voter that chose one)
+                    # refused, and only voters that have not answered could still make a
+                    # majority. When they are gone (the case that split: the old leader cut
+                    # off), waiting out the election timeout would cost a whole second; a
+                    # random backoff makes one of the rivals start the next epoch first, and
+                    # the other grants it. The deadline only moves earlier.
+                    backoff_ms = self._rng.randrange(self.config.election_backoff_max_ms + 1)
+                    deadline_ms = min(role.election_deadline_ms, now_ms + backoff_ms)
+                    role = dataclasses.replace(role, election_deadline_ms=deadline_ms)
                 self._role = role
+
+    def _split(self, role: Candidate) -> bool:
+        """One more refusal would lose: every voter that has not answered must still grant."""
+        unanswered = self.voters - role.granted - role.rejected
+        if not unanswered:
+            return False
+        return vote_result(role.granted, role.rejected | {min(unanswered)}, self.voters) is (
+            VoteResult.LOST
+        )
 
     def _on_begin_quorum_epoch(self, now_ms: int, from_id: int, msg: BeginQuorumEpoch) -> None:
         self._observe(now_ms, msg.epoch, msg.leader_id)

@@ -33,6 +33,7 @@ from raftlog.metadata.raft.messages import (
 )
 from raftlog.metadata.raft.roles import Follower, Leader, Resigned
 from raftlog.metadata.raft.types import (
+    LeaderContact,
     ProtocolViolation,
     Snapshot,
     SnapshotCheck,
@@ -58,6 +59,10 @@ class Replication(Elections):
     _now_ms: int
     # follower side
     _fetch_inflight_deadline_ms: int | None
+    # (leader id, when) of the last answer this node had from a leader it followed. Unlike
+    # the follower role it outlives role changes: a voter that took over because that leader
+    # fell silent tells its controller how long the silence has lasted (controller/liveness).
+    leader_contact: LeaderContact | None
     _fetch_target: int | None
     _snapshot_fetch: tuple[SnapshotId, bytearray] | None
     _snapshot_check: SnapshotCheck | None
@@ -395,9 +400,10 @@ class Replication(Elections):
             raise ProtocolViolation(f"node {self.node_id}: {bad_entries} from {from_id}")
         self._fetch_inflight_deadline_ms = None
         self._read_sequence = max(self._read_sequence, msg.read_sequence)
+        self.leader_contact = LeaderContact(role.leader_id, role.epoch, now_ms)
         if not role.leader_resigned:
             self._role = dataclasses.replace(
-                role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms, leader_heard=True
+                role, fetch_deadline_ms=now_ms + self._fetch_timeout(), leader_heard=True
             )
         if msg.snapshot_id is not None:
             if now_ms >= self._snapshot_retry_ms:
@@ -454,9 +460,8 @@ class Replication(Elections):
             self._maybe_fetch(now_ms)
             return
         self._fetch_inflight_deadline_ms = None
-        self._role = dataclasses.replace(
-            role, fetch_deadline_ms=now_ms + self.config.fetch_timeout_ms
-        )
+        self.leader_contact = LeaderContact(role.leader_id, role.epoch, now_ms)
+        self._role = dataclasses.replace(role, fetch_deadline_ms=now_ms + self._fetch_timeout())
         buffer.extend(msg.chunk)
         if len(buffer) >= msg.size:
             refusal: str | None

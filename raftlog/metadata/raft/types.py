@@ -16,6 +16,7 @@ from raftlog.metadata.raft.messages import Entry, Message
 from raftlog.metadata.raft.voters import VoterSet
 
 __all__ = [
+    "LeaderContact",
     "NotLeader",
     "Overloaded",
     "ProtocolViolation",
@@ -56,6 +57,15 @@ class QuorumState:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderContact:
+    """The last answer a node had from a leader it followed: who, of which epoch, when."""
+
+    leader_id: int
+    epoch: int
+    heard_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """A snapshot of the state machine covering every entry below end_offset."""
 
@@ -90,6 +100,12 @@ class RaftConfig:
 
     election_timeout_ms: int = 1000  # base; the actual timeout is randomized in [t, 2t)
     fetch_timeout_ms: int = 2000  # follower: no leader contact -> pre-vote; leader: check-quorum
+    # A voter's fetch deadline is drawn anew from [fetch_timeout_ms - this, fetch_timeout_ms]
+    # at every contact with its leader. Followers that last heard a leader at the same moment
+    # (one append answered both) would otherwise time out together and clash in pre-vote;
+    # drawn below the timeout, so fetch_timeout_ms stays the longest wait (Kafka's meaning of
+    # quorum.fetch.timeout.ms) and the later of two deadlines comes sooner, not later.
+    fetch_timeout_jitter_ms: int = 0
     election_backoff_max_ms: int = 1000  # random wait after a lost election
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader may park an idle fetch
     max_fetch_entries: int = 500  # entries per FetchResponse
@@ -122,6 +138,14 @@ class RaftConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0: {self}")
+        if not 0 <= self.fetch_timeout_jitter_ms <= self.fetch_timeout_ms // 2:
+            # Half the timeout at most: the shortest deadline stays well above the long poll
+            # (fetch_max_wait_ms), so an idle, healthy follower never times out.
+            raise ValueError(f"fetch_timeout_jitter_ms must be in [0, fetch_timeout_ms/2]: {self}")
+        if self.fetch_max_wait_ms >= self.fetch_timeout_ms - self.fetch_timeout_jitter_ms:
+            raise ValueError(
+                f"fetch_max_wait_ms must be < fetch_timeout_ms - fetch_timeout_jitter_ms: {self}"
+            )
         if self.snapshot_chunk_bytes <= 0 or self.request_timeout_ms <= 0:
             raise ValueError(f"snapshot_chunk_bytes and request_timeout_ms must be > 0: {self}")
         if not 0 < self.snapshot_retry_backoff_ms <= self.snapshot_retry_backoff_max_ms:
