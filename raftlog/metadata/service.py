@@ -41,10 +41,14 @@ from raftlog.net.rpc import IdentityMismatch
 
 log = logging.getLogger("raftlog.metadata")
 
-# How often the active controller checks broker sessions (fencing) and periodic elections
-# (the election pass has its own, longer interval). A fence waits for the next tick, and a
-# tick is a few comparisons per broker: short, so failover does not wait on it.
-CONTROLLER_TICK_MS = 50
+# The active controller ticks when a fence or session expiry falls due
+# (Controller.next_deadline_ms), and at once when the liveness watch feeds it something new
+# (wake_controller); in between, at least this often, so that a deadline brought closer by a
+# path that does not wake it costs at most this much. A tick walks the brokers: cheap.
+CONTROLLER_TICK_MS = 250
+# Least time between two ticks: a deadline that a tick did not clear (a bug, a clock step)
+# must cost a few wakeups per second, never a busy loop.
+CONTROLLER_MIN_TICK_GAP_MS = 10
 # Cap on how long a controller request may wait for its records to commit.
 CONTROLLER_COMMIT_TIMEOUT_MS = 30_000
 # Controller results handled together share one Raft entry up to this many records; a
@@ -107,6 +111,7 @@ class MetadataService:
         self._changed = trio.Event()
         self._leader_change_payload = b""
         self._gathering: _EntryBatch | None = None
+        self._controller_woken = trio.Event()
         self._nursery: trio.Nursery | None = None  # while run() runs: snapshot persistence
 
     def attach(self, quorum: QuorumDriver) -> None:
@@ -200,6 +205,7 @@ class MetadataService:
             log.info(
                 "controller active in epoch %d at metadata offset %d", entry.epoch, entry.offset
             )
+            self.wake_controller()
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
         self._load_snapshot(snapshot, notify=True)
@@ -250,20 +256,32 @@ class MetadataService:
         changed.set()
 
     # ---------------------------------------------------------------- controller
+    def wake_controller(self) -> None:
+        """Tick the active controller now: something it was just told (a broker's refused
+        connects, the previous metadata leader's silence) may make a fence due."""
+        self._controller_woken.set()
+
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Background work: snapshot persistence and the controller's periodic tick."""
+        """Background work: snapshot persistence and the controller's ticks."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
             try:
                 while True:
-                    await trio.sleep(CONTROLLER_TICK_MS / 1000)
                     controller = self.controller
-                    if controller is None:
-                        continue
-                    result = controller.tick(self.quorum.now_ms() if self.quorum else 0)
-                    if result.records:
-                        nursery.start_soon(self._commit_background, result.records)
+                    now_ms = int(trio.current_time() * 1000)  # the quorum driver's clock
+                    wake_ms = now_ms + CONTROLLER_TICK_MS
+                    if controller is not None:
+                        result = controller.tick(now_ms)
+                        if result.records:
+                            nursery.start_soon(self._commit_background, result.records)
+                        deadline_ms = controller.next_deadline_ms(now_ms)
+                        wake_ms = max(
+                            now_ms + CONTROLLER_MIN_TICK_GAP_MS, min(wake_ms, deadline_ms)
+                        )
+                    with trio.move_on_at(wake_ms / 1000):
+                        await self._controller_woken.wait()
+                    self._controller_woken = trio.Event()
             finally:
                 # Stopping: the quorum task may still apply entries on its way out (after a
                 # worker thread returns), and a snapshot it starts then must be skipped (the

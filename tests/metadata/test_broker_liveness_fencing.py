@@ -66,12 +66,60 @@ def test_a_heartbeat_before_the_connects_began_failing_does_not_save_it():
 def test_refusals_alone_wait_until_a_heartbeat_is_overdue():
     """A live broker whose listener only this controller cannot reach (a wrong advertised
     address) heartbeats on time: refusals do not fence it before a heartbeat is missed."""
-    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    c = cluster(3, broker_unreachable_fence_ms=100, broker_heartbeat_interval_ms=HEARTBEAT_MS)
     heartbeat(c, 2, now_ms=3000)
     c.broker_unreachable(2, since_ms=3010)
-    overdue_ms = 3000 + HEARTBEAT_MS + FENCE_MS
-    assert fenced_in(c.tick(overdue_ms - 1)) == set()
-    assert fenced_in(c.tick(overdue_ms)) == {2}
+    # Refused for 100 ms by 3110, but the next heartbeat is only due at 3500.
+    assert c.next_deadline_ms(3110) == 3000 + HEARTBEAT_MS
+    assert fenced_in(c.tick(3000 + HEARTBEAT_MS - 1)) == set()
+    assert fenced_in(c.tick(3000 + HEARTBEAT_MS)) == {2}
+
+
+def test_once_refusals_began_a_heartbeat_one_interval_late_is_the_missed_one():
+    """No grace on top of the interval: the refusals already lasted the fence time."""
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    heartbeat(c, 2, now_ms=3000)
+    c.broker_unreachable(2, since_ms=3400)
+    assert c.next_deadline_ms(3400) == 3400 + FENCE_MS
+    assert fenced_in(c.tick(3400 + FENCE_MS - 1)) == set()
+    assert fenced_in(c.tick(3400 + FENCE_MS)) == {2}
+
+
+def test_next_deadline_is_the_earliest_session_expiry_or_due_fence():
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    # cluster() heard every broker at 0: the sessions expire together.
+    assert c.next_deadline_ms(0) == SESSION_MS
+    heartbeat(c, 1, now_ms=100)
+    heartbeat(c, 2, now_ms=100)
+    heartbeat(c, 3, now_ms=200)
+    assert c.next_deadline_ms(200) == 100 + SESSION_MS
+    c.broker_unreachable(3, since_ms=300)
+    assert c.next_deadline_ms(300) == max(300 + FENCE_MS, 200 + HEARTBEAT_MS)
+    assert fenced_in(c.tick(c.next_deadline_ms(300))) == {3}
+    # Fenced: it no longer has a deadline; a heartbeat only moves one later.
+    assert c.next_deadline_ms(800) == 100 + SESSION_MS
+    heartbeat(c, 1, now_ms=900)
+    heartbeat(c, 2, now_ms=900)
+    assert c.next_deadline_ms(900) == 900 + SESSION_MS
+
+
+def test_a_silent_previous_leader_is_fenced_with_its_own_reason(caplog):
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    new = Controller(c.image, c.config, now_ms=5000, topic_id_source=topic_ids())
+    new.broker_silent(1, since_ms=5000 - SESSION_MS)
+    assert new.next_deadline_ms(5000) <= 5000
+    with caplog.at_level("WARNING", logger="raftlog.metadata"):
+        assert fenced_in(new.tick(5000)) == {1}
+    (line,) = [rec.getMessage() for rec in caplog.records]
+    assert "previous metadata leader" in line and "refused" not in line
+
+
+def test_a_withdrawn_silence_fences_nothing():
+    c = cluster(3, broker_unreachable_fence_ms=FENCE_MS, broker_heartbeat_interval_ms=HEARTBEAT_MS)
+    new = Controller(c.image, c.config, now_ms=5000, topic_id_source=topic_ids())
+    new.broker_silent(1, since_ms=5000 - SESSION_MS)
+    new.broker_silent(1, None)
+    assert fenced_in(new.tick(5000)) == set()
 
 
 def test_a_successful_connect_withdraws_the_suspicion():
@@ -151,6 +199,11 @@ class FakePeers:
 class Holder:
     def __init__(self) -> None:
         self.controller: Controller | None = None
+        self.quorum = None
+        self.woken = 0
+
+    def wake_controller(self) -> None:
+        self.woken += 1
 
 
 async def driver_feeds_observations_to_whichever_controller_is_active() -> None:
@@ -177,6 +230,7 @@ async def driver_feeds_observations_to_whichever_controller_is_active() -> None:
         # 2 and 3 already have clients (the Raft driver's, here the failures'): only 4 is new.
         assert [node_id for node_id, _, _ in peers.made] == [4]
         assert controller._unreachable_for_ms(3, start_ms + 10) == 10
+        assert holder.woken == 1  # fed something new: the controller ticks at once
         # The broker listens again: the suspicion is withdrawn from the controller too.
         peers.clients[3].connected = True
         await trio.sleep(REACHABILITY_POLL_MS / 1000 * 1.5)

@@ -30,7 +30,16 @@ async def _create_topics(node, prefix, count):
 async def test_follower_refuses_a_snapshot_it_cannot_decode_and_catches_up_later(
     tmp_path, caplog, monkeypatch
 ):
-    configs = make_configs(tmp_path, metadata_snapshot_max_records=10)
+    # No broker is fenced while this runs: a fence writes records, and enough of them make
+    # the leader take a newer (decodable) snapshot before the restarted node fetches the bad
+    # one. The killed node's old incarnation would be fenced (its listener refused, or its
+    # session expired) at a moment that depends on the machine's load.
+    configs = make_configs(
+        tmp_path,
+        metadata_snapshot_max_records=10,
+        broker_session_timeout_ms=60_000,
+        broker_unreachable_fence_ms=60_000,
+    )
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, configs)
         leader = await cluster.start_all()

@@ -14,12 +14,15 @@ The driver's duties:
 - append `result.records` atomically, send `result.reply` after they commit;
 - call `committed(offset)` when the metadata high watermark advances (brokers are caught up,
   and may be unfenced, only when their metadata offset reaches it);
-- call `tick(now_ms)` every broker_heartbeat_interval_ms or so (session expiry, periodic
-  preferred-leader and offline-partition elections);
+- call `tick(now_ms)` at `next_deadline_ms(now_ms)` (session expiry, a due fence, periodic
+  preferred-leader and offline-partition elections), and again after anything it was told
+  (`broker_unreachable`, `broker_silent`) may have brought that deadline closer;
 - call `broker_unreachable(broker_id, since_ms)` while this node's connection attempts to a
   broker's internal listener are refused (none succeeded since `since_ms`),
   and `broker_reachable(broker_id)` once one succeeds: a broker whose process is gone is
   fenced after broker_unreachable_fence_ms instead of a whole session timeout;
+- call `broker_silent(broker_id, since_ms)` for the previous metadata leader when a majority
+  has not heard from it for a whole session (controller/liveness.py); the same rule applies;
 - on a standby controller, `replay(records, offset, now_ms)` committed records so the
   in-memory state (image, heartbeat times) is warm for a failover.
 """
@@ -126,6 +129,9 @@ class Controller:
         self._last_heartbeat_ms: dict[int, int] = {}
         # broker id -> since when this node's connects to the broker have all failed.
         self._unreachable_since_ms: dict[int, int] = {}
+        # broker id -> since when a majority has not heard from it: the previous metadata
+        # leader, silent (its Raft fetches unanswered) when this controller took over.
+        self._silent_since_ms: dict[int, int] = {}
         # What each broker's last heartbeat reported unsafe to lead (elections.py). Kept in
         # memory: every heartbeat repeats it, so a new controller knows it within one.
         self._unsafe: dict[int, frozenset[tuple[uuid.UUID, int]]] = {}
@@ -190,10 +196,18 @@ class Controller:
                 >= self.config.broker_unreachable_fence_ms
             ):
                 log.warning(
-                    "broker %d fenced: its internal listener unreachable for %d ms, no "
-                    "heartbeat since",
+                    "broker %d fenced: its internal listener refused every connect for %d ms, "
+                    "no heartbeat since",
                     broker_id,
                     self._unreachable_for_ms(broker_id, now_ms),
+                )
+                self._fence(batch, broker_id)
+            elif self._silent_for_ms(broker_id, now_ms) >= self.config.broker_unreachable_fence_ms:
+                log.warning(
+                    "broker %d fenced: as the previous metadata leader it has not been heard "
+                    "from for %d ms (its Raft fetches went unanswered), no heartbeat since",
+                    broker_id,
+                    self._silent_for_ms(broker_id, now_ms),
                 )
                 self._fence(batch, broker_id)
         if now_ms >= self._next_periodic_check_ms:
@@ -220,10 +234,26 @@ class Controller:
         """A connect to the broker succeeded: its process listens again."""
         self._unreachable_since_ms.pop(broker_id, None)
 
+    def broker_silent(self, broker_id: int, since_ms: int | None) -> None:
+        """A majority of the metadata quorum has not heard from this broker, the previous
+        metadata leader, since `since_ms` (None: withdrawn). Fenced on the same terms as
+        refusals (broker_unreachable), unless it heartbeats this controller."""
+        if since_ms is None:
+            self._silent_since_ms.pop(broker_id, None)
+        else:
+            self._silent_since_ms[broker_id] = since_ms
+
     def _unreachable_for_ms(self, broker_id: int, now_ms: int) -> int:
         """How long the broker's listener has refused us while it also missed a heartbeat
         (-1: it has not)."""
-        since_ms = self._unreachable_since_ms.get(broker_id)
+        return self._suspect_for_ms(self._unreachable_since_ms.get(broker_id), broker_id, now_ms)
+
+    def _silent_for_ms(self, broker_id: int, now_ms: int) -> int:
+        """How long the previous metadata leader has been silent while it also missed a
+        heartbeat to this controller (-1: it has not)."""
+        return self._suspect_for_ms(self._silent_since_ms.get(broker_id), broker_id, now_ms)
+
+    def _suspect_for_ms(self, since_ms: int | None, broker_id: int, now_ms: int) -> int:
         if since_ms is None:
             return -1
         heard_ms = self._last_heartbeat_ms.get(broker_id)
@@ -231,14 +261,46 @@ class Controller:
             if heard_ms >= since_ms:
                 return -1
             # A live broker heartbeats every interval, so refusals alone are not enough
-            # while its next heartbeat is not overdue: its listener may merely be out of
-            # this controller's reach (a wrong advertised address, a one-way cut).
-            overdue_ms = (
-                self.config.broker_heartbeat_interval_ms + self.config.broker_unreachable_fence_ms
-            )
-            if now_ms - heard_ms < overdue_ms:
+            # while its next heartbeat is not due: its listener may merely be out of this
+            # controller's reach (a wrong advertised address, a one-way cut). Once the
+            # refusals began with no heartbeat since, a heartbeat a whole interval late is
+            # the missed one: no further grace on top (refusals already lasted
+            # broker_unreachable_fence_ms).
+            if now_ms - heard_ms < self.config.broker_heartbeat_interval_ms:
                 return -1
         return now_ms - since_ms
+
+    def _suspect_fence_ms(self, since_ms: int | None, broker_id: int) -> int | None:
+        """When _suspect_for_ms reaches broker_unreachable_fence_ms (None: never, as
+        things stand)."""
+        if since_ms is None:
+            return None
+        due_ms = since_ms + self.config.broker_unreachable_fence_ms
+        heard_ms = self._last_heartbeat_ms.get(broker_id)
+        if heard_ms is not None:
+            if heard_ms >= since_ms:
+                return None
+            due_ms = max(due_ms, heard_ms + self.config.broker_heartbeat_interval_ms)
+        return due_ms
+
+    def next_deadline_ms(self, now_ms: int) -> int:
+        """When `tick` has something to do next, as things stand: the earliest session
+        expiry or due fence of an unfenced broker, or the periodic election pass. Events fed
+        in later (`broker_unreachable`, `broker_silent`) may bring it closer; requests
+        (heartbeats, registrations) only move it later."""
+        deadline_ms = self._next_periodic_check_ms
+        timeout_ms = self.config.broker_session_timeout_ms
+        for broker_id, reg in self.image.brokers.items():
+            if reg.fenced:
+                continue
+            deadline_ms = min(
+                deadline_ms, self._last_contact_ms.get(broker_id, now_ms) + timeout_ms
+            )
+            for since in (self._unreachable_since_ms, self._silent_since_ms):
+                due_ms = self._suspect_fence_ms(since.get(broker_id), broker_id)
+                if due_ms is not None:
+                    deadline_ms = min(deadline_ms, due_ms)
+        return deadline_ms
 
     def rebalance_preferred_leaders(self) -> ControllerResult:
         """Preferred-leader election now (the periodic pass also does this)."""
@@ -376,6 +438,7 @@ class Controller:
         self._last_heartbeat_ms.pop(broker_id, None)
         self._heard_from.discard(broker_id)
         self._unreachable_since_ms.pop(broker_id, None)
+        self._silent_since_ms.pop(broker_id, None)
         self._unsafe.pop(broker_id, None)
 
     def _heartbeat(self, batch: Batch, req: BrokerHeartbeat, now_ms: int) -> BrokerHeartbeatReply:

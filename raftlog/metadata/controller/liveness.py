@@ -21,11 +21,14 @@ also led the metadata quorum is fenced without waiting for fresh failures.
 
 One silence counts as well, and only at a change of controller: a node that takes over
 because it stopped hearing from the previous metadata leader (its Raft fetches went
-unanswered) hands the new controller the time it last heard from it, when that is a whole
-broker session ago. The new controller would otherwise give that broker a fresh session
-although a majority has not heard from it for longer than one (a leader cut off the network
-kept leading its partitions that much longer); it still keeps it if the broker heartbeats
-the new controller (Controller.broker_unreachable's rule).
+unanswered) hands the new controller the time it last heard from it (the Raft core's
+leader_contact), when that is a whole broker session ago (Controller.broker_silent). The
+new controller would otherwise give that broker a fresh session although a majority has not
+heard from it for longer than one (a leader cut off the network kept leading its partitions
+that much longer); it still keeps it if the broker heartbeats the new controller.
+
+Whatever it feeds may make a fence due at once, so it wakes the controller's tick loop
+(MetadataService.wake_controller) instead of leaving the fence to the next scheduled tick.
 """
 
 from __future__ import annotations
@@ -36,11 +39,11 @@ import trio
 
 from raftlog.config import NodeConfig
 from raftlog.metadata.controller.controller import Controller
-from raftlog.metadata.raft.roles import Follower
+from raftlog.metadata.raft.roles import Leader
 from raftlog.net.rpc import PeerSet
 
-# How often the observations are handed to the active controller and reconnects noticed;
-# well under broker_unreachable_fence_ms's default, and the controller ticks every 250 ms.
+# How often reconnects are noticed and a new active controller is looked for (refusals are
+# fed at once, as they happen); well under broker_unreachable_fence_ms's default.
 REACHABILITY_POLL_MS = 100
 
 
@@ -52,6 +55,9 @@ class ActiveController(Protocol):
 
     @property
     def quorum(self) -> Any: ...
+
+    def wake_controller(self) -> None:
+        """Run the controller's tick now: what it was just told may make a fence due."""
 
 
 class BrokerReachability:
@@ -73,13 +79,13 @@ class BrokerReachability:
         self.config = config
         # peer id -> since when every connect to it failed (none succeeded since).
         self._unreachable_since_ms: dict[int, int] = {}
-        # (metadata leader, when this node last heard from it), while following it.
-        self._leader_heard: tuple[int, int] | None = None
         # broker id -> since when a majority has not heard from it: the previous metadata
         # leader, as this node saw it when it took over as controller.
         self._silent_since_ms: dict[int, int] = {}
+        # What the active controller was last told (refusals, silences): a change wakes it.
         self._fed: Controller | None = None
-        self._fed_ids: set[int] = set()
+        self._fed_refused: dict[int, int] = {}
+        self._fed_silent: dict[int, int] = {}
         peers.add_unreachable_listener(self._peer_unreachable)
 
     def _now_ms(self) -> int:
@@ -104,7 +110,6 @@ class BrokerReachability:
                 client = self.peers.get(peer_id)
                 if client is not None and client.connected:
                     del self._unreachable_since_ms[peer_id]
-            self._watch_metadata_leader()
             self._watch_brokers()
             self._feed()
 
@@ -122,30 +127,29 @@ class BrokerReachability:
             # for the same node): a new one is only made where there is none.
             self.peers.peer(broker_id, *reg.internal_endpoint)
 
-    def _watch_metadata_leader(self) -> None:
-        """Remember when this node last heard from the metadata leader it follows (its last
-        answered Raft fetch: the follower's deadline is that plus fetch_timeout_ms)."""
-        if self.config is None:
-            return
-        quorum = self.metadata.quorum
-        role = None if quorum is None else quorum.core.role
-        if isinstance(role, Follower) and role.leader_heard and role.leader_id != self.node_id:
-            heard_ms = role.fetch_deadline_ms - self.config.fetch_timeout_ms
-            self._leader_heard = (role.leader_id, heard_ms)
-
     def _took_over(self, controller: Controller) -> None:
         """This node just became the active controller: the previous metadata leader counts
         as silent since this node last heard from it, if that is a whole session ago."""
         self._silent_since_ms = {}
-        if self.config is None or self._leader_heard is None:
+        quorum = self.metadata.quorum
+        core = None if quorum is None else quorum.core
+        contact = None if core is None else core.leader_contact
+        if self.config is None or core is None or contact is None:
             return
-        leader_id, heard_ms = self._leader_heard
-        registration = controller.image.brokers.get(leader_id)
-        if leader_id == self.node_id or registration is None or registration.fenced:
+        role = core.role
+        # Only the leader this node's log last heard of: if any leader came between (its
+        # epoch-start entry is in this log), the contact is older news about a broker that
+        # may well be alive and heartbeating.
+        if not isinstance(role, Leader) or core.epoch_before(role.epoch_start_offset) != (
+            contact.epoch
+        ):
             return
-        silent_ms = self._now_ms() - heard_ms
+        registration = controller.image.brokers.get(contact.leader_id)
+        if contact.leader_id == self.node_id or registration is None or registration.fenced:
+            return
+        silent_ms = self._now_ms() - contact.heard_ms
         if silent_ms >= self.config.broker_session_timeout_ms:
-            self._silent_since_ms[leader_id] = heard_ms
+            self._silent_since_ms[contact.leader_id] = contact.heard_ms
 
     def observations(self) -> dict[int, int]:
         """What the active controller is told: broker id -> since when it has been
@@ -158,15 +162,21 @@ class BrokerReachability:
     def _feed(self) -> None:
         controller = self.metadata.controller
         if controller is None:
-            self._fed, self._fed_ids = None, set()
+            self._fed, self._fed_refused, self._fed_silent = None, {}, {}
             self._silent_since_ms = {}
             return
         if controller is not self._fed:
-            self._fed, self._fed_ids = controller, set()
+            self._fed, self._fed_refused, self._fed_silent = controller, {}, {}
             self._took_over(controller)
-        observed = self.observations()
-        for peer_id in self._fed_ids - observed.keys():
+        refused, silent = self._unreachable_since_ms, self._silent_since_ms
+        for peer_id in self._fed_refused.keys() - refused.keys():
             controller.broker_reachable(peer_id)
-        for peer_id, since_ms in observed.items():
+        for peer_id, since_ms in refused.items():
             controller.broker_unreachable(peer_id, since_ms)
-        self._fed_ids = set(observed)
+        for peer_id in self._fed_silent.keys() - silent.keys():
+            controller.broker_silent(peer_id, None)
+        for peer_id, since_ms in silent.items():
+            controller.broker_silent(peer_id, since_ms)
+        if (refused, silent) != (self._fed_refused, self._fed_silent):
+            self._fed_refused, self._fed_silent = dict(refused), dict(silent)
+            self.metadata.wake_controller()
