@@ -6,7 +6,9 @@ graph PNG per node and the functions with the most samples of their own.
 Three node processes (raftlog.testing.cluster), one RF 3 topic (min ISR 2), and the replication
 benchmark's producer (confluent-kafka, acks=all, 1 KiB records) in its own process streaming
 as fast as it can, while py-spy samples every node (`--nonblocking`, so the nodes are not
-paused) for `--seconds`. Writes `<out>/node-<id>.txt` (collapsed stacks), `<out>/node-<id>.png`
+paused; `--gil`, so only the thread running Python is sampled: without it the worker threads
+waiting for their next fsync and the event loop waiting in epoll count as busy and fill most
+of the graph) for `--seconds`. Writes `<out>/node-<id>.txt` (collapsed stacks), `<out>/node-<id>.png`
 (flame graph, widest frames at the bottom) and prints the top self-time functions summed
 over the nodes. The last stdout line is one JSON object: {"samples", "top_self": [[function,
 share], ...], "mb_s", "pngs"}.
@@ -160,7 +162,7 @@ def run(seconds: float, partitions: int, out: Path, root: Path) -> dict[str, Any
             assert node.process is not None
             command = [py_spy, "record", "--pid", str(node.process.pid), "--rate",
                        str(SAMPLE_RATE_HZ), "--duration", str(int(seconds)), "--format", "raw",
-                       "--nonblocking", "--output", str(out / f"node-{node_id}.txt")]  # fmt: skip
+                       "--nonblocking", "--gil", "--output", str(out / f"node-{node_id}.txt")]  # fmt: skip
             spies[node_id] = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
