@@ -1,0 +1,92 @@
+"""The flusher's worker threads: every job runs off the event loop and has ended when the
+round returns, threads are kept and reused, a failing job does not take its thread down, a
+cancelled round still waits for its fsyncs, and stop() ends them."""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from raftlog.storage.flusher import SyncThreads
+from tests.waiting import wait_until
+
+
+class _Boom(BaseException):
+    pass
+
+
+def _fsync_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "raftlog-fsync"]
+
+
+async def test_jobs_run_off_the_loop_and_threads_are_reused() -> None:
+    threads = SyncThreads()
+    loop_thread = threading.get_ident()
+    seen: set[int] = set()
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    def job(i: int) -> None:
+        with lock:
+            seen.add(threading.get_ident())
+            ran.append(i)
+
+    try:
+        for round_ in range(20):
+            await threads.run([lambda n=round_ * 10 + i: job(n) for i in range(4)])
+            assert len(ran) == (round_ + 1) * 4  # every job of the round has ended
+        assert loop_thread not in seen
+        assert len(seen) <= 4  # four threads, kept across rounds
+        await threads.run([])  # nothing to do returns at once
+    finally:
+        threads.stop()
+
+
+async def test_a_failing_job_leaves_its_thread_serving() -> None:
+    threads = SyncThreads()
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise _Boom
+
+    try:
+        await threads.run([boom])
+        await threads.run([lambda: ran.append("after")])
+        assert ran == ["after"]
+    finally:
+        threads.stop()
+
+
+async def test_a_cancelled_round_still_waits_for_its_jobs() -> None:
+    threads = SyncThreads()
+    started, release = threading.Event(), threading.Event()
+    finished: list[bool] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait(10)
+        finished.append(True)
+
+    async def cancel_soon(scope: trio.CancelScope) -> None:
+        await wait_until("the job runs", started.is_set, timeout_s=5)
+        scope.cancel()
+        release.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            with trio.CancelScope() as scope:
+                nursery.start_soon(cancel_soon, scope)
+                await threads.run([slow])
+        assert finished == [True]
+    finally:
+        threads.stop()
+
+
+async def test_stop_ends_the_threads() -> None:
+    before = len(_fsync_threads())
+    threads = SyncThreads()
+    await threads.run([lambda: None, lambda: None])
+    assert len(_fsync_threads()) == before + 2
+    threads.stop()
+    await wait_until("the threads end", lambda: len(_fsync_threads()) == before, timeout_s=5)
