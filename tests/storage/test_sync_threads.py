@@ -84,9 +84,20 @@ async def test_a_cancelled_round_still_waits_for_its_jobs() -> None:
 
 
 async def test_stop_ends_the_threads() -> None:
-    before = len(_fsync_threads())
     threads = SyncThreads()
-    await threads.run([lambda: None, lambda: None])
-    assert len(_fsync_threads()) == before + 2
+    used: set[int] = set()
+    lock = threading.Lock()
+
+    def note() -> None:
+        with lock:
+            used.add(threading.get_ident())
+
+    await threads.run([note, note])
+    assert len(used) == 2
+
+    def ours_alive() -> bool:
+        return any(t.ident in used for t in _fsync_threads())
+
+    assert ours_alive()
     threads.stop()
-    await wait_until("the threads end", lambda: len(_fsync_threads()) == before, timeout_s=5)
+    await wait_until("the threads end", lambda: not ours_alive(), timeout_s=5)
