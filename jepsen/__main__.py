@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mat = sub.add_parser(
         "matrix",
-        help="each nemesis (none, kill, ..., forge, all) x N runs; table into docs/jepsen.md",
+        help="each nemesis (none, kill, ..., membership, all) x N runs; table into docs/jepsen.md",
     )
     _run_options(mat, time_limit_s=120.0, matrix=True)
     mat.set_defaults(handler=cmd_matrix)
@@ -91,13 +91,13 @@ def _run_options(
         p.add_argument(
             "--nemesis",
             default="kill,partition",
-            help="comma-separated: kill, pause, partition, restart, or one fault kind such as "
-            "partition-partition-leader; or all, none",
+            help="comma-separated: kill, pause, partition, restart, corrupt, truncate, forge, "
+            "membership, or one fault kind such as partition-partition-leader; or all, none",
         )
     else:
         p.add_argument(
             "--nemesis",
-            default="none,kill,pause,partition,corrupt,truncate,forge,all",
+            default="none,kill,pause,partition,corrupt,truncate,forge,membership,all",
             help="the matrix's nemeses, each run on its own (a name, all or none)",
         )
         p.add_argument("--runs", type=int, default=3, help="runs per nemesis")

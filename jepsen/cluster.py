@@ -30,6 +30,7 @@ from typing import Any
 import trio
 
 from jepsen import damage as disk_damage
+from jepsen.cluster_membership import MembershipOps
 from jepsen.forger import Forger, Target
 from jepsen.nemesis import PartitionReplicas
 from jepsen.netns import RunNetwork
@@ -64,10 +65,24 @@ class ClusterOptions:
     unsafe: bool = False
     # SASL_SSL clients, mutual TLS between nodes, the authorizer (jepsen.secure).
     secure: bool = False
+    # One more node process, broker-only and outside the voters, for the membership
+    # nemesis (jepsen.membership): not started with the cluster, never a target of the
+    # other nemeses, and holding no replica and no vote outside a membership fault.
+    spare: bool = False
 
     @property
     def node_names(self) -> tuple[str, ...]:
         return tuple(f"n{i}" for i in range(1, self.nodes + 1))
+
+    @property
+    def spare_name(self) -> str | None:
+        return f"n{self.nodes + 1}" if self.spare else None
+
+    @property
+    def all_node_names(self) -> tuple[str, ...]:
+        """The namespaces a run needs: the nodes and the spare."""
+        spare = self.spare_name
+        return self.node_names + ((spare,) if spare is not None else ())
 
     @property
     def min_insync_replicas(self) -> int:
@@ -89,9 +104,11 @@ def node_config(
     secure: SecureSetup | None = None,
 ) -> NodeConfig:
     """The node's config: listeners on its namespace address, every node a voter, timeouts
-    short enough that a 60 s run sees several failovers; `secure` adds its security keys."""
+    short enough that a 60 s run sees several failovers; `secure` adds its security keys.
+    The spare is broker-only (config refuses a controller outside the static voters): it
+    fetches the metadata log as an observer until AddRaftVoter makes it a voter."""
     voters = ",".join(
-        f"{i}@{net.address(name)}:{INTERNAL_PORT}" for i, name in enumerate(net.node_names, 1)
+        f"{i}@{net.address(name)}:{INTERNAL_PORT}" for i, name in enumerate(opts.node_names, 1)
     )
     address = net.address(node)
     extra: dict[str, Any] = (
@@ -100,7 +117,7 @@ def node_config(
     return NodeConfig(
         node_id=net.node_names.index(node) + 1,
         cluster_id=cluster_id,
-        roles=["controller", "broker"],
+        roles=["broker"] if node == opts.spare_name else ["controller", "broker"],
         data_dir=str(data_dir),
         client_listener=f"{address}:{CLIENT_PORT}",
         advertised_client_listener=f"{address}:{CLIENT_PORT}",
@@ -146,9 +163,10 @@ class Node:
 
 
 @dataclass
-class Cluster:
+class Cluster(MembershipOps):
     """The run's nodes. Build with ``Cluster.create``; every method is safe to call on a
-    node in any state (killing a dead node does nothing)."""
+    node in any state (killing a dead node does nothing). ``nodes`` holds the spare too;
+    ``names`` (what nemeses target and start) does not."""
 
     net: RunNetwork
     opts: ClusterOptions
@@ -165,6 +183,8 @@ class Cluster:
                 nodes_dir,
                 {name: (i, net.address(name)) for i, name in enumerate(net.node_names, 1)},
             )
+        if opts.spare_name is not None and opts.spare_name not in net.node_names:
+            raise ValueError(f"the network has no namespace for the spare {opts.spare_name}")
         for name in net.node_names:
             node_dir = nodes_dir / name
             (node_dir / "data").mkdir(parents=True, exist_ok=True)
@@ -176,11 +196,18 @@ class Cluster:
 
     @property
     def names(self) -> list[str]:
-        return list(self.nodes)
+        return [name for name in self.nodes if name != self.spare]
+
+    @property
+    def spare(self) -> str | None:
+        return self.opts.spare_name
+
+    def _internal_port(self) -> int:
+        return INTERNAL_PORT
 
     @property
     def bootstrap_servers(self) -> str:
-        return ",".join(f"{n.address}:{CLIENT_PORT}" for n in self.nodes.values())
+        return ",".join(f"{self.nodes[n].address}:{CLIENT_PORT}" for n in self.names)
 
     @property
     def client_security(self) -> ClientSecurity:
@@ -223,7 +250,7 @@ class Cluster:
         node.starts += 1
 
     async def start_all(self) -> None:
-        for name in self.nodes:
+        for name in self.names:
             await self.start(name)
 
     async def kill(self, name: str) -> None:
@@ -371,14 +398,19 @@ class Cluster:
         return done.describe() + (" after a clean shutdown" if clean else " after kill -9")
 
     def forger(self, rng: random.Random) -> Forger:
-        addresses = {n.node_id: (n.address, INTERNAL_PORT) for n in self.nodes.values()}
+        addresses = {
+            n.node_id: (n.address, INTERNAL_PORT)
+            for n in self.nodes.values()
+            if n.name in self.names
+        }
         target = Target(sorted(addresses), self.opts.topic, self.opts.partitions)
         # Under mutual TLS the rogue, holding no certificate, speaks plain TCP to a TLS port.
         return Forger(addresses, target, rng, tls=self.secure is not None)
 
     def _live_bootstrap(self) -> str:
-        live = [n for n in self.nodes.values() if n.running and not n.paused]
-        return ",".join(f"{n.address}:{CLIENT_PORT}" for n in live or self.nodes.values())
+        core = [self.nodes[name] for name in self.names]
+        live = [n for n in core if n.running and not n.paused]
+        return ",".join(f"{n.address}:{CLIENT_PORT}" for n in live or core)
 
     async def accepting(self, name: str) -> bool:
         """Whether the node's client port accepts a TCP connection right now."""
@@ -434,7 +466,8 @@ class Cluster:
         raise TimeoutError(f"cluster not ready after {timeout_s} s: {missing}")
 
     async def _not_ready(self, topic: bool) -> str:
-        for node in self.nodes.values():
+        # The spare is no part of a ready cluster: stopped, or an observer at most.
+        for node in (self.nodes[name] for name in self.names):
             if node.process is not None and node.process.returncode is not None:
                 return f"{node.name} exited with {node.process.returncode} (see {node.log_path})"
             if node.running and not await self.accepting(node.name):

@@ -15,7 +15,10 @@ Families (``--nemesis kill,pause,partition,restart``; ``all`` is every one):
 - ``truncate``  the same, but the replica's last segment is cut in the middle of a batch (a
                 torn write below what it had flushed);
 - ``forge``     a rogue client on the internal listener sends forged Raft, replication and
-                controller messages (jepsen.forger) for the whole fault window.
+                controller messages (jepsen.forger) for the whole fault window;
+- ``membership`` the cluster's shape changes (jepsen.membership): a partition reassigned, a
+                controller voter removed, a broker drained, the spare node added as a
+                voter (alone or replacing one); the stop undoes it.
 
 Damage hits one replica of a partition at a time, and only a partition whose replicas are
 all in sync (the previous damage repaired): the failure RF 3 with min ISR 2 promises to
@@ -40,13 +43,15 @@ from typing import Protocol
 
 import trio
 
+from jepsen import membership
 from jepsen.forger import Forger
 from jepsen.history import FAULT_START, FAULT_STOP, Recorder
+from jepsen.membership import Membership, MembershipControl
 from raftlog.metadata.raft.majority import majority_size
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("kill", "pause", "partition", "restart", "corrupt", "truncate", "forge")
+FAMILIES = ("kill", "pause", "partition", "restart", "corrupt", "truncate", "forge", "membership")
 MODES = {
     "kill": ("one", "controller-leader", "partition-leader", "majority"),
     "pause": ("one", "controller-leader", "partition-leader"),
@@ -55,18 +60,22 @@ MODES = {
     "corrupt": ("follower", "leader"),
     "truncate": ("follower", "leader"),
     "forge": ("internal",),
+    "membership": membership.MODES,
 }
 DAMAGE_FAMILIES = ("corrupt", "truncate")
 # Healing must finish even when the run is being cancelled; past this something is wrong
 # with the machine and the run reports it rather than hanging.
 HEAL_TIMEOUT_S = 60.0
+# Putting the membership back (voters, moves, placement; jepsen.membership) has its own bound,
+# after the rest is healed: it needs a quorum and moves data.
+MEMBERSHIP_HEAL_TIMEOUT_S = 90.0
 # One fault's start (a leader lookup and a few signals or nft calls) gives up after this.
 START_TIMEOUT_S = 20.0
 
 Grudge = dict[str, list[str]]
 
 
-class ClusterControl(Protocol):
+class ClusterControl(MembershipControl, Protocol):
     @property
     def names(self) -> list[str]: ...
     async def kill(self, name: str) -> None: ...
@@ -222,6 +231,7 @@ class Nemesis:
         self.started = 0
         # Where running faults (forge) live; run() opens it.
         self._nursery: trio.Nursery | None = None
+        self.membership = Membership(cluster, rng)
 
     # ------------------------------------------------------------------ schedule
     async def run(self) -> None:
@@ -231,6 +241,8 @@ class Nemesis:
                 self._nursery = nursery
                 if not self.families:
                     await trio.sleep_forever()
+                if any(self._family_of(e) == "membership" for e in self.families):
+                    await self.membership.start_spare()
                 while True:
                     await trio.sleep(self.interval_s)
                     entry = self.rng.choice(self.families)
@@ -243,13 +255,19 @@ class Nemesis:
             with trio.CancelScope(shield=True):
                 await self.heal_all()
 
+    @staticmethod
+    def _family_of(entry: str) -> str | None:
+        split = split_kind(entry)
+        return None if split is None else split[0]
+
     async def start_fault(self, entry: str) -> Fault | None:
         """Start one fault of ``entry``: a family (random mode) or a ``family-mode`` kind."""
         split = split_kind(entry)
         if split is None:
             raise ValueError(f"unknown nemesis {entry!r}")
         family, chosen = split
-        mode = chosen if chosen is not None else self.rng.choice(MODES[family])
+        modes = self.membership.modes() if family == "membership" else MODES[family]
+        mode = chosen if chosen is not None else self.rng.choice(modes)
         names = list(self.cluster.names)
         try:
             fault = await self._apply(family, mode, names)
@@ -325,6 +343,9 @@ class Nemesis:
 
             self._nursery.start_soon(forge)
             return Fault(family, "forge-internal", sorted(names), scope=scope, forger=forger)
+        if family == "membership":
+            targets = await self.membership.start(mode)
+            return Fault(family, f"membership-{mode}", targets)
         raise ValueError(f"unknown nemesis family {family!r}")
 
     async def _damage(self, family: str, mode: str) -> Fault:
@@ -357,19 +378,40 @@ class Nemesis:
                 await self.cluster.resume(name)
         elif fault.family == "partition":
             await self.cluster.heal_network()
+        elif fault.family == "membership":
+            await self._restore_membership()
         self.active.remove(fault)
         self.recorder.fault(FAULT_STOP, fault.kind, fault.targets)
+
+    async def _restore_membership(self) -> None:
+        """Undo membership changes on the schedule; what cannot be undone now is left to
+        the next stop or to heal_all (which raises when it cannot either)."""
+        try:
+            await self.membership.restore()
+        except Exception as exc:  # TooSlowError included; heal_all tries again
+            log.warning("nemesis membership: restore failed: %r", exc)
 
     async def stop_all_active(self) -> None:
         for fault in list(self.active):
             await self.stop_fault(fault)
+        if self.membership.dirty:
+            # A membership start that was cancelled or failed half-way left a change behind.
+            await self._restore_membership()
 
     async def heal_all(self) -> None:
         """Stop every recorded fault, then make sure of it: every node resumed and running,
-        the network whole. Safe to call any number of times."""
+        the network whole, then the original voters and placement back and the spare node
+        stopped (jepsen.membership). Safe to call any number of times."""
         with trio.fail_after(HEAL_TIMEOUT_S):
-            await self.stop_all_active()
+            for fault in [f for f in self.active if f.family != "membership"]:
+                await self.stop_fault(fault)
             await self.cluster.heal_network()
             for name in self.cluster.names:
                 await self.cluster.resume(name)
                 await self.cluster.start(name)
+        # Membership last, on a whole network with every node up; a failure raises here so
+        # the run says the final reads did not see the cluster it started with.
+        await self.membership.restore(stop_spare=True, timeout_s=MEMBERSHIP_HEAL_TIMEOUT_S)
+        for fault in list(self.active):
+            self.active.remove(fault)
+            self.recorder.fault(FAULT_STOP, fault.kind, fault.targets)

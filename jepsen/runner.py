@@ -27,7 +27,7 @@ import trio
 
 from jepsen.cluster import Cluster, ClusterOptions
 from jepsen.history import COMPLETION_TYPES, HistoryWriter, Op, Recorder
-from jepsen.nemesis import Nemesis
+from jepsen.nemesis import Nemesis, split_kind
 from jepsen.netns import create_network, missing_prerequisites
 from jepsen.store import HISTORY_FILE, NODES_DIR, RESULTS_FILE, STORE_ROOT, new_run_dir
 from jepsen.txn_history import TxnRecorder
@@ -104,8 +104,13 @@ def run(opts: RunOptions) -> RunOutcome:
     seed = opts.seed if opts.seed is not None else random.randrange(2**32)
     run_dir = new_run_dir(opts.store_root, opts.name)
     handler = _log_to(run_dir / HARNESS_LOG)
-    cluster_opts = ClusterOptions(nodes=opts.nodes, unsafe=opts.unsafe, secure=opts.secure)
-    net = create_network(cluster_opts.node_names)
+    cluster_opts = ClusterOptions(
+        nodes=opts.nodes,
+        unsafe=opts.unsafe,
+        secure=opts.secure,
+        spare=needs_spare(opts.nemesis),
+    )
+    net = create_network(cluster_opts.all_node_names)
     atexit.register(net.destroy)
     try:
         log.info("run %s seed %d options %s", run_dir.name, seed, opts)
@@ -134,6 +139,11 @@ def run(opts: RunOptions) -> RunOutcome:
         handler.close()
     results = _check_and_render(run_dir, warnings)
     return RunOutcome(run_dir, results, warnings)
+
+
+def needs_spare(nemesis: tuple[str, ...]) -> bool:
+    """Whether the run's nemeses include membership faults (which use a spare node)."""
+    return any((split_kind(entry) or ("",))[0] == "membership" for entry in nemesis)
 
 
 class RunError(RuntimeError):
@@ -385,7 +395,7 @@ def options_dict(opts: RunOptions) -> dict[str, Any]:
 
 # -- the matrix -------------------------------------------------------------------------------
 
-MATRIX_NEMESES = ("none", "kill", "pause", "partition", "all")
+MATRIX_NEMESES = ("none", "kill", "pause", "partition", "membership", "all")
 MATRIX_BEGIN = "<!-- jepsen-matrix:begin -->"
 MATRIX_END = "<!-- jepsen-matrix:end -->"
 # A --secure matrix keeps a table of its own, so neither replaces the other's.

@@ -28,16 +28,31 @@ from raftlog.metadata.raft.majority import majority_size
 
 
 class FakeCluster:
-    """Records every control call with trio's (mock) time; tracks node states so tests can
-    assert that the run ends whole."""
+    """Records every control call with trio's (mock) time; tracks node states, voters and
+    the placement of two partitions so tests can assert that the run ends whole.
 
-    def __init__(self, n: int = 5, controller: str | None = "n1") -> None:
+    Membership follows KIP-853's rules as raftlog's controller enforces them: one voter
+    change at a time (each committed before the call returns), a new voter must be a
+    running node, the last voter stays. Reassignments finish at once unless
+    ``moves_finish`` is False (then they stay in flight until cancelled)."""
+
+    def __init__(self, n: int = 5, controller: str | None = "n1", spare: bool = True) -> None:
         self.names = [f"n{i}" for i in range(1, n + 1)]
+        self.spare = f"n{n + 1}" if spare else None
         self.up = set(self.names)
         self.paused: set[str] = set()
         self.grudge: dict[str, list[str]] = {}
         self.controller = controller
         self.calls: list[tuple[float, str, object]] = []
+        self.voter_set = set(self.names)
+        # Every voter set the quorum went through, in order.
+        self.voter_history: list[frozenset[str]] = [frozenset(self.voter_set)]
+        replicas = tuple(self.names[:3])
+        self.baseline = {0: replicas, 1: replicas}
+        self.placement = dict(self.baseline)
+        self.lagging = {1}  # partition 1's last replica is out of the ISR: never damaged
+        self.in_flight: dict[int, tuple[str, ...]] = {}  # partition -> replicas before
+        self.moves_finish = True
 
     def _log(self, what: str, arg: object = None) -> None:
         self.calls.append((trio.current_time(), what, arg))
@@ -66,6 +81,13 @@ class FakeCluster:
         self._log("heal", None)
         self.grudge = {}
 
+    async def stop(self, name: str) -> None:
+        self._log("stop", name)
+        self.up.discard(name)
+
+    def is_running(self, name: str) -> bool:
+        return name in self.up
+
     async def controller_leader(self) -> str | None:
         return self.controller
 
@@ -73,11 +95,52 @@ class FakeCluster:
         return {0: "n2", 1: "n3"}
 
     async def partition_replicas(self) -> dict[int, PartitionReplicas]:
-        replicas = tuple(self.names[:3])
-        return {
-            0: PartitionReplicas("n2", replicas, replicas),
-            1: PartitionReplicas("n3", replicas, replicas[:2]),  # not whole: never damaged
-        }
+        leaders = {0: "n2", 1: "n3"}
+        out = {}
+        for p, replicas in self.placement.items():
+            isr = replicas[:-1] if p in self.lagging else replicas
+            leader = leaders[p] if leaders[p] in replicas else replicas[0]
+            out[p] = PartitionReplicas(leader, replicas, isr)
+        return out
+
+    # -- membership
+    async def voters(self) -> list[str]:
+        return sorted(self.voter_set)
+
+    def _voters_changed(self) -> None:
+        self.voter_history.append(frozenset(self.voter_set))
+
+    async def add_voter(self, name: str) -> None:
+        self._log("add_voter", name)
+        assert name in self.up, f"{name} is not running: it cannot be an observer"
+        self.voter_set.add(name)
+        self._voters_changed()
+
+    async def remove_voter(self, name: str) -> None:
+        self._log("remove_voter", name)
+        assert len(self.voter_set) > 1, "the last voter stays"
+        self.voter_set.discard(name)
+        self._voters_changed()
+
+    async def brokers(self) -> list[str]:
+        return sorted(self.up)
+
+    async def reassign(self, moves: Mapping[int, Sequence[str] | None]) -> None:
+        self._log("reassign", dict(moves))
+        for p, replicas in moves.items():
+            if replicas is None:  # cancel: back to where the move started
+                if p in self.in_flight:
+                    self.placement[p] = self.in_flight.pop(p)
+                continue
+            assert p not in self.in_flight, f"partition {p} is already moving"
+            assert set(replicas) <= self.up, f"{replicas} are not all running brokers"
+            if self.moves_finish:
+                self.placement[p] = tuple(replicas)
+            else:
+                self.in_flight[p] = self.placement[p]
+
+    async def reassigning(self) -> set[int]:
+        return set(self.in_flight)
 
     async def damage(self, name: str, partition: int, kind: str, rng: random.Random) -> str:
         self._log("damage", (name, partition, kind))
@@ -89,7 +152,14 @@ class FakeCluster:
 
     @property
     def whole(self) -> bool:
-        return self.up == set(self.names) and not self.paused and not self.grudge
+        return (
+            self.up == set(self.names)
+            and not self.paused
+            and not self.grudge
+            and self.voter_set == set(self.names)
+            and self.placement == self.baseline
+            and not self.in_flight
+        )
 
 
 def recorder() -> Recorder:
