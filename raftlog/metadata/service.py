@@ -112,6 +112,8 @@ class MetadataService:
         self._leader_change_payload = b""
         self._gathering: _EntryBatch | None = None
         self._controller_woken = trio.Event()
+        # Called (no await) right after a controller becomes active on this node.
+        self._controller_listeners: list[Callable[[], None]] = []
         self._nursery: trio.Nursery | None = None  # while run() runs: snapshot persistence
 
     def attach(self, quorum: QuorumDriver) -> None:
@@ -205,6 +207,8 @@ class MetadataService:
             log.info(
                 "controller active in epoch %d at metadata offset %d", entry.epoch, entry.offset
             )
+            for listener in self._controller_listeners:
+                listener()
             self.wake_controller()
 
     def on_snapshot(self, snapshot: Snapshot) -> None:
@@ -256,6 +260,11 @@ class MetadataService:
         changed.set()
 
     # ---------------------------------------------------------------- controller
+    def add_controller_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (no await) as soon as a controller becomes active on this node,
+        before its first tick: the liveness watch hands it what it knows at once."""
+        self._controller_listeners.append(listener)
+
     def wake_controller(self) -> None:
         """Tick the active controller now: something it was just told (a broker's refused
         connects, the previous metadata leader's silence) may make a fence due."""

@@ -201,9 +201,13 @@ class Holder:
         self.controller: Controller | None = None
         self.quorum = None
         self.woken = 0
+        self.listeners: list = []
 
     def wake_controller(self) -> None:
         self.woken += 1
+
+    def add_controller_listener(self, listener) -> None:
+        self.listeners.append(listener)
 
 
 async def driver_feeds_observations_to_whichever_controller_is_active() -> None:

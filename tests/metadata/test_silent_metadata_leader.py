@@ -12,7 +12,7 @@ import trio
 from raftlog.config import NodeConfig
 from raftlog.metadata import records as r
 from raftlog.metadata.controller.controller import Controller
-from raftlog.metadata.controller.liveness import REACHABILITY_POLL_MS, BrokerReachability
+from raftlog.metadata.controller.liveness import BrokerReachability
 from raftlog.metadata.raft.roles import Leader
 from raftlog.metadata.raft.types import LeaderContact
 from tests.metadata.test_broker_liveness_fencing import FakePeers
@@ -48,9 +48,19 @@ class Metadata:
         self.controller: Controller | None = None
         self.quorum = SimpleNamespace(core=Core())
         self.woken = 0
+        self.listeners: list[Any] = []
 
     def wake_controller(self) -> None:
         self.woken += 1
+
+    def add_controller_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def activate(self, controller: Controller) -> None:
+        """What MetadataService does when a controller becomes active on this node."""
+        self.controller = controller
+        for listener in self.listeners:
+            listener()
 
     def follow(self, leader_id: int, heard_ms: int) -> None:
         self.quorum.core.leader_contact = LeaderContact(leader_id, 1, heard_ms)
@@ -102,8 +112,8 @@ async def _take_over(
         controller.become_leader(_now_ms())
         if heartbeats:
             heartbeat(controller, OLD_LEADER, now_ms=_now_ms())
-        metadata.controller = controller
-        await trio.sleep(2 * REACHABILITY_POLL_MS / 1000)  # fed
+        metadata.activate(controller)
+        # Fed at the takeover itself, not at the next poll: no time passes before the tick.
         fenced = fenced_in(controller.tick(_now_ms()))
         nursery.cancel_scope.cancel()
     return fenced

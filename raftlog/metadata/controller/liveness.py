@@ -33,6 +33,7 @@ Whatever it feeds may make a fence due at once, so it wakes the controller's tic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -58,6 +59,9 @@ class ActiveController(Protocol):
 
     def wake_controller(self) -> None:
         """Run the controller's tick now: what it was just told may make a fence due."""
+
+    def add_controller_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` as soon as a controller becomes active on this node."""
 
 
 class BrokerReachability:
@@ -87,6 +91,8 @@ class BrokerReachability:
         self._fed_refused: dict[int, int] = {}
         self._fed_silent: dict[int, int] = {}
         peers.add_unreachable_listener(self._peer_unreachable)
+        # A new controller gets what this node knows at its takeover, not at the next poll.
+        metadata.add_controller_listener(self._feed)
 
     def _now_ms(self) -> int:
         return int(trio.current_time() * 1000)
