@@ -42,6 +42,14 @@ log = logging.getLogger(__name__)
 MODES = ("reassign", "voter", "broker", "observer", "replace")
 # Modes that need the spare node process.
 SPARE_MODES = ("observer", "replace")
+# Modes the family's random pick (so ``membership`` and ``all``) leaves out while raftlog has
+# a known bug they hit; each still runs when named (``--nemesis membership-reassign``).
+HELD_BACK_MODES: dict[str, str] = {
+    mode: "a partition leader whose AlterPartition answer arrives after the reassignment's "
+    "completion builds an ISR outside the new replicas and the node crashes "
+    "(raftlog/replication/replicas.py _send_alter_partition; docs/jepsen.md)"
+    for mode in ("reassign", "broker")
+}
 # The spare starts with the nemesis; the first fault that needs it waits this long for its
 # broker registration.
 SPARE_READY_TIMEOUT_S = 30.0
@@ -102,10 +110,13 @@ class Membership:
         self.dirty = False
 
     def modes(self) -> tuple[str, ...]:
-        """The modes this cluster allows (the spare's only with a spare)."""
-        if self.cluster.spare is None:
-            return tuple(m for m in MODES if m not in SPARE_MODES)
-        return MODES
+        """The modes a random pick chooses from: those this cluster allows (the spare's only
+        with a spare), less the held-back ones."""
+        return tuple(
+            m
+            for m in MODES
+            if m not in HELD_BACK_MODES and (self.cluster.spare is not None or m not in SPARE_MODES)
+        )
 
     async def start_spare(self) -> None:
         """Start the spare process early, so it has registered by the first fault."""
@@ -255,12 +266,15 @@ class Membership:
         self, step: Callable[[list[str]], Awaitable[None]], done: list[str]
     ) -> None:
         """Run an idempotent step until it returns (the caller's deadline bounds it)."""
+        said = ""
         while True:
             try:
                 await step(done)
                 return
             except Exception as exc:  # retried: the cluster may be electing a leader
-                log.info("membership restore: %s: %r (retrying)", step.__name__, exc)
+                if repr(exc) != said:  # once per distinct reason, not every half second
+                    said = repr(exc)
+                    log.info("membership restore: %s: %s (retrying)", step.__name__, said)
             await trio.sleep(POLL_INTERVAL_S)
 
     async def _cancel_moves(self, done: list[str]) -> None:

@@ -13,7 +13,7 @@ from trio.testing import MockClock
 
 from jepsen.cluster import ClusterOptions, node_config
 from jepsen.history import FAULT_START
-from jepsen.membership import MODES, SPARE_MODES
+from jepsen.membership import HELD_BACK_MODES, MODES, SPARE_MODES
 from jepsen.nemesis import Nemesis, parse_families
 from jepsen.netns import RunNetwork
 from jepsen.runner import needs_spare
@@ -113,10 +113,11 @@ async def test_without_a_spare_only_the_modes_of_the_nodes_themselves_run(
     mock_clock.autojump_threshold = 0
     cluster, rec = FakeCluster(5, spare=False), recorder()
     nemesis = Nemesis(cluster, ["membership"], rec, random.Random(1), 10)
-    assert set(nemesis.membership.modes()) == set(MODES) - set(SPARE_MODES)
+    allowed = set(MODES) - set(SPARE_MODES) - set(HELD_BACK_MODES)
+    assert set(nemesis.membership.modes()) == allowed
     await run_nemesis(nemesis, 65)
     kinds = {w.kind.removeprefix("membership-") for w in rec.history.fault_windows()}
-    assert kinds and kinds <= set(MODES) - set(SPARE_MODES), kinds
+    assert kinds and kinds <= allowed, kinds
     assert cluster.whole
     assert await nemesis.start_fault("membership-observer") is None
 
@@ -153,3 +154,17 @@ async def test_heal_all_stops_the_spare_even_without_a_fault(mock_clock: MockClo
     with trio.move_on_after(1):
         await nemesis.heal_all()  # again: nothing to do
     assert calls(cluster, "stop") == ["n4"]
+
+
+async def test_a_random_pick_leaves_the_held_back_modes_out(mock_clock: MockClock) -> None:
+    """``membership`` (and so ``all``) never picks a mode held back for a known node bug;
+    naming it still runs it (the parametrized test above)."""
+    mock_clock.autojump_threshold = 0
+    assert set(HELD_BACK_MODES) <= set(MODES)
+    for seed in range(5):
+        cluster, rec = FakeCluster(3), recorder()
+        nemesis = Nemesis(cluster, ["membership"], rec, random.Random(seed), 10)
+        await run_nemesis(nemesis, 105)
+        kinds = [w.kind.removeprefix("membership-") for w in rec.history.fault_windows()]
+        assert len(kinds) == 5 and not set(kinds) & set(HELD_BACK_MODES), f"seed={seed} {kinds}"
+        assert cluster.whole, f"seed={seed}"

@@ -80,6 +80,44 @@ def test_smoke_run_with_damaged_disks_and_forged_messages_is_valid(tmp_path: Pat
     assert not outcome.warnings, f"seed={DAMAGE_SEED} {outcome.warnings}"
 
 
+MEMBERSHIP_SEED = 11  # its two faults: membership-voter, then membership-observer
+
+
+@pytest.mark.cluster
+@needs_cluster
+def test_smoke_run_with_membership_changes_is_valid(tmp_path: Path) -> None:
+    """A controller voter removed and added back (two voters for the window), then the spare
+    node added as a fourth voter and removed: nothing lost, no node crashed, and the run ends
+    with the voters it started with and the spare stopped."""
+    outcome = run(
+        RunOptions(
+            nodes=3,
+            time_limit_s=30,
+            nemesis=("membership",),
+            nemesis_interval_s=6,
+            seed=MEMBERSHIP_SEED,
+            progress=False,
+            store_root=tmp_path,
+        )
+    )
+    res = outcome.results
+    where = f"seed={MEMBERSHIP_SEED} {outcome.run_dir}"
+    assert res["valid"], f"{where}: {res['anomaly_counts']}"
+    assert res["ops"]["send"]["ok"] > 100, f"{where} {res['ops']}"
+    kinds = [w["kind"] for w in res["faults"]["windows"]]
+    assert kinds == ["membership-voter", "membership-observer"], f"{where} {kinds}"
+    assert all(w["healed"] for w in res["faults"]["windows"]), where
+    assert not outcome.warnings, f"{where} {outcome.warnings}"
+    harness = (outcome.run_dir / "harness.log").read_text()
+    assert "membership restore: added voter" in harness, where
+    assert "membership restore: removed voter n4" in harness, where
+    assert "stopped the spare n4" in harness, where
+    for name in ("n1", "n2", "n3"):
+        node_log = (outcome.run_dir / "nodes" / name / "node.log").read_text()
+        # Membership faults never kill: a second start means heal_all restarted a crash.
+        assert "jepsen: start #2" not in node_log, f"{where}: {name} crashed"
+
+
 SECURE_SEED = 14
 
 
