@@ -206,16 +206,27 @@ class NodeConfig:
     )
     # -- metadata quorum (Raft)
     election_timeout_ms: int = _key(
-        1000, "Follower timeout before a (pre-)vote starts.", lo=10, hi=600_000
+        1000,
+        "Kafka's quorum.election.timeout.ms: how long a candidate waits for its votes before "
+        "it tries again, randomized in [t, 2t).",
+        lo=10,
+        hi=600_000,
     )
     fetch_timeout_ms: int = _key(
         2000,
-        "A leader that has not heard fetches from a majority for this long resigns (check-quorum).",
+        "Kafka's quorum.fetch.timeout.ms: the longest a voter waits to hear from its leader "
+        "before a pre-vote (drawn after each answer from [3/4 of it, it], never below "
+        "broker_session_timeout_ms), and a leader that has not heard fetches from a majority "
+        "for this long resigns (check-quorum).",
         lo=20,
         hi=600_000,
     )
     election_backoff_max_ms: int = _key(
-        1000, "Upper bound of the random back-off after a failed election.", lo=1, hi=600_000
+        1000,
+        "Kafka's quorum.election.backoff.max.ms: the upper bound of the random wait after a "
+        "lost or split election.",
+        lo=1,
+        hi=600_000,
     )
     raft_fetch_max_wait_ms: int = _key(
         500,
