@@ -32,6 +32,7 @@ from raftlog.replication.core.types import (
     LeaderEffects,
     PartitionProgress,
     ReplicationSettings,
+    ReplicationStateError,
 )
 from raftlog.replication.hosted import (
     FLUSH_RETRY_BACKOFF_MS,
@@ -225,6 +226,9 @@ class Replicas:
             partition_epoch=request.partition_epoch,
             new_isr=tuple(sorted(request.new_isr)),
         )
+        # The replicas the request was made against: by the time the answer comes, newer
+        # metadata (a reassignment's completion) may have changed the leader's own.
+        replicas = leader.state.replicas
         result: LeaderAndIsr | ErrorCode
         try:
             reply = await self._alter_partition(message)
@@ -243,14 +247,21 @@ class Replicas:
                 )
                 result = reply.error_code
             else:
-                self.metrics.isr_changed(leader.isr, reply.isr)
-                result = LeaderAndIsr(
-                    leader_id=reply.leader,
-                    leader_epoch=reply.leader_epoch,
-                    partition_epoch=reply.partition_epoch,
-                    replicas=leader.state.replicas,
-                    isr=frozenset(reply.isr),
-                )
+                try:
+                    result = LeaderAndIsr(
+                        leader_id=reply.leader,
+                        leader_epoch=reply.leader_epoch,
+                        partition_epoch=reply.partition_epoch,
+                        replicas=replicas,
+                        isr=frozenset(reply.isr),
+                    )
+                except ReplicationStateError as exc:
+                    # An answer that does not fit what was asked: wait for the metadata
+                    # rather than act on it (and never let it end the node).
+                    log.warning("%s-%d: AlterPartition answer ignored: %s", *hosted.key, exc)
+                    result = ErrorCode.invalid_update_version
+                else:
+                    self.metrics.isr_changed(leader.isr, reply.isr)
         # Only the leader state that asked may take the answer (a newer epoch ignores it).
         if self.partitions.get(hosted.key) is hosted and hosted.replica.leader is leader:
             effects = leader.on_alter_partition_result(request=request, result=result)

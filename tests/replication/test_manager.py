@@ -8,6 +8,7 @@ conditions with deadlines; they never sleep for state.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Callable
@@ -346,6 +347,38 @@ async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) 
         await wait_until("replicas in sync", cluster.in_sync)
         expected = cluster.log_bytes(leader_id)
         assert all(cluster.log_bytes(b) == expected for b in BROKERS)
+        await cluster.stop_all()
+
+
+async def test_an_alter_partition_answer_that_no_longer_fits_is_ignored(tmp_path: Path) -> None:
+    """The controller's answer names an ISR outside the leader's replicas, as when a
+    reassignment's completion reached the leader before the answer to its ISR change did:
+    logged and left to the metadata, never raised in the node's nursery."""
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        assert (await produce(cluster)).error == ErrorCode.none
+        leader_id = cluster.leader_id
+        first, _ = followers(cluster)
+        real = cluster.alter_partition
+        odd: list[AlterPartitionReply] = []
+
+        async def answer_with_a_stranger(request: AlterPartition) -> AlterPartitionReply:
+            reply = await real(request)
+            if not odd and reply.error_code == ErrorCode.none:
+                reply = dataclasses.replace(reply, isr=(*reply.isr, 99))
+                odd.append(reply)
+            return reply
+
+        cluster.managers[leader_id].replicas._alter_partition = answer_with_a_stranger
+        cluster.paused.add(first)  # the ISR shrinks: the first answer is the odd one
+        await produce(cluster)
+        await wait_until("the odd answer", lambda: bool(odd))
+        cluster.paused.clear()
+        # The node goes on: the metadata carries the shrink, and the ISR expands again.
+        await wait_until("the ISR to expand to three", lambda: len(cluster.partition().isr) == 3)
+        assert (await produce(cluster)).error == ErrorCode.none
+        await wait_until("replicas in sync", cluster.in_sync)
         await cluster.stop_all()
 
 
