@@ -412,7 +412,7 @@ class GroupCoordinator(ConsumerProtocol, OffsetDeletion):
             or req.group_instance_id is not None
         )
         if group is None:
-            if is_member_commit:
+            if req.generation_id >= 0:
                 # A member of a group this coordinator does not know: an older generation.
                 return ErrorCode.illegal_generation, None
             if len(self._groups) >= self.config.max_groups:
@@ -422,6 +422,12 @@ class GroupCoordinator(ConsumerProtocol, OffsetDeletion):
             return ErrorCode.none, group
         if group.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available, group
+        if req.generation_id < 0 and group.state is GroupState.EMPTY:
+            # As Kafka's KIP-848 coordinator (ClassicGroup.validateOffsetCommit): no generation
+            # and an Empty group is a commit from outside group management (the admin client,
+            # an assign() consumer), accepted whatever member id it names. librdkafka with
+            # group.protocol=consumer names the member id it made for itself, never joined.
+            return ErrorCode.none, group
         if is_member_commit:
             code = group.validate_member(req.member_id, req.group_instance_id, req.generation_id)
             if code is ErrorCode.none and group.state is GroupState.COMPLETING_REBALANCE:

@@ -103,6 +103,21 @@ def test_member_commits_are_validated() -> None:
     assert codes(h.replies[lost]) == {ErrorCode.illegal_generation}
 
 
+def test_a_commit_without_a_generation_naming_a_member_id_is_standalone_while_empty() -> None:
+    # librdkafka with group.protocol=consumer and assign() commits with generation -1 and the
+    # member id it made for itself (it never joined); Kafka's KIP-848 coordinator accepts it.
+    h = Harness()
+    first = h.call("offset_commit", commit("solo", {("t", 0): 900}, member_id="self-made-uuid"))
+    assert codes(h.replies[first]) == {ErrorCode.none}
+    again = h.call("offset_commit", commit("solo", {("t", 0): 901}, member_id="self-made-uuid"))
+    assert codes(h.replies[again]) == {ErrorCode.none}
+    assert fetched(h, "solo") == {("t", 0): 901}
+    # A live group still takes commits from its members only.
+    stable_two(h)
+    outsider = h.call("offset_commit", commit(G, {("t", 0): 4}, member_id="self-made-uuid"))
+    assert codes(h.replies[outsider]) == {ErrorCode.unknown_member_id}
+
+
 def test_oversized_metadata_fails_only_that_partition() -> None:
     h = Harness()
     big = "x" * (h.config.offset_metadata_max_bytes + 1)
