@@ -88,8 +88,10 @@ def rack_of(node_id: int) -> str:
 def give_racks(cluster: ProcessCluster) -> None:
     """Rewrite each node's config, before it starts, with its own rack."""
     for node_id, node in cluster.nodes.items():
-        node.config = dataclasses.replace(node.config, broker_rack=rack_of(node_id))
-        node.config_path.write_text(node.config.to_toml(), encoding="utf-8")
+        config = dataclasses.replace(node.config, broker_rack=rack_of(node_id))
+        config.validate()
+        node.config_path.write_text(config.to_toml(), encoding="utf-8")
+        node.config = config
 
 
 def _test_conf(path: Path, bootstrap: str, timeout_multiplier: float) -> Path:
