@@ -2,10 +2,13 @@
 
 The leader (node 1) is cut off; its two followers last heard from it at the same moment (one
 answer woke both parked fetches). Whatever the moment each of them times out, the first
-election must succeed: the lower id wins a clash of simultaneous pre-votes, a voter that
-still hears the leader refuses the first one until its own deadline, and a split vote backs
-off for a random while instead of a whole election timeout. The cores are driven by a small
-event loop with a fixed one-way delay (no trio, no sockets: the core is sans-IO).
+election must succeed, at the earlier of their deadlines: a voter grants a pre-vote once it
+has not heard the leader for fetch_timeout_ms - jitter (the shortest deadline any voter
+draws), though its own deadline may lie later; the lower id wins a clash of simultaneous
+pre-votes; and a split vote backs off for a random while instead of a whole election
+timeout. A leader whose answers come every long poll is never deposed by that earlier grant.
+The cores are driven by a small event loop with a fixed one-way delay (no trio, no sockets:
+the core is sans-IO).
 """
 
 from __future__ import annotations
@@ -61,40 +64,53 @@ def follower(node_id: int, config: RaftConfig, seed: int, voters: frozenset[int]
 
 
 class Network:
-    """Delivers messages after `delay_ms` and ticks every core at its deadline; node 1 (the
-    old leader) is cut off: whatever goes to it is lost."""
+    """Delivers messages after `delay_ms` and ticks every core at its deadline. Whatever goes
+    to a node without a core here (node 1, the cut-off old leader) or across a cut link is
+    lost. Entries count as flushed as soon as they are appended (the disk is not at issue)."""
 
-    def __init__(self, cores: list[RaftCore], delay_ms: int) -> None:
+    def __init__(self, cores: list[RaftCore], delay_ms: int, now_ms: int = HEARD_MS) -> None:
         self.cores = {c.node_id: c for c in cores}
         self.delay_ms = delay_ms
-        self.now_ms = HEARD_MS
+        self.now_ms = now_ms
         self.queue: list[tuple[int, int, int, Any]] = []
         self.seq = 0
+        self.cut: set[frozenset[int]] = set()
 
     def _push(self, at_ms: int, what: Any) -> None:
         self.seq += 1
         heapq.heappush(self.queue, (at_ms, self.seq, 0, what))
 
     def _drain(self, core: RaftCore) -> None:
-        for to_id, message in core.take_ready().messages:
-            if to_id in self.cores:
+        ready = core.take_ready()
+        if ready.entries:
+            core.flushed(offset=ready.entries[-1].offset + 1)
+            ready.messages.extend(core.take_ready().messages)
+        for to_id, message in ready.messages:
+            if to_id in self.cores and frozenset({core.node_id, to_id}) not in self.cut:
                 self._push(self.now_ms + self.delay_ms, (core.node_id, to_id, message))
+
+    def step(self) -> None:
+        """Deliver the next message, or tick the cores whose deadline came first."""
+        tick_at = min(c.next_deadline_ms() for c in self.cores.values())
+        if self.queue and self.queue[0][0] <= tick_at:
+            self.now_ms, _, _, (src, dst, message) = heapq.heappop(self.queue)
+            self.cores[dst].receive(now_ms=self.now_ms, from_id=src, message=message)
+            self._drain(self.cores[dst])
+        else:
+            self.now_ms = max(self.now_ms, tick_at)
+            for core in self.cores.values():
+                if core.next_deadline_ms() <= self.now_ms:
+                    core.tick(now_ms=self.now_ms)
+                    self._drain(core)
+
+    def leaders(self) -> list[int]:
+        return [c.node_id for c in self.cores.values() if isinstance(c.role, Leader)]
 
     def run_until_leader(self, limit_ms: int) -> tuple[int, int]:
         """Run until a leader exists; (its id, the time it won)."""
         while self.now_ms < limit_ms:
-            tick_at = min(c.next_deadline_ms() for c in self.cores.values())
-            if self.queue and self.queue[0][0] <= tick_at:
-                self.now_ms, _, _, (src, dst, message) = heapq.heappop(self.queue)
-                self.cores[dst].receive(now_ms=self.now_ms, from_id=src, message=message)
-                self._drain(self.cores[dst])
-            else:
-                self.now_ms = max(self.now_ms, tick_at)
-                for core in self.cores.values():
-                    if core.next_deadline_ms() <= self.now_ms:
-                        core.tick(now_ms=self.now_ms)
-                        self._drain(core)
-            leaders = [c.node_id for c in self.cores.values() if isinstance(c.role, Leader)]
+            self.step()
+            leaders = self.leaders()
             if leaders:
                 return leaders[0], self.now_ms
         raise AssertionError(f"no leader by {limit_ms} ms: {self.roles()}")
@@ -105,17 +121,141 @@ class Network:
 
 @pytest.mark.parametrize("config", [CONFIG, JITTERED], ids=["no_jitter", "jitter"])
 @pytest.mark.parametrize("delay_ms", [0, 1, 5, 30])
-def test_a_cut_off_leader_is_replaced_in_one_round(config: RaftConfig, delay_ms: int) -> None:
+def test_a_cut_off_leader_is_replaced_in_one_round_at_the_earlier_deadline(
+    config: RaftConfig, delay_ms: int
+) -> None:
+    apart = 0
     for seed in range(40):
         cores = [follower(2, config, seed), follower(3, config, seed)]
         deadlines = [c.next_deadline_ms() for c in cores]
         leader, won_ms = Network(cores, delay_ms).run_until_leader(5_000)
         # One round: epoch 2, the next after the cut-off leader's, whoever won it.
         assert {c.epoch for c in cores} == {2}, (seed, [c.role for c in cores])
-        # Won right after the later deadline: pre-vote and vote are two round trips.
-        assert won_ms <= max(deadlines) + 4 * delay_ms, (seed, deadlines, won_ms)
+        # Won right after the *earlier* deadline: the other voter grants the first pre-vote
+        # although its own deadline lies ahead. Pre-vote and vote are two round trips; one
+        # more delay when the other voter times out before the first pre-vote reaches it
+        # and, with the lower id, keeps its own pre-vote instead (then it wins).
+        assert won_ms <= min(deadlines) + 5 * delay_ms, (seed, deadlines, won_ms)
+        if max(deadlines) - min(deadlines) > 5 * delay_ms:
+            apart += 1
+            # The voter that timed out first won, before the other one even timed out.
+            first_id = cores[deadlines.index(min(deadlines))].node_id
+            assert (leader, won_ms < max(deadlines)) == (first_id, True), (seed, deadlines)
         loser = next(c for c in cores if c.node_id != leader)
         assert loser.role.quorum_state(loser.node_id).voted_for == leader
+    if config.fetch_timeout_jitter_ms and delay_ms < 30:
+        assert apart > 20  # the seeds do try deadlines far apart, not only a clash
+
+
+def test_a_follower_grants_a_pre_vote_once_the_shortest_deadline_passed() -> None:
+    # Its own deadline lies later (drawn up to fetch_timeout_ms); what it grants depends on
+    # fetch_timeout_ms - jitter only, the earliest any voter may time out.
+    shortest_ms = HEARD_MS + FETCH_TIMEOUT_MS - JITTER_MS
+    for seed in range(20):
+        core = follower(3, JITTERED, seed)
+        deadline_ms = core.next_deadline_ms()
+        for now_ms, granted in ((shortest_ms - 1, False), (shortest_ms, True)):
+            if now_ms >= deadline_ms:
+                continue  # drew the shortest deadline: then it is a Prospective itself
+            core.receive(now_ms=now_ms, from_id=2, message=_pre_vote(2))
+            ((_, response),) = core.take_ready().messages
+            assert isinstance(response, VoteResponse) and response.pre_vote
+            assert response.vote_granted is granted, (seed, now_ms, deadline_ms)
+            # A pre-vote changes nothing here: still following node 1 to its own deadline.
+            assert isinstance(core.role, Follower) and core.epoch == 1
+            assert core.next_deadline_ms() == deadline_ms
+
+
+def test_a_follower_grants_the_vote_after_granting_the_pre_vote() -> None:
+    # The vote request follows the pre-vote a round trip later; refusing it while the own
+    # deadline has not passed would make the granted pre-vote worthless.
+    shortest_ms = HEARD_MS + FETCH_TIMEOUT_MS - JITTER_MS
+    for seed in range(20):
+        core = follower(3, JITTERED, seed)
+        if core.next_deadline_ms() <= shortest_ms + 1:
+            continue
+        vote = Vote(False, 2, 2, NOOP.offset + 1, NOOP.epoch)
+        core.receive(now_ms=shortest_ms - 1, from_id=2, message=vote)
+        ((_, refused),) = core.take_ready().messages
+        assert not refused.vote_granted and core.epoch == 1
+        core.receive(now_ms=shortest_ms + 1, from_id=2, message=vote)
+        ready = core.take_ready()
+        ((_, response),) = ready.messages
+        assert isinstance(response, VoteResponse) and response.vote_granted
+        assert ready.quorum_state == QuorumState(2, 2, None)  # durable before it is sent
+
+
+def test_without_jitter_a_follower_grants_at_its_own_deadline_only() -> None:
+    core = follower(3, CONFIG, 0)
+    core.receive(now_ms=HEARD_MS + FETCH_TIMEOUT_MS - 1, from_id=2, message=_pre_vote(2))
+    ((_, response),) = core.take_ready().messages
+    assert not response.vote_granted
+
+
+def _elected_cluster(config: RaftConfig, seed: int, delay_ms: int) -> tuple[Network, int]:
+    cores = [
+        RaftCore(
+            node_id=node_id,
+            voters=VOTERS,
+            config=config,
+            persisted=QuorumState(0, None, None),
+            entries=[],
+            rng=random.Random(seed * 100 + node_id),
+        )
+        for node_id in sorted(VOTERS)
+    ]
+    network = Network(cores, delay_ms, now_ms=0)
+    leader, _ = network.run_until_leader(10_000)
+    # Until every voter holds the whole log and follows the leader: a voter's pre-vote is
+    # then refused only because the leader is live, never because its log is behind.
+    while not all(
+        c.log_end == c.high_watermark == network.cores[leader].log_end
+        and (c.node_id == leader or isinstance(c.role, Follower))
+        for c in cores
+    ):
+        assert network.now_ms < 20_000, network.roles()
+        network.step()
+    return network, leader
+
+
+# The largest jitter RaftConfig allows (half the timeout): the shortest deadline, and so the
+# time after which a follower grants others' pre-votes, is as close to the long poll as it
+# may be. The leader's answers still come every long poll plus a round trip, well within it.
+MAX_JITTERED = RaftConfig(
+    election_timeout_ms=100,
+    fetch_timeout_ms=FETCH_TIMEOUT_MS,
+    fetch_timeout_jitter_ms=FETCH_TIMEOUT_MS // 2,
+    election_backoff_max_ms=100,
+    fetch_max_wait_ms=50,
+)
+
+
+@pytest.mark.parametrize("delay_ms", [0, 1, 5, 30])
+def test_a_live_leader_is_never_replaced(delay_ms: int) -> None:
+    # One follower is cut off from the leader (but not from the other follower): it times
+    # out again and again and asks the other for its pre-vote, which that one refuses
+    # every time, since the leader's long-polled answers reach it far more often than the
+    # shortest fetch deadline.
+    assert MAX_JITTERED.fetch_max_wait_ms + 2 * delay_ms < (
+        MAX_JITTERED.fetch_timeout_ms - MAX_JITTERED.fetch_timeout_jitter_ms
+    )
+    for seed in range(10):
+        network, leader = _elected_cluster(MAX_JITTERED, seed, delay_ms)
+        epoch = network.cores[leader].epoch
+        cut_off, other = sorted(VOTERS - {leader})
+        if seed % 2:
+            cut_off, other = other, cut_off
+        network.cut.add(frozenset({leader, cut_off}))
+        pre_voted = False
+        end_ms = network.now_ms + 20 * FETCH_TIMEOUT_MS
+        while network.now_ms < end_ms:
+            network.step()
+            assert network.leaders() == [leader], (seed, network.roles())
+            assert network.cores[other].epoch == epoch, (seed, network.roles())
+            pre_voted |= isinstance(network.cores[cut_off].role, Prospective)
+        # It did ask (the test is not vacuous) and never got to be a candidate.
+        assert pre_voted and network.cores[cut_off].epoch == epoch, (seed, network.roles())
+        assert isinstance(network.cores[other].role, Follower)
 
 
 def test_simultaneous_timeouts_elect_the_lower_id() -> None:

@@ -75,12 +75,14 @@ FETCH_TIMEOUT_JITTER_DIVISOR = 4
 def fetch_timeout_jitter_ms(config: NodeConfig) -> int:
     """A quarter of fetch_timeout_ms: voters cut off from their leader at one moment time out
     hundreds of ms apart (far more than a pre-vote's round trip), so the first election is
-    won, and the later of them still comes no later than the timeout.
+    won, and at the earlier deadline: a voter grants a pre-vote once its leader has been
+    silent for fetch_timeout_ms less this (still three long polls with the defaults).
 
     Never so much that a voter could time out before broker_session_timeout_ms: a new
     controller hands over the previous metadata leader's silence (controller/liveness.py) on
-    the ground that electing it took every voter's fetch timeout, which must therefore cover
-    the session that the cut-off leader's own broker lease still had to run."""
+    the ground that electing it took at least fetch_timeout_ms less this of silence (at the
+    new leader, whose own deadline it was, and at every voter that granted it), which must
+    therefore cover the session that the cut-off leader's own broker lease still had to run."""
     quarter_ms = config.fetch_timeout_ms // FETCH_TIMEOUT_JITTER_DIVISOR
     return max(0, min(quarter_ms, config.fetch_timeout_ms - config.broker_session_timeout_ms))
 

@@ -32,7 +32,7 @@ from raftlog.metadata.raft.roles import (
     Voted,
     check_transition,
 )
-from raftlog.metadata.raft.types import QuorumState, RaftConfig, Ready, RoleChange
+from raftlog.metadata.raft.types import LeaderContact, QuorumState, RaftConfig, Ready, RoleChange
 
 __all__ = ["Elections"]
 
@@ -53,6 +53,7 @@ class Elections:
     _ready: Ready
     _persisted: QuorumState
     _reported: RoleChange | None
+    leader_contact: LeaderContact | None
 
     # --- provided by RaftCore
     @property
@@ -116,6 +117,18 @@ class Elections:
         if jitter_ms <= 0 or not self.is_voter:
             return self.config.fetch_timeout_ms
         return self.config.fetch_timeout_ms - self._rng.randrange(jitter_ms + 1)
+
+    def _leader_live_ms(self) -> int:
+        """How long after its last answer a followed leader still counts as live, for granting
+        (pre-)votes: the shortest fetch deadline a voter may draw, fetch_timeout_ms less the
+        whole jitter. Two voters that last heard the leader at one moment drew different
+        deadlines; the one that times out first must be granted by the other at once, not at
+        the other's own (later) deadline, or every election lands at the later of the two.
+        Still far above the long poll (RaftConfig checks fetch_max_wait_ms is below it), so
+        a follower of a live leader hears it again well within this and never grants."""
+        if not self.is_voter:
+            return self.config.fetch_timeout_ms
+        return self.config.fetch_timeout_ms - self.config.fetch_timeout_jitter_ms
 
     def _become(self, new: Role) -> None:
         old = self._role
@@ -233,15 +246,26 @@ class Elections:
             self._maybe_fetch(now_ms)
 
     def _has_live_leader(self, now_ms: int) -> bool:
+        """Whether this node refuses a newer epoch's (pre-)vote: it leads, or it follows a
+        leader that answered it within _leader_live_ms (and did not resign). The follower's
+        own fetch deadline may lie later (it is jittered up to fetch_timeout_ms): only when
+        to start its own pre-vote depends on that, never whether to grant another's."""
         role = self._role
         if isinstance(role, Leader):
             return True
-        return (
+        if not (
             isinstance(role, Follower)
             and role.leader_heard
             and not role.leader_resigned
             and now_ms < role.fetch_deadline_ms
-        )
+        ):
+            return False
+        contact = self.leader_contact
+        # leader_heard means an answer came in this role, which set leader_contact to this
+        # very leader and epoch; checked all the same, never relied on blindly.
+        if contact is None or (contact.leader_id, contact.epoch) != (role.leader_id, role.epoch):
+            return True
+        return now_ms - contact.heard_ms < self._leader_live_ms()
 
     # --- election messages
 

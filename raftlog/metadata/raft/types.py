@@ -104,7 +104,8 @@ class RaftConfig:
     # at every contact with its leader. Followers that last heard a leader at the same moment
     # (one append answered both) would otherwise time out together and clash in pre-vote;
     # drawn below the timeout, so fetch_timeout_ms stays the longest wait (Kafka's meaning of
-    # quorum.fetch.timeout.ms) and the later of two deadlines comes sooner, not later.
+    # quorum.fetch.timeout.ms). A voter grants (pre-)votes once its leader has been silent for
+    # fetch_timeout_ms - this, the shortest deadline, so the earlier of two deadlines elects.
     fetch_timeout_jitter_ms: int = 0
     election_backoff_max_ms: int = 1000  # random wait after a lost election
     fetch_max_wait_ms: int = 500  # long-poll: how long the leader may park an idle fetch
