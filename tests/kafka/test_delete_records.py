@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import trio
 from kio.schema.errors import ErrorCode
 
 from raftlog.metadata.controller.messages import NewTopic
@@ -16,13 +17,13 @@ from tests.kafka.conftest import Broker
 from tests.kafka.wire import WireClient
 
 
-def _request(version: int, partitions: list[tuple[str, int, int]]) -> Any:
+def _request(version: int, partitions: list[tuple[str, int, int]], timeout_s: float = 5) -> Any:
     by_topic: dict[str, list[dict[str, int]]] = {}
     for topic, partition, offset in partitions:
         by_topic.setdefault(topic, []).append({"partition_index": partition, "offset": offset})
     values = {
         "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
-        "timeout": datetime.timedelta(seconds=5),
+        "timeout": datetime.timedelta(seconds=timeout_s),
     }
     return codec.build(codec.request_class(ApiKey.DELETE_RECORDS, version), values)
 
@@ -55,4 +56,21 @@ async def test_too_many_partitions_delete_nothing(broker: Broker) -> None:
     response = await client.request(_request(0, [("dr", i, 0) for i in range(count)]))
     codes = [p.error_code for t in response.topics for p in t.partitions]
     assert len(codes) == count and set(codes) == {ErrorCode.invalid_request}
+    await client.aclose()
+
+
+async def test_a_timeout_of_0_still_deletes(broker: Broker, monkeypatch: Any) -> None:
+    """librdkafka's 0081 sends timeout 0: Kafka still moves the log start (the timeout only
+    bounds its wait for the replicas), so the answer is NONE, not REQUEST_TIMED_OUT."""
+    await broker.backend.create_topics([NewTopic("dr", 1)], 1000, False)
+    real = broker.backend.delete_records
+
+    async def durable_after_a_step(topic: str, partition: int, offset: int) -> Any:
+        await trio.lowlevel.checkpoint()  # the leader waits for its checkpoint to be written
+        return await real(topic, partition, offset)
+
+    monkeypatch.setattr(broker.backend, "delete_records", durable_after_a_step)
+    client = await WireClient.connect(broker.port)
+    response = await client.request(_request(2, [("dr", 0, -1)], timeout_s=0))
+    assert _codes(response) == {("dr", 0): ErrorCode.none}
     await client.aclose()
