@@ -25,7 +25,7 @@ import dataclasses
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,36 +261,57 @@ async def gather_view(cluster: Cluster) -> ClusterView:
     )
 
 
-async def _change_voters(
-    cluster: local.LocalCluster, deadline_s: float, *, add: local.LocalNode | None, remove: int
+async def change_voters(
+    connect: Callable[[], AbstractAsyncContextManager[Cluster]],
+    deadline_s: float,
+    *,
+    add: tuple[int, str, int] | None = None,
+    remove: int = -1,
 ) -> None:
-    """AddRaftVoter (add) or RemoveRaftVoter (remove), retried while refused for a reason
-    that passes, until deadline_s."""
-    what = f"add node {add.node_id} to" if add is not None else f"remove node {remove} from"
+    """AddRaftVoter (add: node id, host, internal port) or RemoveRaftVoter (remove), retried
+    while refused for a reason that passes or while the controller cannot be reached (it may
+    be moving or restarting), until deadline_s; `connect` opens a client of the cluster.
+
+    DUPLICATE_VOTER (add) and VOTER_NOT_FOUND (remove) mean the change is already in force: the
+    controller checks for a pending change before it checks the voter, so the set it answers
+    from is committed. They come back when an earlier attempt committed but its answer was lost
+    with the controller that took it (killed, or moved), and the client then asked again."""
+    what = f"add node {add[0]} to" if add is not None else f"remove node {remove} from"
+    in_force = ErrorCode.duplicate_voter if add is not None else ErrorCode.voter_not_found
     last = "no answer"
     with trio.move_on_after(deadline_s):
         while True:
             try:
-                async with connect_local(cluster) as client:
+                async with connect() as client:
                     admin = QuorumAdmin(client, timeout_ms=10_000)
                     if add is not None:
-                        endpoint = (CONTROLLER_LISTENER, local.LOOPBACK, add.internal_port)
-                        await admin.add_voter(add.node_id, [endpoint])
+                        node_id, host, port = add
+                        await admin.add_voter(node_id, [(CONTROLLER_LISTENER, host, port)])
                     else:
                         await admin.remove_voter(remove)
                 return
-            except (KafkaError, BaseExceptionGroup) as raised:
+            except (*PASSING_ERRORS, BaseExceptionGroup) as raised:
                 # The client's nursery wraps what the body raised in a group.
                 exc = leaf_exception(raised)
-                if not isinstance(exc, KafkaError):
-                    raise
-                if exc.code not in VOTER_CHANGE_RETRIED:
+                if isinstance(exc, KafkaError) and exc.code == in_force:
+                    return
+                if isinstance(exc, KafkaError) and exc.code not in VOTER_CHANGE_RETRIED:
                     raise CliError(
                         f"could not {what} the voters: {kafka_message(exc.code, str(exc))}"
                     ) from None
-                last = exc.code.name
+                if not isinstance(exc, PASSING_ERRORS):
+                    raise
+                last = exc.code.name if isinstance(exc, KafkaError) else str(exc)
             await trio.sleep(VOTER_CHANGE_RETRY_PACE_S)  # a retry pace; the loop re-asks
     raise CliError(f"could not {what} the voters within {deadline_s:g} s (last refusal: {last})")
+
+
+async def _change_voters(
+    cluster: local.LocalCluster, deadline_s: float, *, add: local.LocalNode | None, remove: int
+) -> None:
+    """change_voters on the local cluster."""
+    endpoint = None if add is None else (add.node_id, local.LOOPBACK, add.internal_port)
+    await change_voters(lambda: connect_local(cluster), deadline_s, add=endpoint, remove=remove)
 
 
 async def _wait_quorum(
@@ -432,15 +453,20 @@ def add_node(cluster_dir: Path, voter: bool, timeout_s: float, json_mode: bool) 
 
 
 # ---------------------------------------------------------------------------- remove-node
-async def _drain(
+async def drain(
     client: Cluster,
     plan: Mapping[TopicPartition, Sequence[int]],
     timeout_s: float,
     out: Renderer,
 ) -> None:
     """Start the plan's reassignments and poll until every partition has its new replicas."""
-    admin = Admin(client)
-    results = await admin.alter_partition_reassignments(plan)
+    await start_moves(client, plan)
+    await wait_moved(client, plan, timeout_s, out)
+
+
+async def start_moves(client: Cluster, plan: Mapping[TopicPartition, Sequence[int]]) -> None:
+    """AlterPartitionReassignments for the plan; a partition refused is a CliError."""
+    results = await Admin(client).alter_partition_reassignments(plan)
     failed = [
         f"{r.topic}-{r.partition}: {kafka_message(r.error, r.message or r.error.name)}"
         for r in results
@@ -448,6 +474,16 @@ async def _drain(
     ]
     if failed:
         raise CliError("reassignment refused for " + "; ".join(failed))
+
+
+async def wait_moved(
+    client: Cluster,
+    plan: Mapping[TopicPartition, Sequence[int]],
+    timeout_s: float,
+    out: Renderer,
+) -> None:
+    """Poll until every partition of the plan has its new replicas and no reassignment."""
+    admin = Admin(client)
     done = 0
     with out.progress(f"Moving {len(plan)} replicas...") as update:
         with trio.move_on_after(timeout_s):
@@ -476,7 +512,7 @@ async def _drain(
     )
 
 
-async def _move_leaders(client: Cluster, node_id: int, timeout_s: float, out: Renderer) -> None:
+async def move_leaders(client: Cluster, node_id: int, timeout_s: float, out: Renderer) -> None:
     """Preferred elections for partitions node_id still leads (a drain usually moved them
     all), until it leads none."""
     admin = Admin(client)
@@ -560,8 +596,8 @@ def remove_node(
     async def go() -> tuple[dict[int, str], str | None]:
         async with connect_local(cluster) as client:
             if plan:
-                await _drain(client, plan, timeout_s, out)
-            await _move_leaders(client, node_id, step_s, out)
+                await drain(client, plan, timeout_s, out)
+            await move_leaders(client, node_id, step_s, out)
         if is_voter:
             await _change_voters(cluster, step_s, add=None, remove=node_id)
             await _wait_quorum(
