@@ -8,6 +8,7 @@ through the Kafka protocol (metadata from every node, all brokers unfenced), nev
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +125,31 @@ class ProcessCluster:
             config_path = node_dir / "node.toml"
             config_path.write_text(config.to_toml())
             self.nodes[node_id] = NodeProcess(node_id, config, config_path, node_dir / "node.log")
+
+    def make_observers(self, node_ids: Collection[int]) -> None:
+        """Make `node_ids` broker-only nodes outside every node's controller_quorum_voters, so
+        they follow the metadata log as observers until AddRaftVoter (KIP-853) makes them
+        voters; this is how a node joins a running cluster (config.py refuses the controller
+        role to a node outside the static voters). Call it before the nodes first start."""
+        observers = set(node_ids)
+        if not observers <= set(self.nodes) or not set(self.nodes) - observers:
+            raise ValueError(f"observers {sorted(observers)} must be some of {sorted(self.nodes)}")
+        first = next(iter(self.nodes.values())).config
+        voters = ",".join(
+            item
+            for item in first.controller_quorum_voters.split(",")
+            if int(item.split("@", 1)[0]) not in observers
+        )
+        for node_id, node in list(self.nodes.items()):
+            roles = ["broker"] if node_id in observers else list(node.config.roles)
+            config = dataclasses.replace(node.config, controller_quorum_voters=voters, roles=roles)
+            config.validate()
+            node.config_path.write_text(config.to_toml())
+            node.config = config
+
+    def partition_log_dir(self, node_id: int, topic: str, partition: int) -> Path:
+        """Where node_id keeps its replica of topic-partition (its segment files)."""
+        return Path(self.nodes[node_id].config.data_dir) / "logs" / f"{topic}-{partition}"
 
     # ---------------------------------------------------------------- lifecycle
     @property
