@@ -353,18 +353,6 @@ def test_grow_to_five_voters_and_move_a_partition_under_load(tmp_path: Path) -> 
         check_replicas_identical(cluster, range(PARTITIONS))
 
 
-# Whichever node wins a metadata election leads; when it is 4 or 5 (a voter added by
-# AddRaftVoter) no other broker reaches the controller, they are fenced and writes stop:
-# test_brokers_reach_a_controller_that_joined_as_a_voter shows it every time. Not strict:
-# these pass whenever an original node keeps the leadership.
-LEADER_MAY_BE_AN_ADDED_VOTER = pytest.mark.xfail(
-    strict=False,
-    reason="brokers cannot reach an active controller that joined by AddRaftVoter "
-    "(ControllerClient looks controllers up in the static controller_quorum_voters only)",
-)
-
-
-@LEADER_MAY_BE_AN_ADDED_VOTER
 def test_grow_to_five_move_everything_and_retire_two_originals(tmp_path: Path) -> None:
     with three_of_five(tmp_path / "c") as cluster:
         create_topic(cluster)
@@ -476,7 +464,6 @@ def move_killing_the_controller(
     with_client(cluster, lambda c: wait_moved(c, plan, STEP_TIMEOUT_S, OUT))
 
 
-@LEADER_MAY_BE_AN_ADDED_VOTER
 def test_the_same_with_the_controller_killed_mid_change(tmp_path: Path) -> None:
     with three_of_five(tmp_path / "c", **KILL_TIMINGS) as cluster:
         create_topic(cluster)
@@ -499,14 +486,7 @@ def test_the_same_with_the_controller_killed_mid_change(tmp_path: Path) -> None:
         check_replicas_identical(cluster, range(PARTITIONS))
 
 
-# ---- the smallest reproduction of what the kill test runs into
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="ControllerClient._call_once (metadata/controller/broker_lifecycle.py) looks the "
-    "active controller up in the static controller_quorum_voters only: a voter added by "
-    "AddRaftVoter that leads is never reached, so no broker can register or heartbeat",
-)
+# ---- brokers reach an active controller that joined by AddRaftVoter
 def test_brokers_reach_a_controller_that_joined_as_a_voter(tmp_path: Path) -> None:
     """Nodes 4 and 5 become voters and 1-3 leave the voters (they stay brokers), so the
     metadata leader, the active controller, is 4 or 5: a node the other nodes' config files

@@ -101,7 +101,11 @@ class ControllerClient:
             raise NotControllerError(None)
         if leader == self.config.node_id:
             return await self.metadata.handle(request)
-        address = self.config.voters.get(leader)
+        # The voter set's endpoints, not only the config's: a voter added later (KIP-853
+        # AddRaftVoter) may be the one elected.
+        address = self.config.voters.get(leader) or (
+            quorum.address_of(leader) if quorum is not None else None
+        )
         if address is None:
             raise NotControllerError(leader)
         answer = await self._call_remote(leader, address, request, timeout_ms)
