@@ -25,9 +25,11 @@ from raftlog.metadata.raft.log_store import (
 )
 from raftlog.metadata.raft.messages import (
     CODEC,
+    ERROR_NOT_LEADER,
     BeginQuorumEpoch,
     EndQuorumEpoch,
     Fetch,
+    FetchResponse,
     FetchSnapshot,
     RaftCast,
     SnapshotId,
@@ -115,6 +117,22 @@ async def test_an_epoch_beyond_the_bound_is_refused_at_decode(tmp_path):
     wire[0][3] = 2**31 + 10  # candidate_epoch
     driver.receive(2, wire)
     assert driver.core.epoch == 0
+    driver.close()
+
+
+async def test_the_leader_a_voter_names_is_heard_before_this_log_names_it_a_voter(tmp_path):
+    """A voter added by AddRaftVoter after this log's last VotersRecord leads: once a known
+    voter's answer names it leader, its messages reach the core (its fetch answers carry
+    the record naming it); a node nobody named is still refused."""
+    added, stranger = ROGUE_ID, ROGUE_ID - 1
+    driver = _driver(tmp_path)
+    # Voter 2 answers a fetch: epoch 5 is led by the added voter.
+    driver.receive(2, cast(FetchResponse(5, added, 0, 0, 0, error=ERROR_NOT_LEADER)))
+    assert (driver.core.epoch, driver.core.leader_id) == (5, added)
+    driver.receive(added, cast(BeginQuorumEpoch(6, added)))
+    assert (driver.core.epoch, driver.core.leader_id) == (6, added)
+    driver.receive(stranger, cast(BeginQuorumEpoch(7, stranger)))
+    assert (driver.core.epoch, driver.core.leader_id) == (6, added)
     driver.close()
 
 

@@ -233,7 +233,15 @@ class QuorumDriver:
             log.warning("dropping malformed raft message from node %s: %s", sender_id, exc)
             return
         message = received.message
-        refusal = refusal_reason(message, sender_id, self.core.known_voter_ids())
+        # The leader this node follows is heard even when this node's log does not name it a
+        # voter yet (a voter added by AddRaftVoter after this log's last VotersRecord): its
+        # fetch answers are how that record arrives. Only a known voter's word (a fetch
+        # answer or a vote naming it) makes a node the leader followed.
+        heard = self.core.known_voter_ids()
+        leader = self.core.leader_id
+        if leader is not None and leader not in heard:
+            heard = heard | {leader}
+        refusal = refusal_reason(message, sender_id, heard)
         if refusal is not None:
             self._log_refusal(message, sender_id, refusal)
             return
