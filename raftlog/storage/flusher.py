@@ -128,6 +128,9 @@ class Flusher:
             if log_.offline_reason is not None:
                 raise LogOfflineError()
             if not self._running:
+                # At shutdown the flusher may be cancelled before its callers are: they end
+                # with their own cancellation, not with this error.
+                await trio.lowlevel.checkpoint_if_cancelled()
                 raise RuntimeError("Flusher.run() is not running")
             self._requested[id(log_)] = log_
             self._wakeup.set()

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import trio
 
+from raftlog.storage import Flusher, LogConfig, PartitionLog
 from raftlog.storage.flusher import SyncThreads
+from tests.storage.helpers import batch
 from tests.waiting import wait_until
 
 
@@ -101,3 +104,18 @@ async def test_stop_ends_the_threads() -> None:
     assert ours_alive()
     threads.stop()
     await wait_until("the threads end", lambda: not ours_alive(), timeout_s=5)
+
+
+async def test_a_caller_cancelled_after_the_flusher_stopped_ends_cancelled(tmp_path) -> None:
+    """Shutdown cancels the flusher and its callers in no set order: a caller whose scope is
+    cancelled ends with its cancellation, not 'Flusher.run() is not running'."""
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+    flusher = Flusher()  # never run, as after its cancellation
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await flusher.flush(lg, 2)
+    assert scope.cancelled_caught
+    with pytest.raises(RuntimeError, match="not running"):
+        await flusher.flush(lg, 2)  # a caller not cancelled: the misuse is still named
+    lg.close()
