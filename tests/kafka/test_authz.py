@@ -50,7 +50,7 @@ from raftlog.security.acl import (
     ScramCredential,
     ScramMechanism,
 )
-from raftlog.security.authorizer import Authorizer, operations_bitfield
+from raftlog.security.authorizer import SUPPORTED_OPERATIONS, Authorizer, operations_bitfield
 from raftlog.security.sasl import PlainClient
 from tests.kafka.memory_backend import MemoryBackend
 from tests.kafka.test_quorum_handlers import CLUSTER_ID, ScriptedQuorum
@@ -987,9 +987,13 @@ async def test_without_an_authorizer_everything_is_allowed_as_before(broker: Aut
     }
     got = await alice.request(metadata(None, ops=True))
     assert {t.name for t in got.topics} == {"orders", "secret"}
-    # KIP-430 fields keep their "not provided" value without an authorizer.
-    assert {t.topic_authorized_operations for t in got.topics} == {NO_AUTHORIZED_OPERATIONS}
-    assert got.cluster_authorized_operations == NO_AUTHORIZED_OPERATIONS
+    # KIP-430 fields: without an authorizer every operation of the resource type, as Kafka.
+    assert {t.topic_authorized_operations for t in got.topics} == {
+        operations_bitfield(SUPPORTED_OPERATIONS[ResourceType.TOPIC])
+    }
+    assert got.cluster_authorized_operations == operations_bitfield(
+        SUPPORTED_OPERATIONS[ResourceType.CLUSTER]
+    )
     assert commit_codes(await alice.request(commit("g1", "orders"))) == {"orders": E.none}
 
 

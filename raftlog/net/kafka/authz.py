@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka.codec import api_name
 from raftlog.net.kafka.context import RequestContext
@@ -41,7 +40,12 @@ from raftlog.security.acl import (
     PatternType,
     ResourceType,
 )
-from raftlog.security.authorizer import Authorizer, canonical_host, operations_bitfield
+from raftlog.security.authorizer import (
+    SUPPORTED_OPERATIONS,
+    Authorizer,
+    canonical_host,
+    operations_bitfield,
+)
 
 log = logging.getLogger("raftlog.kafka.authorizer")
 
@@ -49,6 +53,11 @@ DENIAL_LOG_INTERVAL_S = 60.0
 # The denial log remembers this many (principal, operation, resource) keys at most; a flood
 # of distinct names cannot grow it without bound.
 DENIAL_LOG_MAX_KEYS = 10_000
+
+# KIP-430's field with no authorizer configured: every operation the resource type has.
+_ALL_OPERATIONS_BITFIELD: Mapping[ResourceType, int] = MappingProxyType(
+    {rt: operations_bitfield(ops) for rt, ops in SUPPORTED_OPERATIONS.items()}
+)
 
 _op = AclOperation
 _rt = ResourceType
@@ -314,11 +323,12 @@ def allowed_names(
 
 
 def authorized_operations(ctx: RequestContext, resource_type: ResourceType, name: str) -> int:
-    """KIP-430's bitfield of the operations the principal may do on the resource.
-    Without an authorizer the field keeps its "not provided" value, as before."""
+    """KIP-430's bitfield of the operations the principal may do on the resource (bit i:
+    the AclOperation whose code is i). Without an authorizer every operation of the
+    resource type is allowed, so all of them are set, as Kafka answers (AuthHelper)."""
     authorizer = ctx.authorizer
     if authorizer is None:
-        return NO_AUTHORIZED_OPERATIONS
+        return _ALL_OPERATIONS_BITFIELD.get(resource_type, 0)
     return operations_bitfield(
         authorizer.authorized_operations(ctx.connection.principal, _host(ctx), resource_type, name)
     )
@@ -327,8 +337,6 @@ def authorized_operations(ctx: RequestContext, resource_type: ResourceType, name
 def cluster_operations_if_described(ctx: RequestContext) -> int:
     """The cluster's KIP-430 field as Kafka fills it: the operations when the principal may
     DESCRIBE the cluster, else 0."""
-    if ctx.authorizer is None:
-        return NO_AUTHORIZED_OPERATIONS
     if not allows(ctx, DESCRIBE_CLUSTER):
         return 0
     return authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME)
