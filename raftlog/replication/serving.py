@@ -40,7 +40,7 @@ from raftlog.replication.fetch_wire import (
 )
 from raftlog.replication.hosted import HostedPartition, TopicPartition
 from raftlog.replication.replicas import Replicas
-from raftlog.storage import OffsetOutOfRangeError, PartitionLog
+from raftlog.storage import OffsetOutOfRangeError
 from raftlog.storage.log_types import ReadResult
 from raftlog.storage.scrubber import ScrubResult, verify_read
 
@@ -229,7 +229,14 @@ class ReadPaths:
         if timestamp_ms == EARLIEST_TIMESTAMP:
             return ListOffsetsResult(offset=partition_log.log_start_offset)
         if timestamp_ms == MAX_TIMESTAMP:
-            return _max_timestamp(partition_log, high_watermark)
+            # The exact record (KIP-734), read off the loop; one above the HW (or the LSO) is
+            # not answered, as Kafka filters it: offset -1, timestamp -1.
+            at_max = await trio.to_thread.run_sync(partition_log.max_timestamp_record)
+            if at_max is None or at_max[0] >= high_watermark:
+                return ListOffsetsResult()
+            return ListOffsetsResult(
+                timestamp_ms=at_max[1], offset=at_max[0], leader_epoch=leader.leader_epoch
+            )
         found = await trio.to_thread.run_sync(partition_log.offset_for_timestamp, timestamp_ms)
         if found is None or found[0] >= high_watermark:
             return ListOffsetsResult()  # Kafka: offset -1, timestamp -1 when nothing matches
@@ -473,15 +480,3 @@ def _answer_without_records(
         decision.log_start_offset,
         decision.diverging_epoch,
     )
-
-
-def _max_timestamp(partition_log: PartitionLog, high_watermark: int) -> ListOffsetsResult:
-    best: tuple[int, int] | None = None
-    for segment in partition_log.segments:
-        offset = segment.offset_of_max_timestamp
-        usable = segment.size_bytes and offset < high_watermark and segment.max_timestamp_ms >= 0
-        if usable and (best is None or segment.max_timestamp_ms > best[0]):
-            best = (segment.max_timestamp_ms, offset)
-    if best is None:
-        return ListOffsetsResult()
-    return ListOffsetsResult(timestamp_ms=best[0], offset=best[1])

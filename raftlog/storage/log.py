@@ -417,6 +417,34 @@ class PartitionLog:
                         return record.offset, ts
         return None
 
+    def max_timestamp_record(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record holding the log's largest timestamp
+        (ListOffsets MAX_TIMESTAMP, KIP-734); None for a log without timestamps.
+
+        Segments remember only the batch that holds their max timestamp; as Kafka does, the
+        answer is the exact record inside that batch, which costs one batch read. A batch
+        whose header claims a max no record holds answers its first offset."""
+        self._check_open()
+        segments = [s for s in self.segments if s.size_bytes and s.max_timestamp_ms >= 0]
+        if not segments:
+            return None
+        # max() keeps the first of equals: the earliest segment holding the max.
+        segment = max(segments, key=lambda s: s.max_timestamp_ms)
+        max_ts = segment.max_timestamp_ms
+        batch_offset = segment.offset_of_max_timestamp
+        position = segment.locate(batch_offset)
+        if position is None:
+            return batch_offset, max_ts
+        for pos, header in segment.headers_from(position):
+            if header.max_timestamp_ms != max_ts:
+                continue
+            data = segment.read_range(pos, pos + header.size_bytes)
+            for record in iter_records(data):
+                if record.timestamp_ms == max_ts:
+                    return record.offset, max_ts
+            return header.base_offset, max_ts
+        return batch_offset, max_ts
+
     # ------------------------------------------------------------------ transactions
     def append_aborted_txns(self, entries: list[AbortedTxn]) -> None:
         """Index aborted transactions whose ABORT markers were just appended (the driver calls
