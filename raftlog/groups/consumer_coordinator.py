@@ -10,7 +10,7 @@ the group's record (consumer_format.py) is replicated; a new coordinator replays
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
@@ -63,9 +63,12 @@ class ConsumerProtocol:
         req: ConsumerHeartbeatRequest,
         partition_counts: dict[str, int],
         now_ms: int,
+        topic_names: Collection[str] | None = None,
     ) -> Effects:
         """ConsumerGroupHeartbeat; `partition_counts` covers the topics the group and the
-        request subscribe to (consumer_subscriptions tells the caller which). Replies a
+        request subscribe to (consumer_subscriptions tells the caller which), and every
+        topic of `topic_names` (the cluster's non-internal topics, given when the group or
+        the request subscribes by regex: consumer_uses_regex). Replies a
         ConsumerHeartbeatResponse, once the group's record is replicated if it changed."""
         fx = Effects()
         code = self._route_member_api(req.group_id)
@@ -80,7 +83,7 @@ class ConsumerProtocol:
             return fx
         total = len(self._groups) + len(self.consumer.groups)
         may_create = classic is not None or total < self.config.max_groups
-        resp = self.consumer.heartbeat(req, partition_counts, now_ms, may_create)
+        resp = self.consumer.heartbeat(req, partition_counts, now_ms, may_create, topic_names)
         group = self.consumer.get(req.group_id)
         converted: list[Record] = []
         if classic is not None and group is not None:
@@ -115,6 +118,9 @@ class ConsumerProtocol:
 
     def consumer_subscriptions(self, group_id: str) -> set[str]:
         return self.consumer.subscribed_topics(group_id)
+
+    def consumer_uses_regex(self, group_id: str) -> bool:
+        return self.consumer.uses_regex(group_id)
 
     def consumer_group_describe(self, group_ids: Iterable[str]) -> list[DescribedConsumerGroup]:
         out = []

@@ -1,14 +1,15 @@
 """The `__consumer_offsets` record of a KIP-848 group: one compact record per group.
 
 Kafka writes a KIP-848 group as several record kinds (ConsumerGroupMetadata,
-ConsumerGroupMemberMetadata, ConsumerGroupTargetAssignmentMember, ConsumerGroupCurrentMember-
-Assignment, ...). raftlog writes their equivalent as one value per group under key
-[3, group_id]: the group and assignment epochs, the partition counts the target was computed
-from, and per member its subscription, epochs, reconciliation state, assigned and
-pending-revocation partitions and target. A replay (last value wins, a tombstone deletes)
-rebuilds the group; sessions and revocation deadlines restart at load time, as for classic
-groups. The value is rewritten whenever a heartbeat, leave or timeout changed the group, and
-answered only once it is replicated.
+ConsumerGroupMemberMetadata, ConsumerGroupTargetAssignmentMember,
+ConsumerGroupCurrentMemberAssignment, ...). raftlog writes their equivalent as one value
+per group under key [3, group_id]: the group and assignment epochs, the partition counts the
+target was computed from, and per member its subscription, epochs, reconciliation state,
+assigned and pending-revocation partitions and target; the topics each regex subscription
+matched when last resolved (fields added later, absent in older values: no regex). A replay
+(last value wins, a tombstone deletes) rebuilds the group; sessions and revocation deadlines
+restart at load time, as for classic groups. The value is rewritten whenever a heartbeat,
+leave or timeout changed the group, and answered only once it is replicated.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from raftlog.codec import Array, Map, MaxLen, Range
 from raftlog.groups.consumer_group import ConsumerGroup, ConsumerMember, MemberState
 from raftlog.groups.messages import TopicPartition
 from raftlog.groups.settings import GroupConfig
+from raftlog.groups.topic_regex import MAX_REGEX_CHARS, MAX_REGEX_MATCHED_TOPICS
 
 CONSUMER_GROUP_KEY_KIND = 3
 CONSUMER_GROUP_VALUE_VERSION = 1
@@ -69,6 +71,14 @@ class ConsumerMemberValue:
     pending_revocation: tuple[TopicPartitionsValue, ...]
     target: tuple[TopicPartitionsValue, ...]
     left_static: bool
+    subscribed_regex: Annotated[str, MaxLen(MAX_REGEX_CHARS)] | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedRegexValue:
+    __wire__: ClassVar[Map] = Map()
+    regex: Annotated[str, MaxLen(MAX_REGEX_CHARS)]
+    topics: Annotated[tuple[Annotated[str, MaxLen(249)], ...], MaxLen(MAX_REGEX_MATCHED_TOPICS)]
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class ConsumerGroupValue:
     assignment_epoch: Annotated[int, Range(0, 2**31 - 1)]
     subscribed_partitions: tuple[TopicCountValue, ...]
     members: Annotated[tuple[ConsumerMemberValue, ...], MaxLen(100_000)]
+    resolved_regexes: Annotated[tuple[ResolvedRegexValue, ...], MaxLen(100_000)] = ()
 
 
 def _tps(tps: Iterable[TopicPartition]) -> tuple[TopicPartitionsValue, ...]:
@@ -116,8 +127,13 @@ def group_to_value(group: ConsumerGroup) -> ConsumerGroupValue:
                 pending_revocation=_tps(m.pending_revocation),
                 target=_tps(group.target.get(m.member_id, frozenset())),
                 left_static=m.left_static,
+                subscribed_regex=m.subscribed_regex,
             )
             for m in group.members.values()
+        ),
+        resolved_regexes=tuple(
+            ResolvedRegexValue(regex, tuple(sorted(topics)))
+            for regex, topics in sorted(group.resolved_regexes.items())
         ),
     )
 
@@ -133,6 +149,7 @@ def group_from_value(
         group_epoch=value.group_epoch,
         assignment_epoch=value.assignment_epoch,
         subscribed_partitions={v.topic: v.partitions for v in value.subscribed_partitions},
+        resolved_regexes={v.regex: frozenset(v.topics) for v in value.resolved_regexes},
     )
     for mv in value.members:
         state = MemberState(mv.state)  # replay checked it (check_value)
@@ -155,6 +172,7 @@ def group_from_value(
             if state is MemberState.UNREVOKED_PARTITIONS
             else None,
             left_static=mv.left_static,
+            subscribed_regex=mv.subscribed_regex,
         )
         group.members[mv.member_id] = member
         group.target[mv.member_id] = _from_tps(mv.target)

@@ -26,7 +26,7 @@ member id is UNKNOWN_MEMBER_ID. Both make the client rejoin with epoch 0, owning
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode
@@ -39,6 +39,7 @@ from raftlog.groups.messages import (
     TopicPartition,
 )
 from raftlog.groups.settings import GroupConfig
+from raftlog.groups.topic_regex import match_topics
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
@@ -73,6 +74,8 @@ class ConsumerMember:
     # A static member that left with epoch -2: its partitions stay reserved for its instance
     # id until its session expires.
     left_static: bool = False
+    # KIP-848 regex subscription: the group resolves it (ConsumerGroup.resolved_regexes).
+    subscribed_regex: str | None = None
 
 
 @dataclass
@@ -85,6 +88,11 @@ class ConsumerGroup:
     target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
     # Partition counts of the subscribed topics the target was computed from.
     subscribed_partitions: dict[str, int] = field(default_factory=dict)
+    # Each regex members subscribe with -> the topics it matched when last resolved.
+    resolved_regexes: dict[str, frozenset[str]] = field(default_factory=dict)
+    # The topic names they were resolved against (not stored: a loaded group resolves anew
+    # on its first heartbeat, with the same result unless topics came or went).
+    regex_topic_names: Collection[str] | None = None
     # Changed since last stored (consumer_format.py): the coordinator writes it and clears it.
     dirty: bool = False
 
@@ -109,8 +117,45 @@ class ConsumerGroup:
         order = list(self.config.group_consumer_assignors)
         return max(set(names), key=lambda n: (names.count(n), -order.index(n)))
 
+    def member_topics(self, member: ConsumerMember) -> frozenset[str]:
+        """What `member` subscribes to: its topic names and its regex's matches."""
+        if not member.subscribed_regex:
+            return frozenset(member.subscribed_topics)
+        matched = self.resolved_regexes.get(member.subscribed_regex, frozenset())
+        return matched.union(member.subscribed_topics)
+
     def subscribed_topics(self) -> set[str]:
-        return {t for m in self.members.values() for t in m.subscribed_topics}
+        return {t for m in self.members.values() for t in self.member_topics(m)}
+
+    def uses_regex(self) -> bool:
+        return any(m.subscribed_regex for m in self.members.values())
+
+    def resolve_regexes(self, topic_names: Collection[str] | None) -> bool:
+        """Match the members' regexes against `topic_names` (the cluster's non-internal
+        topics; None: not known, keep what was resolved and resolve no new regex); forgets
+        regexes no member uses any more. True if some regex's matches changed, which moves
+        the group epoch (Kafka re-resolves when topics are created or deleted)."""
+        wanted = {m.subscribed_regex for m in self.members.values() if m.subscribed_regex}
+        fresh = topic_names is not None and (
+            topic_names is self.regex_topic_names or topic_names == self.regex_topic_names
+        )
+        resolved: dict[str, frozenset[str]] = {}
+        for regex in sorted(wanted):
+            known = self.resolved_regexes.get(regex)
+            if known is not None and (topic_names is None or fresh):
+                resolved[regex] = known
+            elif topic_names is not None:
+                resolved[regex] = match_topics(regex, topic_names)
+        if topic_names is not None:
+            self.regex_topic_names = topic_names
+        changed = any(
+            resolved.get(regex, frozenset()) != self.resolved_regexes.get(regex, frozenset())
+            for regex in wanted
+        )
+        if resolved != self.resolved_regexes:
+            self.resolved_regexes = resolved
+            self.dirty = True
+        return changed
 
     def describe(self) -> DescribedConsumerGroup:
         return DescribedConsumerGroup(
@@ -131,6 +176,7 @@ class ConsumerGroup:
                     subscribed_topic_names=m.subscribed_topics,
                     assignment=m.assigned,
                     target_assignment=self.target.get(m.member_id, _EMPTY),
+                    subscribed_topic_regex=m.subscribed_regex,
                 )
                 for m in self.members.values()
             ),
@@ -143,10 +189,13 @@ class ConsumerGroup:
         partition_counts: Mapping[str, int],
         now_ms: int,
         new_member_id: str,
+        topic_names: Collection[str] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """One ConsumerGroupHeartbeat. `partition_counts` has (at least) every topic the
         group and this request subscribe to that exists; `new_member_id` names a joining
-        member that sent none (v0)."""
+        member that sent none (v0). `topic_names`, the cluster's non-internal topics, is
+        given whenever the group or the request has a regex subscription (and
+        `partition_counts` then covers them all): regexes are resolved against it."""
         if (
             req.server_assignor is not None
             and req.server_assignor not in self.config.group_consumer_assignors
@@ -164,7 +213,8 @@ class ConsumerGroup:
         before = self._fingerprint(member)
         joining = req.member_epoch == JOIN_EPOCH
         sent = (member.member_epoch, member.assigned)
-        if self._update_member(member, req, now_ms):
+        bump = self._update_member(member, req, now_ms)
+        if self.resolve_regexes(topic_names) or bump:
             self.group_epoch += 1
         self._refresh_target(partition_counts)
         self._reconcile(member, req.owned, now_ms)
@@ -192,6 +242,7 @@ class ConsumerGroup:
             self.target.get(m.member_id),
             (m.member_id, m.instance_id, m.rack_id, m.client_id, m.client_host),
             (m.subscribed_topics, m.server_assignor, m.rebalance_timeout_ms, m.left_static),
+            (m.subscribed_regex, tuple(sorted(self.resolved_regexes.items()))),
             (m.member_epoch, m.previous_member_epoch, m.state, m.assigned, m.pending_revocation),
         )
 
@@ -218,7 +269,9 @@ class ConsumerGroup:
         self, req: ConsumerHeartbeatRequest, now_ms: int, new_member_id: str
     ) -> ConsumerMember | ErrorCode:
         member_id = req.member_id or new_member_id
-        if req.subscribed_topic_names is None or req.rebalance_timeout_ms <= 0:
+        if (
+            req.subscribed_topic_names is None and req.subscribed_topic_regex is None
+        ) or req.rebalance_timeout_ms <= 0:
             return ErrorCode.invalid_request  # a join states its subscription and timeout
         if req.instance_id is not None:
             previous = self._static_member(req.instance_id)
@@ -300,6 +353,10 @@ class ConsumerGroup:
             topics = tuple(sorted(set(req.subscribed_topic_names)))
             bump |= topics != member.subscribed_topics
             member.subscribed_topics = topics
+        if req.subscribed_topic_regex is not None:
+            regex = req.subscribed_topic_regex or None  # "" drops the regex
+            bump |= regex != member.subscribed_regex
+            member.subscribed_regex = regex
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
             bump = True
@@ -324,7 +381,7 @@ class ConsumerGroup:
         if self.assignment_epoch == self.group_epoch:
             return
         assignor = ASSIGNORS[self.assignor_name]
-        active = {m.member_id: frozenset(m.subscribed_topics) for m in self.members.values()}
+        active = {m.member_id: self.member_topics(m) for m in self.members.values()}
         self.target = assignor(active, subscribed, self.target)
         self.assignment_epoch = self.group_epoch
 
@@ -379,6 +436,7 @@ class ConsumerGroup:
         self.target.pop(member_id, None)
         self.dirty = True
         self.group_epoch += 1
+        self.resolve_regexes(None)  # forget a regex only this member used
         self._refresh_target(
             self.subscribed_partitions if partition_counts is None else partition_counts
         )

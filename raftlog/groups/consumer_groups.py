@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from raftlog.client.consumer_protocol import Subscription, encode_assignment, encode_subscription
 from raftlog.errors import ErrorCode
@@ -57,15 +57,20 @@ class ConsumerGroups:
         group = self.groups.get(group_id)
         return set() if group is None else group.subscribed_topics()
 
+    def uses_regex(self, group_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is not None and group.uses_regex()
+
     def heartbeat(
         self,
         req: ConsumerHeartbeatRequest,
         partition_counts: Mapping[str, int],
         now_ms: int,
         may_create: bool,
+        topic_names: Collection[str] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """`may_create`: the caller checked the group id is free of classic members and
-        under max_groups."""
+        under max_groups; `topic_names` as ConsumerGroup.heartbeat."""
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
@@ -73,11 +78,11 @@ class ConsumerGroups:
             if not may_create:
                 return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
             group = self.groups[req.group_id] = ConsumerGroup(req.group_id, self.config)
-            resp = group.heartbeat(req, partition_counts, now_ms, self._new_uuid())
+            resp = group.heartbeat(req, partition_counts, now_ms, self._new_uuid(), topic_names)
             if not group.members:
                 del self.groups[req.group_id]  # the join was refused: no group after all
             return resp
-        return group.heartbeat(req, partition_counts, now_ms, self._new_uuid())
+        return group.heartbeat(req, partition_counts, now_ms, self._new_uuid(), topic_names)
 
     def remove(self, group_id: str) -> None:
         self.groups.pop(group_id, None)
@@ -138,7 +143,7 @@ class ConsumerGroups:
                 m.instance_id,
                 m.client_id,
                 m.client_host,
-                encode_subscription(Subscription(m.subscribed_topics)),
+                encode_subscription(Subscription(tuple(sorted(group.member_topics(m))))),
                 encode_assignment(m.assigned),
             )
             for m in group.members.values()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 import trio
@@ -167,14 +167,22 @@ class GroupCoordinatorShell:
         """The topics group `group_id`'s consumer-protocol members subscribe to."""
         return self.coordinator.consumer_subscriptions(group_id)
 
+    def consumer_uses_regex(self, group_id: str) -> bool:
+        """Whether a member of group `group_id` subscribes by regex (its heartbeats then
+        need the cluster's topic names)."""
+        return self.coordinator.consumer_uses_regex(group_id)
+
     async def consumer_group_heartbeat(
-        self, req: ConsumerHeartbeatRequest, partition_counts: dict[str, int]
+        self,
+        req: ConsumerHeartbeatRequest,
+        partition_counts: dict[str, int],
+        topic_names: Collection[str] | None = None,
     ) -> ConsumerHeartbeatResponse:
         # Answered once the group's record is replicated, if the heartbeat changed it; the
         # timer is woken in _apply (session deadlines moved).
         return await self._call(
             lambda token, now: self.coordinator.consumer_group_heartbeat(
-                token, req, partition_counts, now
+                token, req, partition_counts, now, topic_names
             )
         )
 

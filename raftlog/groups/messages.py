@@ -276,6 +276,8 @@ class ConsumerHeartbeatRequest:
     owned: frozenset[TopicPartition] | None = None
     client_id: str = ""
     client_host: str = ""
+    # KIP-848's regex subscription (RE2 syntax, checked at decode); "" drops the member's.
+    subscribed_topic_regex: str | None = None
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,7 @@ class DescribedConsumerMember:
     subscribed_topic_names: tuple[str, ...]
     assignment: frozenset[TopicPartition]
     target_assignment: frozenset[TopicPartition]
+    subscribed_topic_regex: str | None = None
 
 
 @dataclass(frozen=True)

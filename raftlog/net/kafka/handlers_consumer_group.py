@@ -5,9 +5,13 @@ Each request is range-checked here before the coordinator sees it (INVALID_REQUE
 message, as Kafka's KafkaApis/GroupCoordinatorService validate): a non-empty group id and
 member id (v1: the client names itself), an epoch of -2, -1, 0 or a positive one, a join
 stating its subscription and a rebalance timeout within bounds, topic names that are legal,
-counts under named limits. Topics travel by id on the wire and by name in the coordinator:
-owned partitions of unknown ids are dropped (a deleted topic is owned by nobody), the
-assignment is answered with the ids of the metadata image.
+counts under named limits, a regex subscription that RE2 compiles within its limits
+(INVALID_REGULAR_EXPRESSION otherwise, as Kafka). Topics travel by id on the wire and by
+name in the coordinator: owned partitions of unknown ids are dropped (a deleted topic is
+owned by nobody), the assignment is answered with the ids of the metadata image. A group
+subscribing by regex gets the cluster's non-internal topic names with each heartbeat, from a
+listing at most TOPIC_LISTING_MAX_AGE_S old (one listing per node serves every heartbeat
+meanwhile): a topic created or deleted is seen by the next heartbeat after that.
 
 Authorization as Kafka: READ on the group to heartbeat, DESCRIBE on it to describe.
 `register_consumer_group_apis(registry, service)` adds both to an ApiRegistry.
@@ -20,11 +24,13 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+import trio
 from kio.schema.index import api_key_map
 
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode, RemoteError
 from raftlog.groups import messages as m
+from raftlog.groups.topic_regex import InvalidRegex, check_regex
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.apis import ApiRegistry
 from raftlog.net.kafka.handlers_util import to_ms
@@ -57,6 +63,9 @@ MAX_GROUPS_PER_DESCRIBE = 10_000
 MAX_REBALANCE_TIMEOUT_MS = 24 * 3600 * 1000
 _TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 CONSUMER_MEMBER_TYPE = 1  # ConsumerGroupDescribe v1's member_type of a consumer member
+# How stale the topic listing regexes are resolved against may be: listing every topic costs
+# O(partitions), and every member of a regex-subscribed group heartbeats every few seconds.
+TOPIC_LISTING_MAX_AGE_S = 1.0
 
 
 class BadRequest(RemoteError):
@@ -110,12 +119,14 @@ def decode_heartbeat(ctx: RequestContext, request: Any) -> m.ConsumerHeartbeatRe
     rebalance_timeout_ms = to_ms(request.rebalance_timeout, -1)
     if rebalance_timeout_ms != -1 and not 0 < rebalance_timeout_ms <= MAX_REBALANCE_TIMEOUT_MS:
         raise BadRequest(f"RebalanceTimeoutMs {rebalance_timeout_ms} is out of range.")
-    # librdkafka sends "" with topic names: no regex (Kafka reads "" as "none" too).
-    if getattr(request, "subscribed_topic_regex", None):
-        raise BadRequest(
-            "SubscribedTopicRegex is not supported, subscribe to topic names.",
-            ErrorCode.invalid_regular_expression,
-        )
+    # None: unchanged since the last heartbeat; "" (what librdkafka sends beside topic names
+    # when it has no regex): none, as Kafka reads it. kio's v0 has no such field.
+    regex: str | None = getattr(request, "subscribed_topic_regex", None)
+    if regex:
+        try:
+            check_regex(regex)
+        except InvalidRegex as exc:
+            raise BadRequest(str(exc), ErrorCode.invalid_regular_expression) from None
     names = request.subscribed_topic_names
     if names is not None:
         if len(names) > MAX_SUBSCRIBED_TOPICS:
@@ -129,8 +140,10 @@ def decode_heartbeat(ctx: RequestContext, request: Any) -> m.ConsumerHeartbeatRe
     if epoch == 0:
         if rebalance_timeout_ms == -1:
             raise BadRequest("RebalanceTimeoutMs must be provided in first request.")
-        if names is None:
-            raise BadRequest("SubscribedTopicNames must be set in first request.")
+        if names is None and regex is None:
+            raise BadRequest(
+                "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
+            )
         if owned:
             raise BadRequest("TopicPartitions must be empty when (re-)joining.")
     return m.ConsumerHeartbeatRequest(
@@ -141,6 +154,7 @@ def decode_heartbeat(ctx: RequestContext, request: Any) -> m.ConsumerHeartbeatRe
         rack_id=request.rack_id,
         rebalance_timeout_ms=rebalance_timeout_ms,
         subscribed_topic_names=None if names is None else tuple(names),
+        subscribed_topic_regex=regex,
         server_assignor=request.server_assignor,
         owned=owned,
         client_id=ctx.client_id or "",
@@ -196,6 +210,16 @@ def _error(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
 class ConsumerGroupHandlers:
     def __init__(self, service: GroupService) -> None:
         self.service = service
+        # (taken at, in trio seconds; non-internal topic names; every topic's partitions)
+        self._listing: tuple[float, frozenset[str], dict[str, int]] | None = None
+
+    def _topic_listing(self, ctx: RequestContext) -> tuple[frozenset[str], dict[str, int]]:
+        now_s = trio.current_time()
+        if self._listing is None or now_s - self._listing[0] >= TOPIC_LISTING_MAX_AGE_S:
+            topics = ctx.backend.topics(None)
+            names = frozenset(t.name for t in topics if not t.is_internal)
+            self._listing = (now_s, names, {t.name: len(t.partitions) for t in topics})
+        return self._listing[1], self._listing[2]
 
     async def heartbeat(self, ctx: RequestContext, request: Any) -> dict[str, Any]:
         if not authz.allows(ctx, authz.READ_GROUP, request.group_id):
@@ -206,9 +230,14 @@ class ConsumerGroupHandlers:
             log.debug("ConsumerGroupHeartbeat refused: %s", exc)
             return _error(exc.code, str(exc))
         shell = self.service.shell
-        wanted = shell.consumer_subscriptions(req.group_id) | set(req.subscribed_topic_names or ())
-        counts = {t.name: len(t.partitions) for t in ctx.backend.topics(sorted(wanted))}
-        resp = await shell.consumer_group_heartbeat(req, counts)
+        topic_names: frozenset[str] | None = None
+        if req.subscribed_topic_regex or shell.consumer_uses_regex(req.group_id):
+            topic_names, counts = self._topic_listing(ctx)
+        else:
+            wanted = shell.consumer_subscriptions(req.group_id)
+            wanted |= set(req.subscribed_topic_names or ())
+            counts = {t.name: len(t.partitions) for t in ctx.backend.topics(sorted(wanted))}
+        resp = await shell.consumer_group_heartbeat(req, counts, topic_names)
         if resp.error_code is not ErrorCode.none:
             out = _error(resp.error_code, resp.error_message)
             out["member_id"] = resp.member_id
@@ -261,7 +290,7 @@ class ConsumerGroupHandlers:
                             "client_id": mem.client_id,
                             "client_host": mem.client_host,
                             "subscribed_topic_names": list(mem.subscribed_topic_names),
-                            "subscribed_topic_regex": None,
+                            "subscribed_topic_regex": mem.subscribed_topic_regex,
                             "assignment": {
                                 "topic_partitions": _topic_partitions(
                                     ctx, mem.assignment, with_names=True
