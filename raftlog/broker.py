@@ -36,7 +36,9 @@ from raftlog.net.kafka.backend import (
     AclDeleteResult,
     AlterConfigOp,
     BrokerInfo,
+    ConfigEntry,
     ConfigResourceType,
+    ConfigSource,
     ConfigsResult,
     CreateTopicResult,
     DeleteRecordsResult,
@@ -77,6 +79,11 @@ QUOTA_MATCH_EXACT, QUOTA_MATCH_DEFAULT, QUOTA_MATCH_ANY = 0, 1, 2
 # costs one more 1 s metadata scan. Listed a little longer, the partition has moved by the
 # time the client drops the broker. Clients that connect to it are refused and go elsewhere.
 FENCED_BROKER_LISTED_MS = 3000
+
+# Kafka lists broker.rack among a broker's configs: read-only (a broker registers its rack
+# once, at start-up) and null when the broker has none. Described from the registration, so
+# any node answers with the rack of the broker named, not its own.
+BROKER_RACK_KEY = "broker.rack"
 
 # What produce, fetch and delete_records answer for a partition this broker stepped down from.
 _Answer = TypeVar("_Answer", ProduceResult, FetchResult, DeleteRecordsResult)
@@ -501,9 +508,11 @@ class BrokerBackend:
                 return ConfigsResult(ErrorCode.invalid_request, f"unknown broker {name!r}")
             per_broker = dict(image.configs.get(("broker", name), {})) if name else {}
             cluster = dict(image.configs.get(("cluster", ""), {}))
-            return ConfigsResult(
-                configs=broker_config_entries(self.config, per_broker, cluster, keys)
-            )
+            entries = broker_config_entries(self.config, per_broker, cluster, keys)
+            if name and (keys is None or BROKER_RACK_KEY in keys):
+                entries.append(_broker_rack_entry(image.brokers[int(name)].rack))
+                entries.sort(key=lambda entry: entry.name)
+            return ConfigsResult(configs=entries)
         return ConfigsResult(
             ErrorCode.invalid_request, f"config resource type {int(resource_type)} is not supported"
         )
@@ -748,6 +757,12 @@ class BrokerBackend:
     def acl_bindings(self) -> Collection[AclBinding]:
         # A view of the image's read-only map, which is never changed in place: a snapshot.
         return self.image.acls.values()
+
+
+def _broker_rack_entry(rack: str | None) -> ConfigEntry:
+    # Kafka: a static key left unset is described as its default (null), not as static.
+    source = ConfigSource.STATIC_BROKER_CONFIG if rack else ConfigSource.DEFAULT_CONFIG
+    return ConfigEntry(BROKER_RACK_KEY, rack or None, read_only=True, source=source)
 
 
 def scram_descriptions(
