@@ -275,6 +275,8 @@ class MemoryBackend:
         if timestamp_ms == LATEST_TIMESTAMP:
             return ListOffsetsResult(ErrorCode.none, -1, p.end_offset, 0)
         if timestamp_ms == MAX_TIMESTAMP:
+            # The batch's last offset stands in for the record (the real broker walks the
+            # batch: storage's PartitionLog.max_timestamp_record).
             if not p.batches:
                 return ListOffsetsResult(ErrorCode.none, -1, -1, -1)
             b = max(p.batches, key=lambda b: b.max_timestamp_ms)

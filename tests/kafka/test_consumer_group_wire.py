@@ -166,7 +166,7 @@ async def test_v0_gets_a_member_id(gb: GroupBroker, client: WireClient) -> None:
         ),
         ("m", 0, {"subscribed_topic_names": ("bad name!",)}, ErrorCode.invalid_request),
         ("m", 0, {"subscribed_topic_names": ("x" * 250,)}, ErrorCode.invalid_request),
-        ("m", 0, {"subscribed_topic_regex": "t.*"}, ErrorCode.invalid_regular_expression),
+        ("m", 0, {"subscribed_topic_regex": "t["}, ErrorCode.invalid_regular_expression),
         ("m" * 256, 0, {}, ErrorCode.invalid_request),
         ("m", 0, {"server_assignor": "sticky"}, ErrorCode.unsupported_assignor),
         ("m", 5, {}, ErrorCode.unknown_member_id),

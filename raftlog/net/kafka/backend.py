@@ -392,7 +392,7 @@ class KafkaBackend(Protocol):
         isolation: IsolationLevel,
     ) -> ListOffsetsResult:
         """EARLIEST_TIMESTAMP: log start; LATEST_TIMESTAMP: HW (LSO); MAX_TIMESTAMP: the
-        batch with the largest timestamp; else first offset with timestamp >= timestamp_ms."""
+        first record holding the largest timestamp (nothing above the HW); else first offset with timestamp >= timestamp_ms."""
         ...
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
