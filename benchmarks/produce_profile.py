@@ -8,8 +8,8 @@ benchmark's producer (confluent-kafka, acks=all, 1 KiB records) in its own proce
 as fast as it can, while py-spy samples every node (`--nonblocking`, so the nodes are not
 paused; `--gil`, so only the thread running Python is sampled: without it the worker threads
 waiting for their next fsync and the event loop waiting in epoll count as busy and fill most
-of the graph) for `--seconds`. Writes `<out>/node-<id>.txt` (collapsed stacks), `<out>/node-<id>.png`
-(flame graph, widest frames at the bottom) and prints the top self-time functions summed
+of the graph) for `--seconds`. Writes `<out>/node-<id>.txt` (collapsed stacks),
+`<out>/node-<id>.png` (flame graph, widest frames at the bottom) and prints the top self-time functions summed
 over the nodes. The last stdout line is one JSON object: {"samples", "top_self": [[function,
 share], ...], "mb_s", "pngs"}.
 """
@@ -162,7 +162,8 @@ def run(seconds: float, partitions: int, out: Path, root: Path) -> dict[str, Any
             assert node.process is not None
             command = [py_spy, "record", "--pid", str(node.process.pid), "--rate",
                        str(SAMPLE_RATE_HZ), "--duration", str(int(seconds)), "--format", "raw",
-                       "--nonblocking", "--gil", "--output", str(out / f"node-{node_id}.txt")]  # fmt: skip
+                       "--nonblocking", "--gil",
+                       "--output", str(out / f"node-{node_id}.txt")]  # fmt: skip
             spies[node_id] = subprocess.Popen(
                 command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )

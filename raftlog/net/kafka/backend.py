@@ -392,7 +392,8 @@ class KafkaBackend(Protocol):
         isolation: IsolationLevel,
     ) -> ListOffsetsResult:
         """EARLIEST_TIMESTAMP: log start; LATEST_TIMESTAMP: HW (LSO); MAX_TIMESTAMP: the
-        first record holding the largest timestamp (nothing above the HW); else first offset with timestamp >= timestamp_ms."""
+        first record holding the largest timestamp (nothing above the HW); else the first
+        offset with timestamp >= timestamp_ms."""
         ...
 
     async def delete_records(self, topic: str, partition: int, offset: int) -> DeleteRecordsResult:
