@@ -10,8 +10,8 @@ paused; `--gil`, so only the thread running Python is sampled: without it the wo
 waiting for their next fsync and the event loop waiting in epoll count as busy and fill most
 of the graph) for `--seconds`. Writes `<out>/node-<id>.txt` (collapsed stacks),
 `<out>/node-<id>.png` (flame graph, widest frames at the bottom) and prints the top self-time
-functions summed over the nodes. The last stdout line is one JSON object: {"samples", "top_self": [[function,
-share], ...], "mb_s", "pngs"}.
+functions summed over the nodes. The last stdout line is one JSON object: {"samples",
+"top_self": [[function, share], ...], "mb_s", "pngs"}.
 """
 
 from __future__ import annotations
