@@ -92,6 +92,11 @@ def test_the_epoch_bound_is_the_one_a_record_batch_can_hold():
         (ROGUE_ID, BeginQuorumEpoch(50, ROGUE_ID)),
         (3, BeginQuorumEpoch(50, 2)),
         (ROGUE_ID, EndQuorumEpoch(50, 2, (1,))),
+        # An observer's fetch in its own name, but from an epoch ahead: at the top of the
+        # range it would end elections for good.
+        (ROGUE_ID, Fetch(ROGUE_ID, 50, 0, 0, 0)),
+        (ROGUE_ID, Fetch(ROGUE_ID, EPOCH_MAX, 0, 0, 0)),
+        (ROGUE_ID, FetchSnapshot(ROGUE_ID, EPOCH_MAX, SnapshotId(10, 1), 0, 10)),
     ],
 )
 async def test_forged_messages_never_reach_the_core(tmp_path, sender, message):

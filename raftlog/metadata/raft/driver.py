@@ -93,12 +93,19 @@ REFUSAL_LOG_INTERVAL_S = 10.0
 OBSERVER_MESSAGES = (Fetch, FetchSnapshot)
 
 
-def refusal_reason(message: Message, sender_id: int, voters: Collection[int]) -> str | None:
+def refusal_reason(
+    message: Message, sender_id: int, voters: Collection[int], epoch: int | None = None
+) -> str | None:
     """Why a message from sender_id (the connection's node id) must not reach the core, or
     None. The ids a message names for its own sender must be that node. `voters` are the
-    nodes this one knows as voters (bootstrap, snapshot and every VotersRecord in its log)."""
-    if sender_id not in voters and not isinstance(message, OBSERVER_MESSAGES):
-        return "the sender is not a voter"
+    nodes this one knows as voters (bootstrap, snapshot and every VotersRecord in its log);
+    `epoch` is this node's: an observer's fetch never moves it (the core would take any
+    higher epoch it sees, and a forged one near the top would end elections for good)."""
+    if sender_id not in voters:
+        if not isinstance(message, OBSERVER_MESSAGES):
+            return "the sender is not a voter"
+        if epoch is not None and message.epoch > epoch:
+            return "an observer's fetch names an epoch ahead of this node's"
     if isinstance(message, Vote):
         named = message.candidate_id
     elif isinstance(message, BeginQuorumEpoch | EndQuorumEpoch):
@@ -241,7 +248,7 @@ class QuorumDriver:
         leader = self.core.leader_id
         if leader is not None and leader not in heard:
             heard = heard | {leader}
-        refusal = refusal_reason(message, sender_id, heard)
+        refusal = refusal_reason(message, sender_id, heard, self.core.epoch)
         if refusal is not None:
             self._log_refusal(message, sender_id, refusal)
             return
