@@ -211,7 +211,7 @@ class Flusher:
                     # The log took itself offline (run_flush): the node goes on with the
                     # others, and flush() callers waiting for it get LogOfflineError.
                     failed_disks.append(lg)
-                except Exception as exc:
+                except BaseException as exc:  # whatever it was, this log is not durable
                     failures.append((lg, exc))
 
         workers = min(FLUSH_THREADS_PER_ROUND, len(tickets))

@@ -119,3 +119,21 @@ async def test_a_caller_cancelled_after_the_flusher_stopped_ends_cancelled(tmp_p
     with pytest.raises(RuntimeError, match="not running"):
         await flusher.flush(lg, 2)  # a caller not cancelled: the misuse is still named
     lg.close()
+
+
+async def test_a_flush_that_ends_in_any_exception_is_never_counted_durable(tmp_path) -> None:
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+
+    def interrupted(ticket: object) -> None:
+        raise _Boom
+
+    lg.run_flush = interrupted  # type: ignore[method-assign]
+    flusher = Flusher()
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(flusher.run)
+            await flusher.flush(lg, 2)
+    assert raised.group_contains(_Boom)
+    assert lg.flushed_offset == 0
+    lg.close()
