@@ -42,6 +42,9 @@ class _Quorum:
     def __init__(self, leader_id: int | None) -> None:
         self.core = SimpleNamespace(leader_id=leader_id)
 
+    def address_of(self, node_id: int) -> tuple[str, int] | None:
+        return None  # no voter set endpoints: the static controller_quorum_voters answer
+
 
 async def _controller(reached: dict[int, trio.Event], node_id: int, sender_id, method, body):
     reached.setdefault(node_id, trio.Event()).set()

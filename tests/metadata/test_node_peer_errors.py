@@ -34,7 +34,9 @@ def _config(leader_port: int) -> NodeConfig:
 
 def _metadata_led_by(leader_id: int) -> SimpleNamespace:
     core = SimpleNamespace(leader_id=leader_id, replica_progress=lambda: None)
-    return SimpleNamespace(quorum=SimpleNamespace(core=core), cluster_id="c")
+    # No voter set endpoints (address_of: None): the config's controller_quorum_voters answer.
+    quorum = SimpleNamespace(core=core, address_of=lambda node_id: None)
+    return SimpleNamespace(quorum=quorum, cluster_id="c")
 
 
 @pytest.mark.parametrize(

@@ -101,11 +101,11 @@ class ControllerClient:
             raise NotControllerError(None)
         if leader == self.config.node_id:
             return await self.metadata.handle(request)
-        # The voter set's endpoints, not only the config's: a voter added later (KIP-853
-        # AddRaftVoter) may be the one elected.
-        address = self.config.voters.get(leader) or (
-            quorum.address_of(leader) if quorum is not None else None
-        )
+        # The voter set's endpoints first (they fall back to the config's): a voter added or
+        # moved later (KIP-853 AddRaftVoter) may be the one elected.
+        address = quorum.address_of(leader) if quorum is not None else None
+        if address is None:
+            address = self.config.voters.get(leader)
         if address is None:
             raise NotControllerError(leader)
         answer = await self._call_remote(leader, address, request, timeout_ms)
