@@ -115,3 +115,14 @@ def test_throttled_replica_lists_are_checked_as_kafka_checks_them(key):
     for bad in ("all", "0:", ":1", "0:1:2", "-1:2", "0:1,x", "*,0:1", "99999999999:1", "0;1"):
         with pytest.raises(ConfigValueError):
             spec.parse(bad)
+
+
+def test_a_throttled_replica_list_is_bounded() -> None:
+    """Each broker parses these lists on its event loop whenever any config changes."""
+    from raftlog.config_keys import MAX_THROTTLED_REPLICAS
+
+    spec = TOPIC_CONFIGS["leader.replication.throttled.replicas"]
+    just = ",".join(f"{p}:1" for p in range(MAX_THROTTLED_REPLICAS))
+    spec.parse(just)
+    with pytest.raises(ConfigValueError, match="throttled replicas"):
+        spec.parse(just + f",{MAX_THROTTLED_REPLICAS}:1")

@@ -174,3 +174,12 @@ def test_a_rate_of_zero_moves_nothing_and_a_rate_change_lifts_it() -> None:
         limit.set_rate(-1, now_ms=0)
     with pytest.raises(ValueError):
         limit.record(-1, now_ms=0)
+
+
+def test_a_list_too_long_to_store_becomes_every_replica() -> None:
+    from raftlog.config_keys import MAX_THROTTLED_REPLICAS
+    from raftlog.replication.core.throttle import format_throttled_replicas
+
+    assert format_throttled_replicas([(1, 2), (0, 1), (1, 2)]) == "0:1,1:2"
+    many = [(p, 1) for p in range(MAX_THROTTLED_REPLICAS + 1)]
+    assert format_throttled_replicas(many) == "*"

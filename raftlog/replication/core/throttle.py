@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from raftlog.config_keys import (
+    MAX_THROTTLED_REPLICAS,
     ThrottledReplicas,
     parse_throttled_replicas,
 )
@@ -63,8 +64,12 @@ ConfigsView = Mapping[tuple[str, str], Mapping[str, str]]
 
 
 def format_throttled_replicas(pairs: Iterable[tuple[int, int]]) -> str:
-    """The config value naming `pairs`, sorted ("0:1,0:2,1:3")."""
-    return ",".join(f"{p}:{b}" for p, b in sorted(set(pairs)))
+    """The config value naming `pairs`, sorted ("0:1,0:2,1:3"); "*" (every replica of the
+    topic) when they are more than a list may hold."""
+    unique = sorted(set(pairs))
+    if len(unique) > MAX_THROTTLED_REPLICAS:
+        return "*"
+    return ",".join(f"{p}:{b}" for p, b in unique)
 
 
 def _rate(configs: ConfigsView, broker_id: int, key: str) -> int | None:
