@@ -21,6 +21,8 @@ from collections.abc import Iterable
 
 import re2
 
+from raftlog.errors import RemoteError
+
 log = logging.getLogger(__name__)
 
 # Kafka bounds a regex only by the request's size; raftlog bounds its text and the memory RE2
@@ -33,8 +35,10 @@ MAX_REGEX_MATCHED_TOPICS = 10_000
 _COMPILED_CACHE_SIZE = 256
 
 
-class InvalidRegex(ValueError):
-    """The pattern is too long or RE2 refuses it (INVALID_REGULAR_EXPRESSION)."""
+class InvalidRegex(RemoteError, ValueError):
+    """The pattern is too long or RE2 refuses it (INVALID_REGULAR_EXPRESSION). A ValueError
+    too: a stored group whose regex no longer compiles is refused at load like any other
+    inconsistent value."""
 
 
 def _options() -> re2.Options:
