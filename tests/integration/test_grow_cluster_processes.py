@@ -353,6 +353,7 @@ def test_grow_to_five_voters_and_move_a_partition_under_load(tmp_path: Path) -> 
         check_replicas_identical(cluster, range(PARTITIONS))
 
 
+@pytest.mark.slow  # `make test-all`; the first test of this file is the quick one
 def test_grow_to_five_move_everything_and_retire_two_originals(tmp_path: Path) -> None:
     with three_of_five(tmp_path / "c") as cluster:
         create_topic(cluster)
@@ -464,6 +465,7 @@ def move_killing_the_controller(
     with_client(cluster, lambda c: wait_moved(c, plan, STEP_TIMEOUT_S, OUT))
 
 
+@pytest.mark.slow  # `make test-all`; the first test of this file is the quick one
 def test_the_same_with_the_controller_killed_mid_change(tmp_path: Path) -> None:
     with three_of_five(tmp_path / "c", **KILL_TIMINGS) as cluster:
         create_topic(cluster)
