@@ -60,6 +60,10 @@ async def test_a_lagging_follower_catches_up_at_the_throttled_rate(
         leader_id = cluster.leader_id
         lagging, in_sync = followers(cluster)
         cluster.paused.add(lagging)
+        # A follower is out of sync once it has not caught up for the lag time: with nothing
+        # new to fetch it never falls behind, so give it something to miss.
+        leader = cluster.managers[leader_id]
+        assert (await leader.writes.produce(TOPIC, 0, batch(1), 1, 10_000)).error == ErrorCode.none
         await wait_until(
             "the paused follower out of the ISR", lambda: lagging not in cluster.partition().isr
         )
