@@ -118,6 +118,13 @@ def test_kafka_python_topics_create_describe_delete(cluster, kadmin):
 def test_kafka_python_describe_and_alter_configs(cluster, kadmin):
     topic = "kp-configs"
     kadmin.create_topics([KNewTopic(topic, 1, 3)], timeout_ms=30_000)
+    # CreateTopics answers once the controller committed the topic; the broker kafka-python
+    # asks next may not have applied that record yet (its answer is then empty).
+    cluster.wait_for(
+        lambda: all(topic in t for t in _topics_on_every_node(cluster)),
+        "the topic on every node",
+        20,
+    )
     described = kadmin.describe_configs(
         [KConfigResource(KConfigResourceType.TOPIC, topic)], config_filter="all"
     )
