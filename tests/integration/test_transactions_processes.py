@@ -78,7 +78,19 @@ def _logs(cluster: ProcessCluster, lines: int = 30) -> str:
 def _create_topic(cluster: ProcessCluster, name: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
     topic = NewTopic(name, partitions, 3, config={"min.insync.replicas": "2"})
-    admin.create_topics([topic])[name].result(CLIENT_TIMEOUT_S)
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S
+    while True:
+        try:
+            admin.create_topics([topic])[name].result(CLIENT_TIMEOUT_S)
+            break
+        except KafkaException as exc:
+            # A node killed by the previous test may still be fenced (not yet caught up):
+            # three replicas need it back. A retry pace, not a wait for state: the loop asks.
+            if exc.args[0].code() != KafkaError.INVALID_REPLICATION_FACTOR:
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
     def led() -> bool:
         found = cluster.describe().get("topics", {}).get(name, [])
