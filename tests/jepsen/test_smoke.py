@@ -85,6 +85,7 @@ MEMBERSHIP_SEED = 11  # its two faults: membership-voter, then membership-observ
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # 45 s: `make test-all`; the family's fake-cluster tests run in `make test`
 @needs_cluster
 def test_smoke_run_with_membership_changes_is_valid(tmp_path: Path) -> None:
     """Two membership faults of the seed's pick (a voter removed and added back, the spare
