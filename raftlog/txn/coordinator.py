@@ -489,6 +489,18 @@ class TxnCoordinator:
         now_ms: int,
         api: TxnApi = TxnApi.ADD_PARTITIONS_TO_TXN,
     ) -> None:
+        def pending_add(transit: TxnTransit) -> _Pending:
+            return _Pending(
+                req.transactional_id,
+                transit,
+                _Why.ADD,
+                api=api,
+                api_version=req.api_version,
+                batch=batch,
+                batch_index=index,
+                partitions=req.partitions,
+            )
+
         def answer(code: ErrorCode) -> None:
             code = for_version(code, api, req.api_version)
             batch.results[index] = AddPartitionsTxnResult(
@@ -522,16 +534,7 @@ class TxnCoordinator:
             # once they are, with the Complete record and this add's record in one append,
             # rather than CONCURRENT_TRANSACTIONS and the client's backoff.
             batch.remaining += 1
-            placeholder = _Pending(
-                req.transactional_id,
-                txn.snapshot(),
-                _Why.ADD,
-                api=api,
-                api_version=req.api_version,
-                batch=batch,
-                batch_index=index,
-                partitions=req.partitions,
-            )
+            placeholder = pending_add(txn.snapshot())  # its transit is chosen at the Complete
             self._waiting_adds[req.transactional_id] = _WaitingAdd(placeholder, req, now_ms)
             return None
         if txn.pending_in_progress or txn.state in PREPARE_STATES:
@@ -545,17 +548,7 @@ class TxnCoordinator:
             raise AssertionError(f"{txn!r}: AddPartitionsToTxn in {txn.state.name}")
         transit = txn.prepare_add_partitions(wanted, now_ms, req.client_transaction_version)
         batch.remaining += 1
-        pending = _Pending(
-            req.transactional_id,
-            transit,
-            _Why.ADD,
-            api=api,
-            api_version=req.api_version,
-            batch=batch,
-            batch_index=index,
-            partitions=req.partitions,
-        )
-        self._append(fx, pending)
+        self._append(fx, pending_add(transit))
         return None
 
     def _may_wait(self, txn: TransactionMetadata, req: AddPartitionsTxn) -> bool:
