@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+# About 30 s (three nodes and three pysyncobj processes): `make test-all`.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_TIMEOUT_S = 300

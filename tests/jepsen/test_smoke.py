@@ -130,6 +130,7 @@ SECURE_SEED = 14
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # 40 s: `make test-all`; the secure process tests run in `make test`
 @needs_cluster
 def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path) -> None:
     """--secure: SASL_SSL (SCRAM-SHA-512) clients, mutual TLS between nodes, the authorizer,
@@ -171,6 +172,7 @@ def test_secure_smoke_run_with_kills_and_forged_messages_is_valid(tmp_path: Path
 
 
 @pytest.mark.cluster
+@pytest.mark.slow  # 30 s: `make test-all`; tests/jepsen/test_checker_sim.py checks the checker
 @needs_cluster
 def test_checker_catches_unsafe_loss_when_a_leader_is_cut_off(tmp_path: Path) -> None:
     """The fast "checker bites": one isolated partition leader, acks=1, min ISR 1."""

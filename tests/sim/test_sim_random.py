@@ -1,6 +1,6 @@
 """Seeded random fault simulation of the Raft core.
 
-RAFTLOG_SIM_SEEDS=<n> runs seeds 0..n-1 (default 150, about 40 s: what `make test`'s
+RAFTLOG_SIM_SEEDS=<n> runs seeds 0..n-1 (default 100, about 28 s: what `make test`'s
 budget allows; `make sim SEEDS=N` runs more);
 RAFTLOG_SIM_SEED=<seed> replays exactly one seed. A failure names its seed.
 """
@@ -12,7 +12,7 @@ import time
 
 from tests.sim.workload import check_acknowledged, run_seed
 
-DEFAULT_SEEDS = 150
+DEFAULT_SEEDS = 100
 
 
 def _seeds() -> list[int]:
