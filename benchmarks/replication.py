@@ -10,6 +10,10 @@ them alike. Every side has the same partition count and the same producer settin
   acks=all RF 3, acks=1 RF 3 (the same replication work, without waiting for the ISR) and
   acks=1 RF 1 (no replication).
   `ack_wait_ratio` = all RF3 / 1 RF3: what waiting for the followers costs (Kafka 2014: 0.54).
+  A turn on the RF 3 topic ends once its records are on every in-sync replica (loadgen's
+  `settle`), its clock still running: an acks=1 producer outruns its followers, and without
+  this the backlog it left fell to the acks=all turn after it (which then ran at a quarter of
+  its speed while the followers caught up), so neither side measured its own work.
   `replica_efficiency` = 3 x all RF3 / 1 RF1: what replication costs beyond the triple work
   that three replicas sharing one machine's cores and disk cannot avoid.
   `ratio` = all RF3 / 1 RF1, as issue 4 reported it (capped near 1/3 on one machine).
@@ -234,6 +238,9 @@ def loadgen_slices(bootstrap: str, side: Side) -> SliceRunner:
                 acks=LOADGEN_ACKS[side.acks],
                 seconds=seconds,
                 record_bytes=RECORD_BYTES,
+                # A replicated side's turn lasts until its records are on every in-sync replica:
+                # an acks=1 turn would otherwise hand its followers' backlog to the next turn.
+                settle=side.topic == REPLICATED,
             )
         )
         return result.acked_bytes, result.errors, result.seconds

@@ -126,3 +126,43 @@ def test_load_generator_produces_whole_batches(tmp_path):
         count_offsets((tmp_path / "floor" / "data" / f"load-{p}.log").read_bytes()) for p in (0, 1)
     )
     assert stored * 1024 == load.acked_bytes
+
+
+@pytest.mark.cluster
+def test_a_settled_acks1_load_ends_with_every_acked_record_replicated(cluster):
+    """An acks=1 turn of the replication benchmark ends only once its records are on every
+    in-sync replica, so the next turn does not pay for its followers' backlog: the partitions'
+    high watermarks then cover every acknowledged record."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from raftlog.client import open_cluster
+    from raftlog.client.admin import list_offset
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    topic = NewTopic("settle", 2, 3, config={"min.insync.replicas": "2"})
+    admin.create_topics([topic])["settle"].result(30)
+    # Both leaders take writes before the load starts (a broker learns of its leadership a
+    # moment after the controller has decided it).
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
+    for partition in (0, 1):
+        producer.produce("settle", value=b"first", partition=partition)
+    assert producer.flush(30) == 0
+
+    async def high_watermarks() -> list[int]:
+        async with open_cluster(cluster.bootstrap_servers) as client:
+            return [(await list_offset(client, "settle", p, "latest")).offset for p in (0, 1)]
+
+    before = sum(trio.run(high_watermarks))
+    load = trio.run(
+        functools.partial(
+            produce_load,
+            cluster.bootstrap_servers,
+            "settle",
+            acks=1,
+            seconds=1.0,
+            records_per_batch=64,
+            settle=True,
+        )
+    )
+    assert load.errors == 0 and load.requests > 0
+    assert (sum(trio.run(high_watermarks)) - before) * 1024 == load.acked_bytes
