@@ -1,7 +1,10 @@
 """Group-commit flusher: many `await flush(log, offset)` callers share one fsync.
 
 While one fsync runs in a worker thread, new requests pile up; the next round covers them all,
-so the number of fsyncs tracks the disk's speed, not the number of producers. Logs whose
+so the number of fsyncs tracks the disk's speed, not the number of producers. Up to
+ROUNDS_IN_FLIGHT rounds run at once: a request that arrives while a round is running starts the
+next round at once instead of waiting for that one to end (it could not join it: its fds were
+taken when it began), which halves the wait of a flush that just missed a round. Logs whose
 flush_policy is 'interval' are never forced: a background tick fsyncs them every
 flush_interval_ms (their promise is weaker: replication, not the disk, protects recent data).
 """
@@ -26,6 +29,11 @@ log = logging.getLogger("raftlog.storage")
 DEFAULT_TICK_MS = 1000
 # Worker threads one flush round uses at most (see _flush_round).
 FLUSH_THREADS_PER_ROUND = 4
+# Flush rounds running at once. Two overlapping rounds fsync disjoint appends (a log's dirty
+# segments are handed to one ticket each), and complete_flush only ever raises flushed_offset,
+# so the later round finishing first is harmless. More would split group commits further
+# without shortening a wait: a third request waits for the first round to end either way.
+ROUNDS_IN_FLIGHT = 2
 
 
 class SyncThreads:
@@ -102,8 +110,12 @@ class Flusher:
         self._logs: dict[int, PartitionLog] = {}  # id(log) -> log, every log seen
         self._requested: dict[int, PartitionLog] = {}  # logs a caller is waiting on
         self._wakeup = trio.Event()
-        self._round_done = trio.Event()
+        # Set when the round that will collect the requests made until then has ended (or,
+        # with nothing to flush, when the tick that found nothing has).
+        self._next_round_done = trio.Event()
+        self._slots = trio.Semaphore(ROUNDS_IN_FLIGHT)
         self.fsync_rounds = 0  # for tests and benchmarks: how many fsync rounds ran
+        self.rounds_running = 0
         self._running = False
         self._last_interval_flush_ms: dict[int, float] = {}
 
@@ -134,12 +146,11 @@ class Flusher:
                 raise RuntimeError("Flusher.run() is not running")
             self._requested[id(log_)] = log_
             self._wakeup.set()
-            done = self._round_done
-            await done.wait()
+            await self._next_round_done.wait()
 
     async def wait_round(self) -> None:
         """Wait until the next flush round (or idle tick) completes."""
-        await self._round_done.wait()
+        await self._next_round_done.wait()
 
     def wake(self) -> None:
         """Ask for a round soon (e.g. checkpoints became due after retention)."""
@@ -148,20 +159,35 @@ class Flusher:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._running = True
         try:
-            task_status.started()
-            while True:
-                with trio.move_on_after(self._tick_seconds()):
-                    await self._wakeup.wait()
-                self._wakeup = trio.Event()
-                logs = self._collect()
-                if logs:
-                    await self._flush_round(logs)
-                done, self._round_done = self._round_done, trio.Event()
-                done.set()
+            async with trio.open_nursery() as rounds:
+                task_status.started()
+                while True:
+                    with trio.move_on_after(self._tick_seconds()):
+                        await self._wakeup.wait()
+                    # Requests keep piling up while both slots are busy: the next round takes
+                    # them all together.
+                    await self._slots.acquire()
+                    self._wakeup = trio.Event()
+                    logs = self._collect()
+                    done, self._next_round_done = self._next_round_done, trio.Event()
+                    if logs:
+                        rounds.start_soon(self._round_in_slot, logs, done)
+                    else:
+                        self._slots.release()
+                        done.set()
         finally:
             self._running = False
-            self._round_done.set()
+            self._next_round_done.set()
             self._threads.stop()
+
+    async def _round_in_slot(self, logs: list[PartitionLog], done: trio.Event) -> None:
+        self.rounds_running += 1
+        try:
+            await self._flush_round(logs)
+        finally:
+            self.rounds_running -= 1
+            self._slots.release()
+            done.set()
 
     def _tick_seconds(self) -> float:
         intervals = [

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import trio
 import trio.lowlevel
+import trio.testing
 
 from raftlog.storage import Flusher, LogConfig, PartitionLog
+from raftlog.storage.log_types import FlushTicket
 from tests.storage.helpers import batch
 
 
@@ -94,3 +96,61 @@ async def test_crash_after_rolls_recovers_from_flusher_checkpoint(tmp_path: Path
     again = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
     assert again.log_end_offset == 60
     assert [e.epoch for e in again.epoch_cache.entries] == [1, 2, 3]
+
+
+async def test_a_flush_that_misses_a_running_round_does_not_wait_for_it(tmp_path: Path) -> None:
+    """A round's fds are taken when it begins, so a request arriving during it cannot join
+    it; the next round starts at once beside it (ROUNDS_IN_FLIGHT) rather than after it."""
+    import threading
+
+    slow = PartitionLog.open(tmp_path / "slow-0", LogConfig(), now_ms=0)
+    quick = PartitionLog.open(tmp_path / "quick-0", LogConfig(), now_ms=0)
+    release = threading.Event()
+    real_run_flush = slow.run_flush
+
+    def stalled_run_flush(ticket: FlushTicket) -> None:
+        release.wait(30)  # a disk that takes its time with this one fsync
+        real_run_flush(ticket)
+
+    slow.run_flush = stalled_run_flush  # type: ignore[method-assign]
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        slow.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+        nursery.start_soon(flusher.flush, slow, 2)
+        # Every task is then parked: the slow log's round waits in its worker thread.
+        await trio.testing.wait_all_tasks_blocked()
+        assert flusher.rounds_running == 1
+        quick.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+        try:
+            with trio.fail_after(10):
+                await flusher.flush(quick, 3)
+            assert quick.flushed_offset == 3
+            assert slow.flushed_offset == 0  # its round is still in its fsync
+        finally:
+            release.set()
+        with trio.fail_after(10):
+            await flusher.flush(slow, 2)
+        assert slow.flushed_offset == 2
+        nursery.cancel_scope.cancel()
+
+
+def test_an_earlier_tickets_checkpoints_never_overwrite_a_later_ones(tmp_path: Path) -> None:
+    """Two rounds may end in either order; the checkpoint files keep the later snapshot."""
+    from raftlog.storage.checkpoint import read_checkpoint
+    from raftlog.storage.recovery import RECOVERY_POINT_FILE
+
+    lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
+    lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+    earlier = lg.prepare_flush()
+    earlier.checkpoints = lg._checkpoint_payloads(earlier.target_offset)
+    lg.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+    later = lg.prepare_flush()
+    later.checkpoints = lg._checkpoint_payloads(later.target_offset)
+    lg.run_flush(later)
+    lg.run_flush(earlier)
+    lg.complete_flush(later)
+    lg.complete_flush(earlier)
+    written = read_checkpoint(tmp_path / "t-0" / RECOVERY_POINT_FILE, "recovery-point")
+    assert written["recovery_point"] == 5
+    assert lg.flushed_offset == 5
