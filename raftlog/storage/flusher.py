@@ -4,8 +4,10 @@ While one fsync runs in a worker thread, new requests pile up; the next round co
 so the number of fsyncs tracks the disk's speed, not the number of producers. Up to
 ROUNDS_IN_FLIGHT rounds run at once: a request that arrives while a round is running starts the
 next round at once instead of waiting for that one to end (it could not join it: its fds were
-taken when it began), which halves the wait of a flush that just missed a round. Logs whose
-flush_policy is 'interval' are never forced: a background tick fsyncs them every
+taken when it began), which halves the wait of a flush that just missed a round. A log is in
+one round at a time: a second round of the same log would find no dirty segment left to fsync
+(the first took them) and report the log flushed before the first round's fsync had ended.
+Logs whose flush_policy is 'interval' are never forced: a background tick fsyncs them every
 flush_interval_ms (their promise is weaker: replication, not the disk, protects recent data).
 """
 
@@ -29,9 +31,7 @@ log = logging.getLogger("raftlog.storage")
 DEFAULT_TICK_MS = 1000
 # Worker threads one flush round uses at most (see _flush_round).
 FLUSH_THREADS_PER_ROUND = 4
-# Flush rounds running at once. Two overlapping rounds fsync disjoint appends (a log's dirty
-# segments are handed to one ticket each), and complete_flush only ever raises flushed_offset,
-# so the later round finishing first is harmless. More would split group commits further
+# Flush rounds running at once (over different logs). More would split group commits further
 # without shortening a wait: a third request waits for the first round to end either way.
 ROUNDS_IN_FLIGHT = 2
 
@@ -114,6 +114,7 @@ class Flusher:
         # with nothing to flush, when the tick that found nothing has).
         self._next_round_done = trio.Event()
         self._slots = trio.Semaphore(ROUNDS_IN_FLIGHT)
+        self._in_rounds: set[int] = set()  # id(log) of the logs in a running round
         self.fsync_rounds = 0  # for tests and benchmarks: how many fsync rounds ran
         self.rounds_running = 0
         self._running = False
@@ -169,12 +170,18 @@ class Flusher:
                     await self._slots.acquire()
                     self._wakeup = trio.Event()
                     logs = self._collect()
-                    done, self._next_round_done = self._next_round_done, trio.Event()
                     if logs:
+                        done, self._next_round_done = self._next_round_done, trio.Event()
+                        self._in_rounds.update(id(lg) for lg in logs)
                         rounds.start_soon(self._round_in_slot, logs, done)
-                    else:
-                        self._slots.release()
+                        continue
+                    self._slots.release()
+                    if not self._requested:
+                        # An idle tick (nothing asked for, nothing due) ends a "round" too.
+                        done, self._next_round_done = self._next_round_done, trio.Event()
                         done.set()
+                    # Otherwise every log asked for is in a running round, whose end wakes
+                    # this loop for it.
         finally:
             self._running = False
             self._next_round_done.set()
@@ -186,8 +193,11 @@ class Flusher:
             await self._flush_round(logs)
         finally:
             self.rounds_running -= 1
+            self._in_rounds.difference_update(id(lg) for lg in logs)
             self._slots.release()
             done.set()
+            if self._requested:
+                self._wakeup.set()  # logs held back while this round had them
 
     def _tick_seconds(self) -> float:
         intervals = [
@@ -199,15 +209,20 @@ class Flusher:
 
     def _collect(self) -> list[PartitionLog]:
         now_ms = trio.current_time() * 1000
+        busy = self._in_rounds
+        # A log in a running round waits for its end (see the module docstring).
+        held = {k: v for k, v in self._requested.items() if k in busy}
         chosen = {
-            k: v for k, v in self._requested.items() if not v.closed and v.offline_reason is None
+            k: v
+            for k, v in self._requested.items()
+            if k not in busy and not v.closed and v.offline_reason is None
         }
-        self._requested.clear()
+        self._requested = held
         for key, log_ in list(self._logs.items()):
             if log_.closed or log_.offline_reason is not None:
                 self.unregister(log_)
                 continue
-            if key in chosen or not log_.needs_flush():
+            if key in chosen or key in busy or not log_.needs_flush():
                 continue
             if log_.config.flush_policy == "interval":
                 last = self._last_interval_flush_ms.get(key, -math.inf)

@@ -67,8 +67,6 @@ class PartitionLog:
         self._generation = 0
         # Serialises checkpoint writes between the flusher's worker thread and truncation.
         self._checkpoint_lock = threading.Lock()
-        self._tickets_taken = 0
-        self._checkpoints_written_by = 0  # the sequence of the ticket that last wrote them
         self._dirty_segments: list[LogSegment] = []
         # Txn indexes appended to since the last flush ticket (fsynced with the segments).
         self._dirty_txn_indexes: list[TxnIndex] = []
@@ -610,10 +608,7 @@ class PartitionLog:
             if fd is not None:
                 fds.append(fd)
         self._dirty_txn_indexes = []
-        self._tickets_taken += 1
-        ticket = FlushTicket(
-            self._leo, fds, self._directory_dirty, self._generation, sequence=self._tickets_taken
-        )
+        ticket = FlushTicket(self._leo, fds, self._directory_dirty, self._generation)
         self._directory_dirty = False
         if self._checkpoint_due:
             ticket.checkpoints = self._checkpoint_payloads(self._leo)
@@ -629,12 +624,8 @@ class PartitionLog:
                 fsync_dir(self.directory)
             if ticket.checkpoints:
                 with self._checkpoint_lock:
-                    if (
-                        ticket.generation == self._generation
-                        and ticket.sequence > self._checkpoints_written_by
-                    ):
+                    if ticket.generation == self._generation:
                         self._write_checkpoints_locked(ticket.checkpoints)
-                        self._checkpoints_written_by = ticket.sequence
         except OSError as exc:
             # A failed fsync may have dropped dirty pages (Linux marks them clean): what the
             # page cache shows can no longer be trusted to be on disk.
@@ -685,8 +676,6 @@ class PartitionLog:
         with self._checkpoint_lock:
             self._recovery_point = self._flushed
             self._write_checkpoints_locked(self._checkpoint_payloads(self._flushed))
-            # Newer than any ticket already taken: those must not write theirs over these.
-            self._checkpoints_written_by = self._tickets_taken
 
     # ------------------------------------------------------------------ lifecycle
     def update_config(self, config: LogConfig) -> None:

@@ -80,6 +80,3 @@ class FlushTicket:
     fsync_directory: bool
     generation: int
     checkpoints: dict[str, dict[str, object]] = field(default_factory=dict)
-    # Tickets of one log are numbered as they are taken: two flush rounds can run at once,
-    # and the checkpoints of the earlier must not overwrite those of the later.
-    sequence: int = 0

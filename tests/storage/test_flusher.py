@@ -135,22 +135,47 @@ async def test_a_flush_that_misses_a_running_round_does_not_wait_for_it(tmp_path
         nursery.cancel_scope.cancel()
 
 
-def test_an_earlier_tickets_checkpoints_never_overwrite_a_later_ones(tmp_path: Path) -> None:
-    """Two rounds may end in either order; the checkpoint files keep the later snapshot."""
-    from raftlog.storage.checkpoint import read_checkpoint
-    from raftlog.storage.recovery import RECOVERY_POINT_FILE
+async def test_a_log_in_a_running_round_is_not_reported_flushed_before_that_round_ends(
+    tmp_path: Path,
+) -> None:
+    """A second request for a log whose fsync is running (nothing appended since) must wait
+    for that fsync: a second round would find no dirty segment left and report the log
+    flushed at once, and a produce would be acknowledged before its bytes were on disk."""
+    import threading
 
     lg = PartitionLog.open(tmp_path / "t-0", LogConfig(), now_ms=0)
-    lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
-    earlier = lg.prepare_flush()
-    earlier.checkpoints = lg._checkpoint_payloads(earlier.target_offset)
-    lg.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
-    later = lg.prepare_flush()
-    later.checkpoints = lg._checkpoint_payloads(later.target_offset)
-    lg.run_flush(later)
-    lg.run_flush(earlier)
-    lg.complete_flush(later)
-    lg.complete_flush(earlier)
-    written = read_checkpoint(tmp_path / "t-0" / RECOVERY_POINT_FILE, "recovery-point")
-    assert written["recovery_point"] == 5
-    assert lg.flushed_offset == 5
+    release = threading.Event()
+    real_run_flush = lg.run_flush
+    fsyncs_done: list[int] = []
+
+    def stalled_run_flush(ticket: FlushTicket) -> None:
+        release.wait(30)
+        real_run_flush(ticket)
+        fsyncs_done.append(ticket.target_offset)
+
+    lg.run_flush = stalled_run_flush  # type: ignore[method-assign]
+    flusher = Flusher()
+    reported: list[tuple[int, list[int]]] = []
+
+    async def second_caller() -> None:
+        await flusher.flush(lg, 2)
+        reported.append((lg.flushed_offset, list(fsyncs_done)))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+        nursery.start_soon(flusher.flush, lg, 2)
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+            assert flusher.rounds_running == 1
+            nursery.start_soon(second_caller)
+            await trio.testing.wait_all_tasks_blocked()
+            assert reported == [] and flusher.rounds_running == 1  # held, not a second round
+        finally:
+            release.set()
+        with trio.fail_after(10):
+            while not reported:
+                await flusher.wait_round()
+        nursery.cancel_scope.cancel()
+    [(flushed, done_then)] = reported
+    assert flushed == 2 and done_then and done_then[0] == 2
