@@ -74,8 +74,9 @@ async def test_half_finished_frames_are_bounded_and_dropped(
             lambda: all(o.closed_at is not None for o in outcomes),
             timeout_s=ATTACKERS * READ_TIMEOUT_MS / 1000,
         )
+        # What the node read never passed the pool. (What each attacker got the kernel to take
+        # is no measure: loopback socket buffers can hold its whole half frame.)
         assert guard.queued.peak_bytes == QUEUED_MAX_REQUEST_BYTES
-        assert all(o.sent_bytes < MAX_FRAME_BYTES // 2 for o in outcomes)
         await wait_until("only the peer's connection left", lambda: guard.caps.open == 1)
         assert guard.queued.used_bytes == 0
         # A frame almost as large as the pool still goes through once memory is free.

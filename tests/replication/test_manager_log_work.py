@@ -63,6 +63,7 @@ class LoopProbe:
             self.rounds += 1
 
 
+@pytest.mark.usefixtures("no_cyclic_gc")
 async def test_deleting_a_wide_topic_never_stalls_the_event_loop(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)

@@ -307,6 +307,7 @@ def many_bindings(count: int) -> list[AclBinding]:
     return out
 
 
+@pytest.mark.usefixtures("no_cyclic_gc")
 def test_ten_thousand_acls_build_and_answer_fast() -> None:
     bindings = many_bindings(10_000)
     started = time.process_time()
