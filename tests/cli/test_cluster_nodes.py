@@ -81,9 +81,20 @@ def test_joining_config_is_a_members_with_its_own_keys_and_the_broker_role(
     assert config.data_dir == str(node.node_dir / "data")
 
 
-def test_add_node_refuses_ports_in_use(tmp_path: Path) -> None:
-    with socket.socket() as holder:
+def _held_port_with_room() -> socket.socket:
+    """A bound socket whose port leaves room for a four-node plan's internal ports above it
+    (the ephemeral range can end above 65535 - INTERNAL_PORT_OFFSET)."""
+    for _ in range(100):
+        holder = socket.socket()
         holder.bind((local.LOOPBACK, 0))
+        if holder.getsockname()[1] + local.INTERNAL_PORT_OFFSET < 65535:
+            return holder
+        holder.close()
+    raise AssertionError("no free port below 65535 - INTERNAL_PORT_OFFSET in 100 tries")
+
+
+def test_add_node_refuses_ports_in_use(tmp_path: Path) -> None:
+    with _held_port_with_room() as holder:
         port = holder.getsockname()[1]
         # A cluster whose fourth node would take the client port held here.
         local.write_cluster(local.plan_cluster(tmp_path, 3, port - 3))
