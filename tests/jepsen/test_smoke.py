@@ -37,11 +37,11 @@ def test_smoke_run_with_kills_and_partitions_is_valid(tmp_path: Path) -> None:
     outcome = run(
         RunOptions(
             nodes=3,
-            # Two whole fault windows (6-12 s, 18-24 s) and recovery after each; the whole
-            # test stays near 40 s on a loaded two-core machine.
-            time_limit_s=30,
+            # Two whole fault windows (5-10 s, 15-20 s) and recovery after each; the whole
+            # test stays near 32 s on a loaded two-core machine.
+            time_limit_s=24,
             nemesis=("kill", "partition"),
-            nemesis_interval_s=6,
+            nemesis_interval_s=5,
             seed=SMOKE_SEED,
             progress=False,
             store_root=tmp_path,
@@ -66,9 +66,9 @@ def test_smoke_run_with_damaged_disks_and_forged_messages_is_valid(tmp_path: Pat
     outcome = run(
         RunOptions(
             nodes=3,
-            time_limit_s=30,
+            time_limit_s=24,
             nemesis=("corrupt-leader", "truncate-follower", "forge"),
-            nemesis_interval_s=6,
+            nemesis_interval_s=5,
             seed=DAMAGE_SEED,
             progress=False,
             store_root=tmp_path,
