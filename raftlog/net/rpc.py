@@ -353,8 +353,7 @@ async def _serve_connection(
     else:
         reader = guard.frame_reader(stream, limits.max_frame_bytes, key=guard_key)
     inflight = trio.Semaphore(limits.max_inflight_per_connection)
-    # Responses go through one writer task that coalesces whatever is queued; the channel
-    # holds at most one response per in-flight request, so it never blocks an answer.
+    # Responses go through one writer task that coalesces whatever is queued.
     responses_in, responses_out = trio.open_memory_channel[Frame](
         limits.max_inflight_per_connection
     )
@@ -397,7 +396,13 @@ async def _serve_connection(
                     return
                 # The type only: the message may hold internal state (epochs, ids, paths).
                 out = _encode_frame(KIND_ERROR, correlation_id, 0, method, type(exc).__name__)
-            await responses_in.send(out)
+            # Queued without a yield when there is room (the handler has yielded already);
+            # a writer stuck behind a peer that does not read holds this answer here, with
+            # its in-flight slot.
+            try:
+                responses_in.send_nowait(out)
+            except trio.WouldBlock:
+                await responses_in.send(out)
         finally:
             inflight.release()
             reader.frame_answered(request_bytes)
@@ -486,7 +491,10 @@ async def _read_requests(
                 sender_id,
             )
             return
-        await inflight.acquire()
+        try:
+            inflight.acquire_nowait()  # the read yielded already: no second trip when free
+        except trio.WouldBlock:
+            await inflight.acquire()
         nursery.start_soon(answer, kind, correlation_id, sender_id, method, body, len(payload))
 
 
@@ -595,10 +603,16 @@ class PeerClient:
         self._pending[correlation_id] = response_in
         try:
             with trio.move_on_after(timeout_s) as scope:
-                await self._connected.wait()
-                await self._send_in.send(
-                    _encode_frame(KIND_REQUEST, correlation_id, self.sender_id, method, body)
-                )
+                frame = _encode_frame(KIND_REQUEST, correlation_id, self.sender_id, method, body)
+                # The usual case (connected, room in the queue) queues the frame without
+                # yielding: each yield is a trip through the scheduler, and the call yields
+                # anyway while it waits for the answer.
+                if not self._connected.is_set():
+                    await self._connected.wait()
+                try:
+                    self._send_in.send_nowait(frame)
+                except trio.WouldBlock:
+                    await self._send_in.send(frame)
                 kind, result = await response_out.receive()
             if scope.cancelled_caught:
                 raise RpcError(f"{method} to node {self.peer_id} timed out after {timeout_s}s")

@@ -101,6 +101,9 @@ async def flush_partitions(flusher: Flusher, partitions: Sequence[HostedPartitio
             failed = True
             log.error("%s-%d: flush failed: %r", hosted.topic, hosted.partition, exc)
 
+    if len(partitions) == 1:
+        await flush_one(partitions[0])  # no task to start for the common case
+        return not failed
     async with trio.open_nursery() as nursery:
         for hosted in partitions:
             nursery.start_soon(flush_one, hosted)

@@ -99,6 +99,9 @@ class Replicas:
         self._dirty_leaders: set[TopicPartition] = set()
         self._flush_wakeup = trio.Event()
         self._deadline_wakeup = trio.Event()
+        # The purgatory deadline the deadline loop sleeps until (it reads the purgatory again
+        # each time it wakes, before it sleeps: no await between).
+        self._deadline_sleep_until_ms: float = math.inf
         self._nursery: trio.Nursery | None = None
         self._queued: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...]]] = []
         # Bytes/records per topic, ISR changes, flush times (None: instruments nobody scrapes).
@@ -313,12 +316,17 @@ class Replicas:
 
     # ------------------------------------------------------------------ purgatory deadlines
     def deadline_wakeup(self) -> None:
-        """A waiter with an earlier deadline was parked: the deadline loop sleeps anew."""
-        self._deadline_wakeup.set()
+        """A waiter was parked: the deadline loop sleeps anew if it now has to wake sooner
+        (each produce parks one, almost always with a later deadline than the one the loop
+        sleeps until: waking it for those would cost a task step per produce)."""
+        next_ms = self.purgatory.next_deadline_ms()
+        if next_ms is not None and next_ms < self._deadline_sleep_until_ms:
+            self._deadline_wakeup.set()
 
     async def deadline_loop(self) -> None:
         while True:
             next_ms = self.purgatory.next_deadline_ms()
+            self._deadline_sleep_until_ms = math.inf if next_ms is None else next_ms
             timeout_s = math.inf if next_ms is None else max(0, next_ms - self.clock_ms()) / 1000
             with trio.move_on_after(timeout_s):
                 await self._deadline_wakeup.wait()

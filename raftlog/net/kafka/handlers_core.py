@@ -363,11 +363,15 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
                 lambda code, msg: ProduceResult(code, error_message=msg),
             )
 
-    # Partitions are independent (acks=all waits per partition): run them concurrently.
-    async with trio.open_nursery() as nursery:
-        for i, (topic, partition, records) in enumerate(jobs):
-            if i not in refused:
-                nursery.start_soon(one, i, topic, partition, records)
+    # Partitions are independent (acks=all waits per partition): run them concurrently; a
+    # request for one partition (the usual one) runs it in this task.
+    todo = [(i, *job) for i, job in enumerate(jobs) if i not in refused]
+    if len(todo) == 1:
+        await one(*todo[0])
+    elif todo:
+        async with trio.open_nursery() as nursery:
+            for job in todo:
+                nursery.start_soon(one, *job)
 
     ctx.throttle(ctx.quotas.record_produce(ctx.client_id, ctx.connection.user, produced_bytes))
     if acks == 0:

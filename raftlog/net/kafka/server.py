@@ -214,14 +214,22 @@ class Connection:
             # the reader was already waiting for this frame.
             if self._muted_until > trio.current_time():
                 await trio.sleep_until(self._muted_until)
-            await self._inflight.acquire()
+            # The reader yielded reading the frame: a free slot and room in the queue (the
+            # usual case) are taken without another trip through the scheduler.
+            try:
+                self._inflight.acquire_nowait()
+            except trio.WouldBlock:
+                await self._inflight.acquire()
             try:
                 slot = self._dispatch(frame, nursery)
             except (_CloseConnection, codec.MalformedRequest) as exc:
                 log.warning("closing connection from %s: %s", self.peer, exc)
                 return False
             slot.request_bytes = len(frame)
-            await send_slots.send(slot)
+            try:
+                send_slots.send_nowait(slot)
+            except trio.WouldBlock:
+                await send_slots.send(slot)
             if slot.close_after:
                 return True
 
