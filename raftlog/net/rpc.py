@@ -41,7 +41,13 @@ from raftlog.codec import Array, Codec, DecodeError, MaxLen, NodeId, Opaque, Ran
 from raftlog.constants import FRAME_SIZE_PREFIX_BYTES
 from raftlog.errors import RemoteError
 from raftlog.net import tls
-from raftlog.net.framing import FrameError, FrameReader, FrameTooLarge
+from raftlog.net.framing import (
+    SEND_MAX_PIECES,
+    FrameError,
+    FrameReader,
+    FrameTooLarge,
+    send_pieces,
+)
 from raftlog.net.limits import (
     DEFAULT_LISTENER_LIMITS,
     ListenerGuard,
@@ -154,9 +160,6 @@ class _Envelope:
 _CODEC = Codec()
 _FRAME_SIZE = struct.Struct(">i")
 assert _FRAME_SIZE.size == FRAME_SIZE_PREFIX_BYTES
-# Buffers one sendmsg takes at most (Linux's IOV_MAX).
-SEND_MAX_PIECES = 1024
-
 
 # A frame as the pieces that go on the socket in order: the size prefix, then the payload
 # (with tails: the envelope, then each tail). The writer hands the pieces to one sendmsg, so
@@ -429,10 +432,8 @@ async def _serve_connection(
 async def _send_coalesced(
     stream: trio.abc.SendStream, frames: trio.MemoryReceiveChannel[Frame], max_bytes: int
 ) -> None:
-    """Send frames in order, those already queued together: on a plain socket as one
-    gathered sendmsg of their pieces (no frame is copied to join them), on TLS joined into
-    one send_all."""
-    sock = stream.socket if isinstance(stream, trio.SocketStream) else None
+    """Send frames in order, those already queued together in one gathered write of their
+    pieces (send_pieces: no frame is copied to join them)."""
     async for first in frames:
         pieces = list(first)
         size = sum(len(piece) for piece in first)
@@ -443,23 +444,7 @@ async def _send_coalesced(
                 break
             pieces.extend(more)
             size += sum(len(piece) for piece in more)
-        if sock is None:
-            await stream.send_all(b"".join(pieces))
-        else:
-            await _send_pieces(sock, pieces)
-
-
-async def _send_pieces(sock: trio.socket.SocketType, pieces: list[bytes]) -> None:
-    """sendmsg until every piece is sent, resuming after a short send."""
-    views = [memoryview(piece) for piece in pieces if piece]
-    first = 0  # views before this one are sent
-    while first < len(views):
-        sent = await sock.sendmsg(views[first : first + SEND_MAX_PIECES])
-        while first < len(views) and sent >= views[first].nbytes:
-            sent -= views[first].nbytes
-            first += 1
-        if sent:
-            views[first] = views[first][sent:]
+        await send_pieces(stream, pieces)
 
 
 async def _read_requests(

@@ -1,5 +1,6 @@
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
@@ -74,3 +75,57 @@ async def test_queued_bytes_never_pass_the_limit_and_wake_waiters():
 
 async def _reserve_into(account, want, got):
     got.append(await account.reserve(want))
+
+
+async def _socket_stream_pair(buffer_bytes: int) -> tuple[trio.SocketStream, trio.SocketStream]:
+    import socket
+
+    a, b = trio.socket.socketpair()
+    for sock in (a, b):
+        # Small kernel buffers: the writer meets short writes and a full buffer at once.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+    return trio.SocketStream(a), trio.SocketStream(b)
+
+
+async def test_send_pieces_writes_every_byte_in_order_through_short_writes_and_waits():
+    from raftlog.net.framing import SEND_MAX_PIECES, send_pieces
+
+    writer, reader = await _socket_stream_pair(4096)
+    # More pieces than one gathered write takes, empty ones among them, some large.
+    pieces = [bytes([i % 251]) * (i % 7 * 977) for i in range(SEND_MAX_PIECES + 300)]
+    pieces += [b"", bytearray(b"tail") * 100_000]
+    expected = b"".join(pieces)
+    received = bytearray()
+
+    async def read_slowly() -> None:
+        while len(received) < len(expected):
+            received.extend(await reader.receive_some(3000))
+            await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_slowly)
+            await send_pieces(writer, pieces)
+    assert bytes(received) == expected
+
+
+async def test_send_pieces_to_a_closed_peer_raises_oserror_and_never_hangs():
+    from raftlog.net.framing import send_pieces
+
+    writer, reader = await _socket_stream_pair(4096)
+    await reader.aclose()
+    with trio.fail_after(10), pytest.raises(OSError):
+        for _ in range(100):  # the first write may still land in the buffer
+            await send_pieces(writer, [b"x" * 65536])
+    await writer.aclose()
+    with trio.fail_after(10), pytest.raises(OSError):
+        await send_pieces(writer, [b"after close"])  # fileno() is -1: EBADF
+
+
+async def test_send_pieces_on_other_streams_joins_and_sends_all():
+    from raftlog.net.framing import send_pieces
+
+    send, receive = trio.testing.memory_stream_pair()
+    await send_pieces(send, [b"ab", bytearray(b"cd"), b""])
+    assert await receive.receive_some(10) == b"abcd"

@@ -293,23 +293,6 @@ async def test_large_answers_queued_together_arrive_whole_and_in_order():
         nursery.cancel_scope.cancel()
 
 
-async def test_send_pieces_resumes_after_short_sends():
-    from raftlog.net.rpc import _send_pieces
-
-    class ShortSocket:
-        def __init__(self):
-            self.out = bytearray()
-
-        async def sendmsg(self, buffers):
-            taken = b"".join(bytes(b) for b in buffers)[:5]
-            self.out += taken
-            return len(taken)
-
-    sock = ShortSocket()
-    await _send_pieces(sock, [b"\x00\x00\x00\x03", b"abc", b"", b"defghijklmno"])
-    assert bytes(sock.out) == b"\x00\x00\x00\x03abcdefghijklmno"
-
-
 def test_large_bytes_travel_as_tails_and_come_back_in_place():
     from raftlog.net.rpc import KIND_RESPONSE, TAIL_MIN_BYTES, _decode, _encode, _encode_frame
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import trio
 
+from raftlog.net.framing import send_pieces
 from raftlog.net.kafka.codec import Segment, frame_header
 from raftlog.storage.segment import FileRegion
 
@@ -41,8 +42,9 @@ def small_frame(segments: Sequence[Segment]) -> bytes | None:
 
 
 async def send_responses(stream: trio.abc.SendStream, frames: Sequence[bytes]) -> None:
-    """Several small, finished responses in one send (one syscall instead of many)."""
-    await stream.send_all(b"".join(frames))
+    """Several small, finished responses in one gathered write (one syscall instead of
+    many)."""
+    await send_pieces(stream, frames)
 
 
 async def send_response(
