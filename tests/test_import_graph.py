@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.errors",
         "raftlog.constants",
         "raftlog.clock",
+        "raftlog.concurrency",
         "raftlog.kio_private",
         "raftlog.codec",
         "raftlog.codec_checks",

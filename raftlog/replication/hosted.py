@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from raftlog.concurrency import run_all
 from raftlog.errors import KafkaError
 from raftlog.replication.core.partition import Partition
 from raftlog.replication.idempotence import ProducerStateHolder
@@ -101,10 +102,5 @@ async def flush_partitions(flusher: Flusher, partitions: Sequence[HostedPartitio
             failed = True
             log.error("%s-%d: flush failed: %r", hosted.topic, hosted.partition, exc)
 
-    if len(partitions) == 1:
-        await flush_one(partitions[0])  # no task to start for the common case
-        return not failed
-    async with trio.open_nursery() as nursery:
-        for hosted in partitions:
-            nursery.start_soon(flush_one, hosted)
+    await run_all(flush_one, [(hosted,) for hosted in partitions])
     return not failed

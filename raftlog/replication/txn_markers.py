@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import trio
 
+from raftlog.concurrency import run_all
 from raftlog.constants import ACKS_ALL
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import (
@@ -100,15 +101,16 @@ class TxnMarkerPath:
         async def one(index: int, marker: TxnMarkerRequest, key: TopicPartition) -> None:
             results[index][key] = await self.write_marker(marker, key, timeout_ms)
 
-        async with trio.open_nursery() as nursery:
-            for index, marker in enumerate(markers):
-                problem = marker.check()
-                for key in marker.partitions:
-                    if problem is not None:
-                        log.warning("refused marker for %s-%d: %s", *key, problem)
-                        results[index][key] = ErrorCode.invalid_request
-                    else:
-                        nursery.start_soon(one, index, marker, key)
+        calls = []
+        for index, marker in enumerate(markers):
+            problem = marker.check()
+            for key in marker.partitions:
+                if problem is not None:
+                    log.warning("refused marker for %s-%d: %s", *key, problem)
+                    results[index][key] = ErrorCode.invalid_request
+                else:
+                    calls.append((index, marker, key))
+        await run_all(one, calls)
         return results
 
     async def write_marker(

@@ -33,6 +33,7 @@ import trio
 
 from raftlog.clock import wall_clock_ms
 from raftlog.codec import DecodeError
+from raftlog.concurrency import run_all
 from raftlog.config import NodeConfig
 from raftlog.constants import NO_LEADER
 from raftlog.errors import ErrorCode, KafkaError
@@ -408,9 +409,7 @@ class NodeTxnService:
             else:
                 results.update(await self._write_remote_markers(leader, marker))
 
-        async with trio.open_nursery() as nursery:
-            for leader, partitions in by_leader.items():
-                nursery.start_soon(deliver, leader, tuple(partitions))
+        await run_all(deliver, [(leader, tuple(ps)) for leader, ps in by_leader.items()])
         return results
 
     async def write_local_markers(

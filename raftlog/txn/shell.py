@@ -30,6 +30,7 @@ Times given to the coordinators are wall-clock ms (they are stored in the record
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -38,6 +39,7 @@ from typing import Any, TypeVar
 import trio
 
 from raftlog.clock import wall_clock_ms
+from raftlog.concurrency import run_all
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.net.limits import RateLimitedLog
 from raftlog.txn import describe
@@ -147,6 +149,8 @@ class TxnCoordinatorShell:
         self._next_token = 0
         self._nursery: trio.Nursery | None = None
         self._wakeup = trio.Event()
+        # The earliest coordinator deadline the timer loop sleeps until.
+        self._timer_sleep_until_ms: float = math.inf
         # Producer ids at hand: the block in use first, at most one fetched ahead.
         self._id_blocks: deque[range] = deque()
         self._refilling = False
@@ -298,13 +302,7 @@ class TxnCoordinatorShell:
             for index, result in zip(indexes, answered, strict=True):
                 results[index] = result
 
-        if len(by_slot) == 1:
-            [(slot, indexes)] = by_slot.values()
-            await ask(slot, indexes)
-        elif by_slot:
-            async with trio.open_nursery() as nursery:
-                for slot, indexes in by_slot.values():
-                    nursery.start_soon(ask, slot, indexes)
+        await run_all(ask, by_slot.values())
         done = [r for r in results if r is not None]
         assert len(done) == len(transactions), results
         return done
@@ -504,7 +502,11 @@ class TxnCoordinatorShell:
                 nursery.start_soon(self._writer, slot)
             for markers in fx.markers:
                 nursery.start_soon(self._send_markers, slot, markers)
-        self._wakeup.set()
+        # Wake the timer loop only for a deadline sooner than the one it sleeps until: most
+        # steps of a transaction move none, and each wake reads every coordinator's.
+        deadline_ms = slot.coordinator.next_deadline_ms()
+        if deadline_ms is not None and deadline_ms < self._timer_sleep_until_ms:
+            self._wakeup.set()
 
     async def _writer(self, slot: _Slot) -> None:
         partition = slot.coordinator.partition
@@ -565,6 +567,7 @@ class TxnCoordinatorShell:
                 for s in self._slots.values()
                 if (d := s.coordinator.next_deadline_ms()) is not None
             ]
+            self._timer_sleep_until_ms = min(deadlines, default=math.inf)
             if not deadlines:
                 await self._wakeup.wait()
             else:

@@ -8,8 +8,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
+from raftlog.concurrency import run_all
 from raftlog.constants import METADATA_TOPIC, NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups.settings import OFFSETS_TOPIC
@@ -363,15 +362,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> dict[str, Any] | 
                 lambda code, msg: ProduceResult(code, error_message=msg),
             )
 
-    # Partitions are independent (acks=all waits per partition): run them concurrently; a
-    # request for one partition (the usual one) runs it in this task.
-    todo = [(i, *job) for i, job in enumerate(jobs) if i not in refused]
-    if len(todo) == 1:
-        await one(*todo[0])
-    elif todo:
-        async with trio.open_nursery() as nursery:
-            for job in todo:
-                nursery.start_soon(one, *job)
+    # Partitions are independent (acks=all waits per partition): run them concurrently.
+    await run_all(one, [(i, *job) for i, job in enumerate(jobs) if i not in refused])
 
     ctx.throttle(ctx.quotas.record_produce(ctx.client_id, ctx.connection.user, produced_bytes))
     if acks == 0:
