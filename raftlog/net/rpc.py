@@ -476,10 +476,11 @@ async def _read_requests(
                 sender_id,
             )
             return
-        try:
-            inflight.acquire_nowait()  # the read yielded already: no second trip when free
-        except trio.WouldBlock:
-            await inflight.acquire()
+        # Always a yield, even with a slot free: the answer started for the last frame takes
+        # its first step before this one's starts, so a connection's requests begin in the
+        # order they came (frames read together would otherwise share a scheduler batch,
+        # whose order trio shuffles).
+        await inflight.acquire()
         nursery.start_soon(answer, kind, correlation_id, sender_id, method, body, len(payload))
 
 

@@ -53,6 +53,36 @@ async def test_calls_casts_and_errors():
         nursery.cancel_scope.cancel()
 
 
+async def test_frames_read_together_start_their_handlers_in_order():
+    """Casts queued back to back reach the server in one read; each handler must start (take
+    its first step) in the order its frame came, run after run (trio shuffles the tasks of
+    one scheduler batch, so a missing yield between two starts shows up as a reordering)."""
+    started: list[int] = []
+    count = 40
+    done = trio.Event()
+
+    async def handler(sender_id, method, body):
+        if method != "note":
+            return None
+        started.append(body)
+        if len(started) == count:
+            done.set()
+
+    async with trio.open_nursery() as nursery:
+        port = await _start_server(nursery, handler)
+        peers = PeerSet(sender_id=3)
+        await nursery.start(peers.run)
+        peer = peers.peer(1, "127.0.0.1", port)
+        with trio.fail_after(5):
+            await peer.call("ping", None)  # connected
+        for i in range(count):
+            assert peer.cast("note", i)
+        with trio.fail_after(5):
+            await done.wait()
+        assert started == list(range(count))
+        nursery.cancel_scope.cancel()
+
+
 async def test_concurrent_calls_are_correlated():
     async def handler(sender_id, method, body):
         await trio.sleep(0.001 * (10 - body))  # answer out of order

@@ -214,22 +214,19 @@ class Connection:
             # the reader was already waiting for this frame.
             if self._muted_until > trio.current_time():
                 await trio.sleep_until(self._muted_until)
-            # The reader yielded reading the frame: a free slot and room in the queue (the
-            # usual case) are taken without another trip through the scheduler.
-            try:
-                self._inflight.acquire_nowait()
-            except trio.WouldBlock:
-                await self._inflight.acquire()
+            # This yield (and the one queueing the slot below) lets the handler just started
+            # take its first step before the next request's is started: an acks=0 produce
+            # then a fetch on one connection must see the produce (Kafka handles a
+            # connection's requests in order). Without it both land in one scheduler batch,
+            # whose order trio shuffles.
+            await self._inflight.acquire()
             try:
                 slot = self._dispatch(frame, nursery)
             except (_CloseConnection, codec.MalformedRequest) as exc:
                 log.warning("closing connection from %s: %s", self.peer, exc)
                 return False
             slot.request_bytes = len(frame)
-            try:
-                send_slots.send_nowait(slot)
-            except trio.WouldBlock:
-                await send_slots.send(slot)
+            await send_slots.send(slot)
             if slot.close_after:
                 return True
 
