@@ -93,11 +93,12 @@ async def flush_partitions(flusher: Flusher, partitions: Sequence[HostedPartitio
     is logged, never raised: the caller keeps the data unacknowledged and retries later.
     """
     failed = False
+    alone = len(partitions) == 1
 
     async def flush_one(hosted: HostedPartition) -> None:
         nonlocal failed
         try:
-            await flusher.flush(hosted.log, hosted.log.log_end_offset)
+            await flusher.flush(hosted.log, hosted.log.log_end_offset, alone=alone)
         except (OSError, RuntimeError, KafkaError) as exc:
             failed = True
             log.error("%s-%d: flush failed: %r", hosted.topic, hosted.partition, exc)

@@ -128,10 +128,12 @@ class Flusher:
         self._requested.pop(id(log_), None)
         self._last_interval_flush_ms.pop(id(log_), None)
 
-    async def flush(self, log_: PartitionLog, up_to_offset: int) -> None:
+    async def flush(self, log_: PartitionLog, up_to_offset: int, *, alone: bool = True) -> None:
         """Return once every offset < up_to_offset of `log_` is fsynced.
 
         Under flush_policy='interval' this returns at once (the background tick flushes).
+        alone=False: the caller flushes other logs at the same moment, which should share
+        one round (and its threads) rather than each take a round of its own in turn.
         """
         self.register(log_)
         if log_.config.flush_policy == "interval":
@@ -145,7 +147,7 @@ class Flusher:
                 # with their own cancellation, not with this error.
                 await trio.lowlevel.checkpoint_if_cancelled()
                 raise RuntimeError("Flusher.run() is not running")
-            if self._may_run_inline(log_):
+            if alone and self._may_run_inline(log_):
                 await self._round_in_slot([log_], None)
                 continue
             self._requested[id(log_)] = log_

@@ -179,3 +179,28 @@ async def test_a_log_in_a_running_round_is_not_reported_flushed_before_that_roun
         nursery.cancel_scope.cancel()
     [(flushed, done_then)] = reported
     assert flushed == 2 and done_then and done_then[0] == 2
+
+
+async def test_logs_flushed_together_share_one_round_and_a_lone_flush_takes_its_own(
+    tmp_path: Path,
+) -> None:
+    import functools
+
+    logs = [PartitionLog.open(tmp_path / f"t-{i}", LogConfig(), now_ms=0) for i in range(3)]
+    flusher = Flusher()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(flusher.run)
+        for lg in logs:
+            lg.append_as_leader(batch(2), leader_epoch=1, now_ms=0)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as together:
+                for lg in logs:
+                    together.start_soon(functools.partial(flusher.flush, lg, 2, alone=False))
+        assert flusher.fsync_rounds == 1
+        assert [lg.flushed_offset for lg in logs] == [2, 2, 2]
+        # A flush with nothing else asked for runs its round at once.
+        logs[0].append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+        with trio.fail_after(10):
+            await flusher.flush(logs[0], 5)
+        assert flusher.fsync_rounds == 2 and logs[0].flushed_offset == 5
+        nursery.cancel_scope.cancel()
