@@ -162,8 +162,8 @@ _FRAME_SIZE = struct.Struct(">i")
 assert _FRAME_SIZE.size == FRAME_SIZE_PREFIX_BYTES
 
 # A frame as the pieces that go on the socket in order: the size prefix, then the payload
-# (with tails: the envelope, then each tail). The writer hands the pieces to one sendmsg, so
-# no piece is copied to join them.
+# (with tails: the envelope, then each tail). The writer hands the pieces to one gathered
+# write, so no piece is copied to join them.
 Frame = tuple[bytes, ...]
 
 # Large byte strings in a body (a replica fetch answer's records) travel as tails: after the
