@@ -317,6 +317,41 @@ async def test_acks_all_replicates_and_consumers_stop_at_the_high_watermark(tmp_
         await cluster.stop_all()
 
 
+async def test_a_later_produce_with_a_shorter_timeout_times_out_at_its_own_deadline(
+    tmp_path: Path,
+) -> None:
+    """The purgatory's deadline loop sleeps until the earliest deadline it knows; a produce
+    parked after it with an earlier deadline must wake it, or it would wait the longer one."""
+    # Followers that stop fetching stay in the ISR for the whole test: the HW cannot move.
+    config = cluster_config(replica_lag_time_max_ms=60_000)
+    async with trio.open_nursery() as nursery:
+        cluster = await start_cluster(tmp_path, nursery, config=config)
+        await wait_until("a leader", lambda: cluster.leader_id in cluster.managers)
+        assert (await produce(cluster)).error == ErrorCode.none
+        cluster.paused.update(followers(cluster))
+        leader = cluster.managers[cluster.leader_id]
+        answers: dict[str, Any] = {}
+
+        async def long_wait() -> None:
+            answers["long"] = await leader.writes.produce(TOPIC, 0, batch(1), -1, 20_000)
+
+        nursery.start_soon(long_wait)
+        await wait_until(
+            "the first produce parked",
+            lambda: leader.replicas.purgatory.next_deadline_ms() is not None,
+        )
+        started_s = trio.current_time()
+        with trio.fail_after(10):
+            short = await leader.writes.produce(TOPIC, 0, batch(1), -1, 300)
+        assert short.error == ErrorCode.request_timed_out, short
+        assert trio.current_time() - started_s < 5
+        assert "long" not in answers
+        cluster.paused.clear()
+        await wait_until("the first produce answered", lambda: "long" in answers, timeout_s=15)
+        assert answers["long"].error == ErrorCode.none, answers["long"]
+        nursery.cancel_scope.cancel()
+
+
 async def test_isr_shrinks_and_expands_with_min_insync_replicas(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         cluster = await start_cluster(tmp_path, nursery)
