@@ -75,6 +75,7 @@ class Cluster:
     # (node, partition, producer id, epoch, coordinator epoch, commit) per marker written.
     written: list[tuple[int, tuple[str, int], int, int, int, bool]] = field(default_factory=list)
     markers_refused: bool = False
+    refusals: int = 0  # markers refused while markers_refused was set
     completed: list[tuple[int, int, int, bool]] = field(default_factory=list)
     blocks: int = 0
 
@@ -211,6 +212,7 @@ class FakeReplicas:
                     answer[key] = ErrorCode.not_leader_or_follower
                 elif self.cluster.markers_refused:
                     answer[key] = ErrorCode.not_enough_replicas
+                    self.cluster.refusals += 1
                 else:
                     answer[key] = ErrorCode.none
                     self.cluster.written.append(
@@ -412,6 +414,35 @@ async def test_verify_without_a_coordinator_is_retriable_for_the_producer(autoju
         cluster.set_topic(TRANSACTION_STATE_TOPIC, {0: (1, 0), 1: (-1, 1)})
         assert await services[1].verify(request) is ErrorCode.not_enough_replicas
         assert services[2].shell.partitions == {}
+        nursery.cancel_scope.cancel()
+
+
+async def test_refused_markers_are_retried_after_their_backoff_not_the_next_scan(
+    autojump_clock,
+) -> None:
+    """The shell's timer loop sleeps until the earliest coordinator deadline it knows (here
+    the timed-out transaction scan, 10 s away); a marker retry due sooner must wake it."""
+    cluster = Cluster()
+    txn_id = txn_id_on(0, CONFIG)
+    cluster.set_topic(DATA, {0: (1, 0)})
+    async with trio.open_nursery() as nursery:
+        services = await start_cluster(nursery, cluster)
+        assert await find(services[1], txn_id) == 1
+        pid, epoch = await init(services[1], txn_id)
+        await services[1].add_partitions_to_txn(
+            [AddPartitionsTxn(txn_id, pid, epoch, ((DATA, 0),))]
+        )
+        cluster.markers_refused = True
+        result = await services[1].end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
+        assert result.error_code is ErrorCode.none
+        await wait_until("a refused marker", lambda: cluster.refusals > 0, 60)
+        cluster.markers_refused = False
+        refused_s = trio.current_time()
+        await wait_until(
+            "CompleteCommit", lambda: cluster.stored(0)[txn_id].state is S.COMPLETE_COMMIT, 60
+        )
+        # transaction_marker_retry_backoff_ms is 100: far sooner than the scan.
+        assert trio.current_time() - refused_s < 1.0
         nursery.cancel_scope.cancel()
 
 
