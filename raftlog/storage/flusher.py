@@ -7,6 +7,8 @@ next round at once instead of waiting for that one to end (it could not join it:
 taken when it began), which halves the wait of a flush that just missed a round. A log is in
 one round at a time: a second round of the same log would find no dirty segment left to fsync
 (the first took them) and report the log flushed before the first round's fsync had ended.
+A flush of one log with nothing else asked for and a slot free runs its round in the caller's
+task rather than through run(): the same round, without two task hops.
 Logs whose flush_policy is 'interval' are never forced: a background tick fsyncs them every
 flush_interval_ms (their promise is weaker: replication, not the disk, protects recent data).
 """
@@ -160,7 +162,7 @@ class Flusher:
         round and a slot is free, which is when run() would start that same round right away.
         It spares the two task hops (wake run(), start a round task) each flush paid at low
         load; under load requests pile up and share run()'s rounds as before."""
-        if self._requested or id(log_) in self._in_rounds or log_.offline_reason is not None:
+        if self._requested or id(log_) in self._in_rounds:
             return False
         try:
             self._slots.acquire_nowait()
