@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -534,8 +535,10 @@ class NodeConfig:
     def super_user_principals(self) -> frozenset[str]:
         return parse_super_users(self.super_users)
 
-    @property
+    @functools.cached_property
     def voters(self) -> dict[int, tuple[str, int]]:
+        # Parsed once per config: every replica fetch looks its leader's address up here.
+        # Callers read it and never change it.
         return parse_voters(self.controller_quorum_voters)
 
     @property

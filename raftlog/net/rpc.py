@@ -181,6 +181,8 @@ TAIL_MIN_BYTES = 64 * 1024
 TAIL_SEARCH_MAX_ITEMS = 4096
 TAIL_SEARCH_MAX_DEPTH = 64
 _U32 = struct.Struct(">I")
+# Values that hold no bytes: skipped without a call (a body is mostly these).
+_LEAVES = frozenset({int, str, bool, float, type(None)})
 
 
 def _lift_tails(value: Any, tails: list[bytes], budget: list[int], depth: int = 0) -> Any:
@@ -205,6 +207,9 @@ def _lift_tails(value: Any, tails: list[bytes], budget: list[int], depth: int = 
         out = {}
         changed = False
         for key, item in value.items():
+            if type(item) in _LEAVES:
+                out[key] = item
+                continue
             lifted = _lift_tails(item, tails, budget, depth + 1)
             changed = changed or lifted is not item
             out[key] = lifted
@@ -213,7 +218,10 @@ def _lift_tails(value: Any, tails: list[bytes], budget: list[int], depth: int = 
         budget[0] -= len(value)
         if budget[0] < 0:
             return value
-        items = [_lift_tails(item, tails, budget, depth + 1) for item in value]
+        items = [
+            item if type(item) in _LEAVES else _lift_tails(item, tails, budget, depth + 1)
+            for item in value
+        ]
         changed = any(a is not b for a, b in zip(items, value, strict=True))
         return items if changed else value
     return value
