@@ -56,6 +56,17 @@ def test_voters_parse_and_reject_duplicates():
         parse_voters("1@a:1,1@b:2")
 
 
+def test_voters_are_parsed_once_per_config_and_follow_a_replaced_one():
+    import dataclasses
+
+    config = NodeConfig(controller_quorum_voters="1@a:1,2@b:2")
+    assert config.voters is config.voters
+    moved = dataclasses.replace(config, controller_quorum_voters="1@a:1,2@c:3")
+    assert moved.voters == {1: ("a", 1), 2: ("c", 3)}
+    assert config.voters == {1: ("a", 1), 2: ("b", 2)}
+    assert moved == dataclasses.replace(moved)  # the cached value is no field
+
+
 def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         NodeConfig.load(tmp_path / "absent.toml")
