@@ -23,15 +23,20 @@ settings on both sides of each pair, each producer in its own process on its own
 Each pair is measured in `--rounds` rounds, the two sides alternating which goes first, and a
 ratio is the median of the rounds' ratios (as benchmarks/security.py). The last stdout line is
 one JSON object: {"txn_produce_ratio", "read_committed_ratio", ... the raw MiB/s of each side
-and round}.
+and round, the cores the nodes and the producers used in each window of the main pair
+("node_cores", "producer_cores"), and the 1-minute load average before and after}. On two
+cores the transactional side is bound by the nodes and the idempotent one by its clients, so
+CPU others take on the host moves the ratio: those fields say how each run stood.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import queue
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +45,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from benchmarks.common import console, emit_result, stream_acked_bytes_per_s
+from benchmarks.replication import cpu_seconds
 from benchmarks.security import _mib, _ratio, alternate
 from raftlog.constants import KIB, MIB
 
@@ -187,12 +193,17 @@ def produce_side(
     value_bytes: int,
     records_per_txn: int,
     transactions: list[int],
+    node_pids: Sequence[int] = (),
+    cores: list[tuple[float, float]] | None = None,
 ) -> float:
     """`producers` producers of one side at once, producer i on partition i, each in its own
     process, their windows starting together: the sum of their bytes/s. Appends the number of
-    committed transactions to `transactions` (transactional side)."""
+    committed transactions to `transactions` (transactional side), and to `cores` the CPU
+    the node processes (`node_pids`) and the producers used from the window's start until
+    every producer answered, in cores: which of them bound the side."""
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(producers)
+    # The producers and this process, which starts the CPU clocks with their windows.
+    barrier = context.Barrier(producers + 1)
     results = context.Queue()
     processes = [
         context.Process(
@@ -214,9 +225,25 @@ def produce_side(
     for process in processes:
         process.start()
     answers = []
+    clocks: tuple[float, float, float] | None = None
     try:
+        try:
+            barrier.wait(2 * CLIENT_TIMEOUT_S)
+            clocks = _cpu_clocks(node_pids, processes)
+        except threading.BrokenBarrierError:
+            pass  # a producer failed before its window: its answer says why
         for _ in processes:
             answers.append(results.get(timeout=seconds + 3 * CLIENT_TIMEOUT_S))
+        if clocks is not None and cores is not None:
+            # A producer that answered may have exited: /proc keeps its times until joined.
+            end = _cpu_clocks(node_pids, processes)
+            elapsed_s = end[0] - clocks[0]
+            cores.append(
+                (
+                    round((end[1] - clocks[1]) / elapsed_s, 2),
+                    round((end[2] - clocks[2]) / elapsed_s, 2),
+                )
+            )
     except queue.Empty:
         raise RuntimeError(f"{producers - len(answers)} producers never answered") from None
     finally:
@@ -230,6 +257,15 @@ def produce_side(
     if transactional:
         transactions.append(sum(count for _, _, count, _ in answers))
     return sum(rate for _, rate, _, _ in answers)
+
+
+def _cpu_clocks(node_pids: Sequence[int], processes: Sequence[Any]) -> tuple[float, float, float]:
+    """(monotonic seconds, CPU seconds of the nodes, CPU seconds of the producers)."""
+    return (
+        time.monotonic(),
+        cpu_seconds(node_pids),
+        cpu_seconds(process.pid for process in processes),
+    )
 
 
 def fetch_for(
@@ -314,6 +350,7 @@ def run(
     # The one-producer pair is left out when --producers is 1: it would be the same pair.
     produce_pairs = (producers, 1) if producers > 1 else (producers,)
     measurements = 2 * rounds * (len(produce_pairs) + 1)
+    load_before = round(os.getloadavg()[0], 2)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with (
         tempfile.TemporaryDirectory(prefix="raftlog-txn-bench-") as tmp,
@@ -323,6 +360,7 @@ def run(
         with ProcessCluster(Path(tmp) / "cluster", 3) as cluster:
             bar.advance(setup)
             bootstrap = cluster.bootstrap_servers
+            node_pids = [n.process.pid for n in cluster.nodes.values() if n.process is not None]
             create_topics(bootstrap, producers)
             task = bar.add_task("measuring", total=measurements)
 
@@ -331,6 +369,8 @@ def run(
 
             transactions: list[int] = []
             produce: dict[int, dict[str, list[float]]] = {}
+            # (node cores, producer cores) of each measurement of the main pair's sides.
+            cores: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for count in produce_pairs:
 
                 def side(transactional: bool, count: int = count) -> Callable[[], float]:
@@ -342,6 +382,8 @@ def run(
                         value_bytes,
                         records_per_txn,
                         transactions,
+                        node_pids,
+                        cores[transactional] if count == producers else None,
                     )
 
                 produce[count] = alternate(
@@ -383,6 +425,7 @@ def run(
         return sides[f"produce transactional x{count}"], sides[f"produce idempotent x{count}"]
 
     txn_side, idempotent_side = pair(producers)
+    side_cores = {"transactional": cores[True], "idempotent": cores[False]}
     result: dict[str, Any] = {
         "txn_produce_ratio": _ratio(txn_side, idempotent_side),
         "read_committed_ratio": _ratio(
@@ -396,6 +439,11 @@ def run(
         "idempotent_produce_one_producer_mib_s": _mib(pair(1)[1]),
         "fetch_read_committed_mib_s": _mib(fetch["fetch read_committed"]),
         "fetch_read_uncommitted_mib_s": _mib(fetch["fetch read_uncommitted"]),
+        # Which side the nodes bound and which the clients: the ratio follows the host
+        # (docs/results.md, Transactions).
+        "node_cores": {name: [n for n, _ in c] for name, c in side_cores.items()},
+        "producer_cores": {name: [p for _, p in c] for name, c in side_cores.items()},
+        "load_average_1m": [load_before, round(os.getloadavg()[0], 2)],
         "transactions_per_measurement": transactions,
         "fetched_records": expected,
         "records_per_txn": records_per_txn,

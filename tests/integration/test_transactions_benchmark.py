@@ -49,6 +49,12 @@ def test_transactions_benchmark_measures_every_side_and_prints_json_last() -> No
     ):
         assert len(result[key]) == 1 and result[key][0] > 0, (key, result)
     assert result["producers"] == 2 and result["records_per_txn"] == 20
+    # What each side of the main pair cost the nodes and the producers, in cores.
+    for key in ("node_cores", "producer_cores"):
+        for side in ("transactional", "idempotent"):
+            values = result[key][side]
+            assert len(values) == 1 and 0 < values[0] < 64, (key, side, result)
+    assert len(result["load_average_1m"]) == 2, result
     # Two measurements of the transactional side (two producers, then one), each counting a
     # warm-up transaction per producer: every one of them is read back by both fetches.
     transactions = result["transactions_per_measurement"]
