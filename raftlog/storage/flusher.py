@@ -1,6 +1,6 @@
 """Group-commit flusher: many `await flush(log, offset)` callers share one fsync.
 
-While one fsync runs in a worker thread, new requests pile up; the next round covers them all,
+While one fsync round runs, new requests pile up; the next round covers them all,
 so the number of fsyncs tracks the disk's speed, not the number of producers. Up to
 ROUNDS_IN_FLIGHT rounds run at once: a request that arrives while a round is running starts the
 next round at once instead of waiting for that one to end (it could not join it: its fds were
@@ -9,6 +9,9 @@ one round at a time: a second round of the same log would find no dirty segment 
 (the first took them) and report the log flushed before the first round's fsync had ended.
 A flush of one log with nothing else asked for and a slot free runs its round in the caller's
 task rather than through run(): the same round, without two task hops.
+A round that only fdatasyncs goes to the kernel as native AIO where it can (storage/aio.py:
+no thread hand-off per fsync); the others, and every round where AIO is not to be had, use the
+worker threads (SyncThreads).
 Logs whose flush_policy is 'interval' are never forced: a background tick fsyncs them every
 flush_interval_ms (their promise is weaker: replication, not the disk, protects recent data).
 """
@@ -18,12 +21,14 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import queue
 import threading
 from collections.abc import Callable
 
 import trio
 
+from raftlog.storage.aio import FsyncRing
 from raftlog.storage.log import FlushTicket, LogOfflineError, PartitionLog
 
 log = logging.getLogger("raftlog.storage")
@@ -36,6 +41,8 @@ FLUSH_THREADS_PER_ROUND = 4
 # Flush rounds running at once (over different logs). More would split group commits further
 # without shortening a wait: a third request waits for the first round to end either way.
 ROUNDS_IN_FLIGHT = 2
+# fdatasyncs one AIO ring takes at once; a round with more files goes through the threads.
+AIO_RING_CAPACITY = 256
 
 
 class SyncThreads:
@@ -107,8 +114,13 @@ class SyncThreads:
 
 
 class Flusher:
-    def __init__(self) -> None:
+    def __init__(self, *, aio: bool = True) -> None:
         self._threads = SyncThreads()
+        # Rounds that only fdatasync go to the kernel's AIO (storage/aio.py) while it takes
+        # them; rounds with a directory fsync or checkpoints, and every round where AIO is not
+        # to be had, use the worker threads.
+        self._aio = aio
+        self._idle_rings: list[FsyncRing] = []
         self._logs: dict[int, PartitionLog] = {}  # id(log) -> log, every log seen
         self._requested: dict[int, PartitionLog] = {}  # logs a caller is waiting on
         self._wakeup = trio.Event()
@@ -208,6 +220,10 @@ class Flusher:
             self._running = False
             self._next_round_done.set()
             self._threads.stop()
+            # A ring still in a round (an inline one) is closed when that round returns it.
+            for ring in self._idle_rings:
+                ring.close()
+            self._idle_rings.clear()
 
     async def _round_in_slot(self, logs: list[PartitionLog], done: trio.Event | None) -> None:
         self.rounds_running += 1
@@ -258,6 +274,12 @@ class Flusher:
 
     async def _flush_round(self, logs: list[PartitionLog]) -> None:
         tickets: list[tuple[PartitionLog, FlushTicket]] = [(lg, lg.prepare_flush()) for lg in logs]
+        if self._aio and all(not t.fsync_directory and not t.checkpoints for _, t in tickets):
+            fds = [fd for _, t in tickets for fd in t.fds]
+            ring = self._take_ring() if len(fds) <= AIO_RING_CAPACITY else None
+            if ring is not None:
+                await self._aio_round(ring, tickets)
+                return
 
         # A few worker threads per round, each fsyncing its share of the logs in turn. The
         # filesystem merges concurrent fdatasyncs into one journal commit, so a single loop
@@ -289,3 +311,59 @@ class Flusher:
                 lg.complete_flush(ticket)
         if failures:
             raise failures[0][1]
+
+    def _take_ring(self) -> FsyncRing | None:
+        if self._idle_rings:
+            return self._idle_rings.pop()
+        ring = FsyncRing.open(AIO_RING_CAPACITY)
+        if ring is None:
+            self._aio = False  # FsyncRing.open said why, once
+        return ring
+
+    async def _aio_round(
+        self, ring: FsyncRing, tickets: list[tuple[PartitionLog, FlushTicket]]
+    ) -> None:
+        """The round's fdatasyncs through `ring`; what the kernel would not take goes through
+        the threads. A log whose fsync failed goes offline, as run_flush takes it."""
+        owners = [(lg, fd) for lg, t in tickets for fd in t.fds]
+        errors: dict[int, OSError] = {}
+        reusable = False
+        try:
+            results = await ring.fdatasync([fd for _, fd in owners])
+            reusable = True
+            for (lg, _), result in zip(owners, results, strict=True):
+                if result:
+                    errors.setdefault(id(lg), OSError(result, os.strerror(result)))
+            leftover = [
+                (lg, fd) for (lg, fd), result in zip(owners, results, strict=True) if result is None
+            ]
+            if leftover:
+
+                def sync_leftover() -> None:
+                    for lg, fd in leftover:
+                        try:
+                            os.fdatasync(fd)
+                        except OSError as exc:
+                            errors.setdefault(id(lg), exc)
+
+                await self._threads.run([sync_leftover])
+        finally:
+            for _, fd in owners:
+                os.close(fd)
+            if ring.unsupported is not None:
+                log.info(
+                    "fsyncs go through worker threads: AIO fsync refused: %s", ring.unsupported
+                )
+                self._aio = False
+            if reusable and self._running and self._aio:
+                self._idle_rings.append(ring)
+            else:
+                ring.close()
+        self.fsync_rounds += 1
+        for lg, ticket in tickets:
+            exc = errors.get(id(lg))
+            if exc is None:
+                lg.complete_flush(ticket)
+            else:
+                # As run_flush: the page cache can no longer be trusted to be on disk.
+                lg.mark_offline(f"flush failed: {exc}")

@@ -262,7 +262,9 @@ async def test_a_failed_fsync_takes_only_that_log_offline_and_the_flusher_goes_o
 ) -> None:
     broken = leader_log(tmp_path / "b-0", batches=1)
     healthy = leader_log(tmp_path / "h-0", batches=1)
-    flusher = Flusher()
+    # The worker threads' path (the failing disk stands in for os there); the AIO path's
+    # failures are tests/storage/test_aio_fsync.py's.
+    flusher = Flusher(aio=False)
     disk = FailingDisk(error=errno.EIO)
     disk.fail(broken.active_segment.file.fileno())
     monkeypatch.setattr(log_module, "os", disk)
