@@ -17,8 +17,16 @@ from raftlog.storage.flusher import SyncThreads
 from raftlog.storage.log import FlushTicket
 from tests.storage.helpers import batch
 
-RING = FsyncRing.open(8)
-pytestmark = pytest.mark.skipif(RING is None, reason="no Linux AIO fsync on this machine")
+
+def _available() -> bool:
+    ring = FsyncRing.open(8)
+    if ring is None:
+        return False
+    ring.close()
+    return True
+
+
+pytestmark = pytest.mark.skipif(not _available(), reason="no Linux AIO fsync on this machine")
 
 
 def _ring() -> FsyncRing:
