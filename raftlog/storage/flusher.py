@@ -275,8 +275,8 @@ class Flusher:
     async def _flush_round(self, logs: list[PartitionLog]) -> None:
         tickets: list[tuple[PartitionLog, FlushTicket]] = [(lg, lg.prepare_flush()) for lg in logs]
         if self._aio and all(not t.fsync_directory and not t.checkpoints for _, t in tickets):
-            fds = [fd for _, t in tickets for fd in t.fds]
-            ring = self._take_ring() if len(fds) <= AIO_RING_CAPACITY else None
+            fd_count = sum(len(t.fds) for _, t in tickets)
+            ring = self._take_ring() if fd_count <= AIO_RING_CAPACITY else None
             if ring is not None:
                 await self._aio_round(ring, tickets)
                 return

@@ -143,12 +143,20 @@ async def test_a_cancelled_caller_leaves_the_round_to_finish(tmp_path: Path) -> 
         await nursery.start(flusher.run)
         lg.append_as_leader(batch(1), leader_epoch=1, now_ms=0)
         await flusher.flush(lg, lg.log_end_offset)
+        lg.append_as_leader(batch(1), leader_epoch=1, now_ms=0)
+        await flusher.flush(lg, lg.log_end_offset)  # the ring (and its eventfd) now exists
+        open_fds = len(os.listdir("/proc/self/fd"))
         for _ in range(10):
             lg.append_as_leader(batch(1), leader_epoch=1, now_ms=0)
             with trio.CancelScope() as scope:
                 scope.cancel()  # cancelled before its fsync could even start waiting
                 await flusher.flush(lg, lg.log_end_offset)
+            # The round ran to its end: the log is durable, its descriptors are closed and
+            # the ring is back for the next round.
+            assert lg.flushed_offset == lg.log_end_offset
+            assert len(os.listdir("/proc/self/fd")) == open_fds
+            assert len(flusher._idle_rings) == 1
         await flusher.flush(lg, lg.log_end_offset)  # the ring still serves
-        assert lg.flushed_offset == lg.log_end_offset == 11
+        assert lg.flushed_offset == lg.log_end_offset == 12
         nursery.cancel_scope.cancel()
     lg.close()
