@@ -396,9 +396,11 @@ def run(
                 )
             committed_records: list[int] = []
             uncommitted_records: list[int] = []
-            # One untimed pass first: connections, metadata and the first pass's cold caches
-            # would otherwise fall on whichever side the alternation starts with.
-            fetch_all(bootstrap, producers, "read_uncommitted", [])
+            # One untimed pass of each side first: connections, metadata and the cold caches
+            # of each isolation level's first pass would otherwise fall on the first round of
+            # one side.
+            for isolation_level in ("read_uncommitted", "read_committed"):
+                fetch_all(bootstrap, producers, isolation_level, [])
             fetch = alternate(
                 rounds,
                 {
