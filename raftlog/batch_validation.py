@@ -16,7 +16,8 @@ appended:
   the record, no null or non-UTF-8 header key, no trailing bytes), its offsetDelta is its
   index, and the records take exactly the batch's bytes; a compacted topic's records have
   keys;
-- compressed records are decompressed into a buffer bounded by max.message.bytes: a
+- compressed records are decompressed into a buffer bounded by max.message.bytes (and by
+  compression.DECOMPRESSED_BATCH_MAX_BYTES, which every reader of the log keeps to): a
   decompression bomb is refused without allocating past that limit.
 
 Uncompressed records are walked in place (by position in the request's buffer, no copies),
@@ -30,16 +31,17 @@ max.message.bytes.
 
 from __future__ import annotations
 
-import struct
-
-import cramjam
-
+from raftlog.compression import (
+    DECOMPRESSED_BATCH_MAX_BYTES,
+    Compression,
+    DecompressedTooLargeError,
+    decompress,
+)
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError, RemoteError
 from raftlog.records import (
     HEADER_SIZE_BYTES,
     NO_PRODUCER_ID,
     BatchHeader,
-    Compression,
     validate_batch,
 )
 
@@ -47,7 +49,6 @@ __all__ = [
     "BatchTooLargeError",
     "InvalidRecordError",
     "ValidatedBatches",
-    "decompress_bounded",
     "validate_client_batches",
     "validated_client_batches",
 ]
@@ -61,22 +62,6 @@ MIN_HEADER_BYTES = 2
 # Kafka's varints: an int32 takes at most 5 bytes, an int64 (timestampDelta) at most 10.
 VARINT_MAX_BYTES = 5
 VARLONG_MAX_BYTES = 10
-# First guess of a compressed batch's decompressed size, as a multiple of its compressed
-# size (never below the floor): a guess too small costs a retry with a 4x larger buffer, a
-# guess too large costs zeroing memory nobody uses.
-DECOMPRESS_FIRST_GUESS_RATIO = 8
-DECOMPRESS_FIRST_GUESS_MIN_BYTES = 64 * 1024
-DECOMPRESS_GROWTH_FACTOR = 4
-# What cramjam says when the output buffer filled before the input ended.
-_CRAMJAM_OUTPUT_FULL = "failed to write whole buffer"
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER_BYTES = 16  # magic, version, compatible version
-_BLOCK_LENGTH = struct.Struct(">i")
-_STREAM_CODECS = {
-    Compression.GZIP: cramjam.gzip,
-    Compression.LZ4: cramjam.lz4,
-    Compression.ZSTD: cramjam.zstd,
-}
 
 
 # Records a refused batch names to its producer at most (KIP-467's record_errors): a batch of
@@ -226,9 +211,13 @@ def _check_records(
         body = buf
     else:
         try:
-            body = decompress_bounded(codec, memoryview(buf)[start:end], max_message_bytes)
-        except BatchTooLargeError as exc:
-            raise BatchTooLargeError(f"batch at byte {pos}: {exc.message}") from None
+            # Never more than a reader of the log will decompress, whatever the topic allows.
+            limit_bytes = min(max_message_bytes, DECOMPRESSED_BATCH_MAX_BYTES)
+            body = decompress(codec, memoryview(buf)[start:end], limit_bytes)
+        except DecompressedTooLargeError as exc:
+            raise BatchTooLargeError(
+                f"batch at byte {pos}: {exc.message} (max.message.bytes {max_message_bytes})"
+            ) from None
         except CorruptRecordError as exc:
             raise CorruptRecordError(f"batch at byte {pos}: {exc.message}") from None
         start, end = 0, len(body)
@@ -418,77 +407,3 @@ def _walk_headers(
         elif n != -1:
             raise _Malformed(f"record {index} has a header value of length {n}")
     return p
-
-
-# ------------------------------------------------------------------------- bounded codecs
-
-
-def decompress_bounded(
-    codec: Compression, data: bytes | bytearray | memoryview, limit_bytes: int
-) -> bytes | bytearray | memoryview:
-    """`data` decompressed, refused (BatchTooLargeError) once the output would pass
-    limit_bytes: no buffer above limit_bytes + 1 is ever allocated. CorruptRecordError when
-    the bytes do not decompress."""
-    if codec == Compression.SNAPPY:
-        return _snappy_bounded(data, limit_bytes)
-    module = _STREAM_CODECS.get(codec)
-    if module is None:
-        raise CorruptRecordError(f"unknown compression codec {codec}")
-    ceiling = limit_bytes + 1  # one byte past the limit tells "too large" from "just fits"
-    size = min(
-        ceiling, max(DECOMPRESS_FIRST_GUESS_MIN_BYTES, DECOMPRESS_FIRST_GUESS_RATIO * len(data))
-    )
-    while True:
-        out = bytearray(size)
-        try:
-            written = module.decompress_into(data, out)
-        except Exception as exc:  # cramjam raises its own DecompressionError
-            if _CRAMJAM_OUTPUT_FULL not in str(exc):
-                raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from None
-            if size >= ceiling:
-                raise BatchTooLargeError(
-                    f"{codec.name} records decompress to more than max.message.bytes {limit_bytes}"
-                ) from None
-            size = min(ceiling, size * DECOMPRESS_GROWTH_FACTOR)
-            continue
-        if written > limit_bytes:
-            raise BatchTooLargeError(
-                f"{codec.name} records decompress to more than max.message.bytes {limit_bytes}"
-            )
-        return memoryview(out)[:written]
-
-
-def _snappy_bounded(data: bytes | bytearray | memoryview, limit_bytes: int) -> bytes:
-    """Raw snappy (librdkafka) or xerial-framed blocks (the Java client); each raw block
-    declares its decompressed length up front, so the limit is checked before any output."""
-    raw = bytes(data)
-    try:
-        if not raw.startswith(_XERIAL_MAGIC):
-            _check_snappy_length(raw, limit_bytes)
-            return bytes(cramjam.snappy.decompress_raw(raw))
-        pos = _XERIAL_HEADER_BYTES
-        total = 0
-        blocks = []
-        while pos < len(raw):
-            if pos + _BLOCK_LENGTH.size > len(raw):
-                raise CorruptRecordError("truncated xerial snappy block length")
-            (block_len,) = _BLOCK_LENGTH.unpack_from(raw, pos)
-            pos += _BLOCK_LENGTH.size
-            if block_len < 0 or pos + block_len > len(raw):
-                raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns")
-            block = raw[pos : pos + block_len]
-            total += _check_snappy_length(block, limit_bytes - total)
-            blocks.append(bytes(cramjam.snappy.decompress_raw(block)))
-            pos += block_len
-        return b"".join(blocks)
-    except (CorruptRecordError, BatchTooLargeError):
-        raise
-    except Exception as exc:
-        raise CorruptRecordError(f"cannot decompress SNAPPY records: {exc}") from None
-
-
-def _check_snappy_length(block: bytes, limit_bytes: int) -> int:
-    declared = int(cramjam.snappy.decompress_raw_len(block))
-    if declared > limit_bytes:
-        raise BatchTooLargeError("SNAPPY records decompress to more than max.message.bytes")
-    return declared

@@ -22,9 +22,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import cramjam
 import crc32c
 
+from raftlog.compression import Compression, compress, decompress
 from raftlog.errors import CorruptRecordError
 
 HEADER_STRUCT = struct.Struct(">qiibIhiqqqhii")
@@ -52,14 +52,6 @@ _ATTRIBUTES = struct.Struct(">h")
 _TIMESTAMP = struct.Struct(">q")
 _CRC = struct.Struct(">I")
 _SIZE = struct.Struct(">qi")
-
-
-class Compression(enum.IntEnum):
-    NONE = 0
-    GZIP = 1
-    SNAPPY = 2
-    LZ4 = 3
-    ZSTD = 4
 
 
 class TimestampType(enum.IntEnum):
@@ -284,68 +276,6 @@ def stamp_log_append_time(batches: bytes | bytearray | memoryview, append_time_m
 
 # ------------------------------------------------------------------------- codecs
 
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
-_XERIAL_BLOCK_BYTES = 32 * 1024  # what the Java client's SnappyOutputStream uses
-
-
-def compress(codec: Compression, data: bytes) -> bytes:
-    if codec == Compression.NONE:
-        return data
-    if codec == Compression.GZIP:
-        return bytes(cramjam.gzip.compress(data))
-    if codec == Compression.SNAPPY:
-        # xerial framing: the Java client requires it on read, librdkafka accepts it.
-        out = [_XERIAL_HEADER]
-        for start in range(0, len(data), _XERIAL_BLOCK_BYTES):
-            block = bytes(cramjam.snappy.compress_raw(data[start : start + _XERIAL_BLOCK_BYTES]))
-            out.append(struct.pack(">i", len(block)))
-            out.append(block)
-        return b"".join(out)
-    if codec == Compression.LZ4:
-        return bytes(cramjam.lz4.compress(data))
-    if codec == Compression.ZSTD:
-        return bytes(cramjam.zstd.compress(data))
-    raise CorruptRecordError(f"unknown compression codec {codec}")
-
-
-def decompress(codec: Compression, data: bytes | memoryview) -> bytes:
-    try:
-        if codec == Compression.NONE:
-            return bytes(data)
-        if codec == Compression.GZIP:
-            return bytes(cramjam.gzip.decompress(bytes(data)))
-        if codec == Compression.SNAPPY:
-            raw = bytes(data)
-            if raw.startswith(_XERIAL_MAGIC):
-                return _xerial_decompress(raw)
-            return bytes(cramjam.snappy.decompress_raw(raw))  # librdkafka: raw snappy
-        if codec == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
-        if codec == Compression.ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
-    except CorruptRecordError:
-        raise
-    except Exception as exc:  # cramjam raises its own DecompressionError types
-        raise CorruptRecordError(f"cannot decompress {codec.name} records: {exc}") from None
-    raise CorruptRecordError(f"unknown compression codec {codec}")
-
-
-def _xerial_decompress(raw: bytes) -> bytes:
-    pos = len(_XERIAL_HEADER)
-    out = []
-    while pos < len(raw):
-        if pos + 4 > len(raw):
-            raise CorruptRecordError("truncated xerial snappy block length")
-        (block_len,) = struct.unpack_from(">i", raw, pos)
-        pos += 4
-        if block_len < 0 or pos + block_len > len(raw):
-            raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns input")
-        out.append(bytes(cramjam.snappy.decompress_raw(raw[pos : pos + block_len])))
-        pos += block_len
-    return b"".join(out)
-
-
 # ------------------------------------------------------------------------- varints
 
 
@@ -358,7 +288,7 @@ def _write_varint(out: bytearray, value: int) -> None:
     out.append(v)
 
 
-def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+def _read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     shift = 0
     result = 0
     while True:
@@ -375,7 +305,9 @@ def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     return (result >> 1) ^ -(result & 1), pos
 
 
-def _read_bytes(buf: bytes | memoryview, pos: int, what: str) -> tuple[bytes | None, int]:
+def _read_bytes(
+    buf: bytes | bytearray | memoryview, pos: int, what: str
+) -> tuple[bytes | None, int]:
     length, pos = _read_varint(buf, pos)
     if length < 0:
         return None, pos
@@ -388,10 +320,12 @@ def _read_bytes(buf: bytes | memoryview, pos: int, what: str) -> tuple[bytes | N
 
 
 def iter_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[Record]:
-    """Decode every record of the (validated) batch at `pos`, decompressing if needed."""
+    """Decode every record of the (validated) batch at `pos`, decompressing if needed: a
+    batch whose records decompress to more than DECOMPRESSED_BATCH_MAX_BYTES is corrupt
+    (DecompressedTooLargeError, a CorruptRecordError), whoever wrote it."""
     header = parse_header(batch, pos)
     end = pos + header.size_bytes
-    body: bytes | memoryview = memoryview(batch)[pos + HEADER_SIZE_BYTES : end]
+    body: bytes | bytearray | memoryview = memoryview(batch)[pos + HEADER_SIZE_BYTES : end]
     if header.compression != Compression.NONE:
         body = decompress(header.compression, body)
     log_append = header.timestamp_type == TimestampType.LOG_APPEND_TIME

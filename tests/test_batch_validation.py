@@ -20,6 +20,7 @@ from raftlog.batch_validation import (
     InvalidRecordError,
     validate_client_batches,
 )
+from raftlog.compression import compress
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import (
     HEADER_SIZE_BYTES,
@@ -28,7 +29,6 @@ from raftlog.records import (
     Record,
     build_batch,
     build_txn_marker,
-    compress,
     compute_crc,
     iter_records,
     make_attributes,

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "raftlog.config",
         "raftlog.config_keys",
         "raftlog.config_listeners",
+        "raftlog.compression",
         "raftlog.records",
         "raftlog.batch_validation",
     ),

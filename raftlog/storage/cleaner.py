@@ -29,6 +29,7 @@ from pathlib import Path
 
 import trio
 
+from raftlog.errors import CorruptRecordError
 from raftlog.records import BatchHeader, iter_batches, iter_records, rebuild_batch
 from raftlog.storage.checkpoint import fsync_dir
 from raftlog.storage.log import PartitionLog
@@ -138,10 +139,30 @@ def clean_segment_file(
 async def clean_log(
     partition_log: PartitionLog, *, clean_below_offset: int, now_ms: int
 ) -> CleanStats:
-    """Compact every inactive segment wholly below clean_below_offset."""
+    """Compact every inactive segment wholly below clean_below_offset.
+
+    A batch the cleaner cannot read (a CRC that fails, records that do not decode or that
+    decompress past DECOMPRESSED_BATCH_MAX_BYTES) stops compaction of this log, as Kafka marks
+    a partition uncleanable: the log keeps every segment as it is, the node and the other
+    logs carry on, and an ERROR line says which log and why."""
+    if not partition_log.config.compact or partition_log.uncleanable_reason is not None:
+        return CleanStats()
+    try:
+        return await _clean_log(partition_log, clean_below_offset, now_ms)
+    except CorruptRecordError as exc:
+        partition_log.uncleanable_reason = exc.message
+        log.error(
+            "%s: compaction stopped until a restart, a batch cannot be read: %s",
+            partition_log.directory.name,
+            exc.message,
+        )
+        return CleanStats()
+
+
+async def _clean_log(
+    partition_log: PartitionLog, clean_below_offset: int, now_ms: int
+) -> CleanStats:
     stats = CleanStats()
-    if not partition_log.config.compact:
-        return stats
     limit = min(clean_below_offset, partition_log.active_segment.base_offset)
     segments = [s for s in partition_log.segments[:-1] if s.next_offset <= limit]
     if not segments:

@@ -84,6 +84,9 @@ class PartitionLog:
         # point, or a damaged batch was cut out): it must not lead, nor count as in sync,
         # until it has fetched back everything the leader committed (the fetcher clears it).
         self.lost_data = recovered.lost_data
+        # Why compaction stopped for this log (None: it runs): a batch the cleaner could not
+        # read. Cleared by a restart, which rereads the log from disk.
+        self.uncleanable_reason: str | None = None
 
     # ------------------------------------------------------------------ properties
     @property

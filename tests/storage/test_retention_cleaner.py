@@ -1,8 +1,21 @@
 from __future__ import annotations
 
+import logging
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
-from raftlog.records import Record, build_batch, iter_all_records
+import pytest
+
+from raftlog.compression import DECOMPRESSED_BATCH_MAX_BYTES, Compression
+from raftlog.records import (
+    CRC_OFFSET,
+    HEADER_SIZE_BYTES,
+    Record,
+    build_batch,
+    compute_crc,
+    iter_all_records,
+)
 from raftlog.storage import LogConfig, PartitionLog
 from raftlog.storage.cleaner import clean_log
 from raftlog.storage.retention import apply_retention
@@ -100,3 +113,48 @@ async def test_compaction_ignores_delete_policy(tmp_path: Path) -> None:
         lg.append_as_leader(batch(2, keys=[b"a", b"a"]), leader_epoch=1, now_ms=0)
     stats = await clean_log(lg, clean_below_offset=40, now_ms=0)
     assert stats.segments_cleaned == 0
+
+
+def _undecodable_batch() -> bytes:
+    """A batch with a correct CRC whose one record claims more bytes than the batch holds."""
+    out = bytearray(build_batch([Record(key=b"bad", value=b"v", timestamp_ms=0)]))
+    out[HEADER_SIZE_BYTES] = 0x7E  # record length varint: 63 bytes, far past the end
+    struct.pack_into(">I", out, CRC_OFFSET, compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+def _bomb_batch() -> bytes:
+    """A few KiB on disk whose one record decompresses past DECOMPRESSED_BATCH_MAX_BYTES."""
+    value = bytes(DECOMPRESSED_BATCH_MAX_BYTES)
+    record = Record(key=b"bomb", value=value, timestamp_ms=0)
+    return build_batch([record], compression=Compression.ZSTD)
+
+
+@pytest.mark.parametrize("hostile", [_undecodable_batch, _bomb_batch])
+async def test_a_batch_the_cleaner_cannot_read_stops_compaction_of_that_log_only(
+    tmp_path: Path, hostile: Callable[[], bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    """CRC-correct bytes on disk that do not decode: compaction of the log stops with an
+    ERROR line (Kafka's uncleanable partition), the log keeps every segment as it is, and
+    nothing is raised into the node."""
+    config = LogConfig(segment_bytes=16 * 1024, cleanup_policy="compact")
+    lg = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    bad = hostile()
+    for i in range(200):
+        data = bad if i == 100 else batch(1, keys=[b"same"], value_bytes=200, ts_ms=0)
+        lg.append_as_leader(data, leader_epoch=1, now_ms=0)
+    assert len(lg.segments) > 2
+    sizes = [s.size_bytes for s in lg.segments]
+    with caplog.at_level(logging.ERROR, logger="raftlog.storage"):
+        stats = await clean_log(lg, clean_below_offset=200, now_ms=0)
+    assert stats.segments_cleaned == 0
+    assert lg.uncleanable_reason
+    assert any("compaction stopped" in r.getMessage() for r in caplog.records)
+    assert [s.size_bytes for s in lg.segments] == sizes
+    # Marked: the next round does not read the segments again.
+    assert (await clean_log(lg, clean_below_offset=200, now_ms=0)).segments_cleaned == 0
+    assert lg.read(150, 10**6).regions  # reads of the log go on
+    lg.close()
+    again = PartitionLog.open(tmp_path / "t-0", config, now_ms=0)
+    assert again.uncleanable_reason is None  # a restart tries again
+    again.close()
