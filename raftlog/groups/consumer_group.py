@@ -130,11 +130,19 @@ class ConsumerGroup:
     def uses_regex(self) -> bool:
         return any(m.subscribed_regex for m in self.members.values())
 
-    def resolve_regexes(self, topic_names: Collection[str] | None) -> bool:
+    def resolve_regexes(
+        self, topic_names: Collection[str] | None, describable: Collection[str] | None = None
+    ) -> bool:
         """Match the members' regexes against `topic_names` (the cluster's non-internal
         topics; None: not known, keep what was resolved and resolve no new regex); forgets
         regexes no member uses any more. True if some regex's matches changed, which moves
-        the group epoch (Kafka re-resolves when topics are created or deleted)."""
+        the group epoch (Kafka re-resolves when topics are created or deleted).
+
+        `describable` (None: all of them) are the topics of `topic_names` the heartbeating
+        member may DESCRIBE: a resolution matches only those, as Kafka's does with the ACLs
+        of the member that triggered it (KAFKA-18813). Whether one is due follows
+        `topic_names` alone, so members of one group with different ACLs do not resolve it
+        back and forth."""
         wanted = {m.subscribed_regex for m in self.members.values() if m.subscribed_regex}
         fresh = topic_names is not None and (
             topic_names is self.regex_topic_names or topic_names == self.regex_topic_names
@@ -145,7 +153,9 @@ class ConsumerGroup:
             if known is not None and (topic_names is None or fresh):
                 resolved[regex] = known
             elif topic_names is not None:
-                resolved[regex] = match_topics(regex, topic_names)
+                resolved[regex] = match_topics(
+                    regex, topic_names if describable is None else describable
+                )
         if topic_names is not None:
             self.regex_topic_names = topic_names
         changed = any(
@@ -190,12 +200,14 @@ class ConsumerGroup:
         now_ms: int,
         new_member_id: str,
         topic_names: Collection[str] | None = None,
+        describable: Collection[str] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """One ConsumerGroupHeartbeat. `partition_counts` has (at least) every topic the
         group and this request subscribe to that exists; `new_member_id` names a joining
         member that sent none (v0). `topic_names`, the cluster's non-internal topics, is
         given whenever the group or the request has a regex subscription (and
-        `partition_counts` then covers them all): regexes are resolved against it."""
+        `partition_counts` then covers them all): regexes are resolved against it, or
+        against `describable` (resolve_regexes)."""
         if (
             req.server_assignor is not None
             and req.server_assignor not in self.config.group_consumer_assignors
@@ -214,7 +226,7 @@ class ConsumerGroup:
         joining = req.member_epoch == JOIN_EPOCH
         sent = (member.member_epoch, member.assigned)
         bump = self._update_member(member, req, now_ms)
-        if self.resolve_regexes(topic_names) or bump:
+        if self.resolve_regexes(topic_names, describable) or bump:
             self.group_epoch += 1
         self._refresh_target(partition_counts)
         self._reconcile(member, req.owned, now_ms)

@@ -68,9 +68,10 @@ class ConsumerGroups:
         now_ms: int,
         may_create: bool,
         topic_names: Collection[str] | None = None,
+        describable: Collection[str] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """`may_create`: the caller checked the group id is free of classic members and
-        under max_groups; `topic_names` as ConsumerGroup.heartbeat."""
+        under max_groups; `topic_names` and `describable` as ConsumerGroup.heartbeat."""
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
@@ -78,11 +79,15 @@ class ConsumerGroups:
             if not may_create:
                 return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
             group = self.groups[req.group_id] = ConsumerGroup(req.group_id, self.config)
-            resp = group.heartbeat(req, partition_counts, now_ms, self._new_uuid(), topic_names)
+            resp = group.heartbeat(
+                req, partition_counts, now_ms, self._new_uuid(), topic_names, describable
+            )
             if not group.members:
                 del self.groups[req.group_id]  # the join was refused: no group after all
             return resp
-        return group.heartbeat(req, partition_counts, now_ms, self._new_uuid(), topic_names)
+        return group.heartbeat(
+            req, partition_counts, now_ms, self._new_uuid(), topic_names, describable
+        )
 
     def remove(self, group_id: str) -> None:
         self.groups.pop(group_id, None)

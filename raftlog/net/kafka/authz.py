@@ -142,8 +142,10 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "sync_group": (READ_GROUP,),
         "heartbeat": (READ_GROUP,),
         "leave_group": (READ_GROUP,),
-        "consumer_group_heartbeat": (READ_GROUP,),
-        "consumer_group_describe": (DESCRIBE_GROUP,),
+        # KAFKA-18813: DESCRIBE on every topic named, and a regex matches only those.
+        "consumer_group_heartbeat": (READ_GROUP, DESCRIBE_TOPIC),
+        # DESCRIBE on every topic the group's members name or hold, else the group's error.
+        "consumer_group_describe": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
         "offset_commit": (READ_GROUP, READ_TOPIC),
         "offset_fetch": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
         "describe_groups": (DESCRIBE_GROUP,),

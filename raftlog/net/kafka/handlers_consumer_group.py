@@ -13,7 +13,10 @@ subscribing by regex gets the cluster's non-internal topic names with each heart
 listing at most TOPIC_LISTING_MAX_AGE_S old (one listing per node serves every heartbeat
 meanwhile): a topic created or deleted is seen by the next heartbeat after that.
 
-Authorization as Kafka: READ on the group to heartbeat, DESCRIBE on it to describe.
+Authorization as Kafka: READ on the group to heartbeat, DESCRIBE on it to describe; and, as
+Kafka since KAFKA-18813, DESCRIBE on each topic: a heartbeat naming one it may not see is
+refused (TOPIC_AUTHORIZATION_FAILED), a regex matches only topics the heartbeating member may
+see, and a group whose members name or hold such a topic is not described to the caller.
 `register_consumer_group_apis(registry, service)` adds both to an ApiRegistry.
 """
 
@@ -234,15 +237,27 @@ class ConsumerGroupHandlers:
         except BadRequest as exc:
             log.debug("ConsumerGroupHeartbeat refused: %s", exc)
             return _error(exc.code, str(exc))
+        # KAFKA-18813: a member learns of no topic it may not DESCRIBE, neither by naming it
+        # (refused whole, as Kafka does) nor through a regex (matches only what it may see).
+        named = set(req.subscribed_topic_names or ())
+        if len(authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, named)) < len(named):
+            return _error(
+                authz.DESCRIBE_TOPIC.error, "not authorized to describe every subscribed topic"
+            )
         shell = self.service.shell
         topic_names: frozenset[str] | None = None
+        describable: frozenset[str] | None = None
         if req.subscribed_topic_regex or shell.consumer_uses_regex(req.group_id):
             topic_names, counts = self._topic_listing(ctx)
+            if ctx.authorizer is not None:
+                describable = frozenset(
+                    authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, topic_names, log_denied=False)
+                )
         else:
             wanted = shell.consumer_subscriptions(req.group_id)
             wanted |= set(req.subscribed_topic_names or ())
             counts = {t.name: len(t.partitions) for t in ctx.backend.topics(sorted(wanted))}
-        resp = await shell.consumer_group_heartbeat(req, counts, topic_names)
+        resp = await shell.consumer_group_heartbeat(req, counts, topic_names, describable)
         if resp.error_code is not ErrorCode.none:
             out = _error(resp.error_code, resp.error_message)
             out["member_id"] = resp.member_id
@@ -276,6 +291,20 @@ class ConsumerGroupHandlers:
             g = next(found)
             if g.error_code is not ErrorCode.none:
                 groups.append(_described_error(group_id, g.error_code))
+                continue
+            # KAFKA-18813: a group whose members name or hold a topic the caller may not
+            # DESCRIBE is not described to it.
+            topics = {
+                topic
+                for mem in g.members
+                for topic in (
+                    *mem.subscribed_topic_names,
+                    *(t for t, _ in mem.assignment),
+                    *(t for t, _ in mem.target_assignment),
+                )
+            }
+            if len(authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, topics)) < len(topics):
+                groups.append(_described_error(group_id, authz.DESCRIBE_TOPIC.error))
                 continue
             groups.append(
                 {
