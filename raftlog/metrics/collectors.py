@@ -40,6 +40,11 @@ _GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("replicas", "at_min_isr_partition_count"),
     ),
     (
+        "raftlog_log_log_cleaner_manager_uncleanable_partitions_count",
+        "Replicas hosted here whose compaction stopped on a batch it could not read.",
+        ("replicas", "uncleanable_partitions_count"),
+    ),
+    (
         "raftlog_server_replica_manager_partition_count",
         "Partition replicas hosted here.",
         ("replicas", "partition_count"),

@@ -30,6 +30,9 @@ class ReplicaHealth:
     under_min_isr_partition_count: int = 0
     # Led here with an ISR exactly at min.insync.replicas: one more loss refuses acks=all.
     at_min_isr_partition_count: int = 0
+    # Hosted here, compaction stopped on a batch it could not read (Kafka's LogCleanerManager
+    # uncleanable-partitions-count).
+    uncleanable_partitions_count: int = 0
 
 
 def replica_health(
@@ -37,10 +40,12 @@ def replica_health(
 ) -> ReplicaHealth:
     """Counts over the hosted replicas, judged as Kafka's Partition does: by the leader's
     ISR (which includes AlterPartition answers the metadata has not carried yet)."""
-    hosted_count = leaders = under_replicated = under_min = at_min = 0
+    hosted_count = leaders = under_replicated = under_min = at_min = uncleanable = 0
     min_isr_by_topic: dict[str, int] = {}
     for hosted in partitions:
         hosted_count += 1
+        if hosted.log.uncleanable_reason is not None:
+            uncleanable += 1
         leader = hosted.replica.leader
         if leader is None:
             continue
@@ -55,7 +60,7 @@ def replica_health(
             under_min += 1
         elif isr_size == min_isr:
             at_min += 1
-    return ReplicaHealth(hosted_count, leaders, under_replicated, under_min, at_min)
+    return ReplicaHealth(hosted_count, leaders, under_replicated, under_min, at_min, uncleanable)
 
 
 @dataclass(frozen=True)

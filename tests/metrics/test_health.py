@@ -26,12 +26,18 @@ from raftlog.quotas.entity import PRODUCER_BYTE_RATE
 from raftlog.quotas.manager import QuotaUsage
 
 
-def hosted(topic: str, replicas: tuple[int, ...], isr: set[int] | None) -> Any:
+def hosted(
+    topic: str, replicas: tuple[int, ...], isr: set[int] | None, uncleanable: str | None = None
+) -> Any:
     """A hosted replica as replica_health reads it; isr None: this broker follows."""
     leader = None
     if isr is not None:
         leader = SimpleNamespace(isr=frozenset(isr), state=SimpleNamespace(replicas=replicas))
-    return SimpleNamespace(topic=topic, replica=SimpleNamespace(leader=leader))
+    return SimpleNamespace(
+        topic=topic,
+        replica=SimpleNamespace(leader=leader),
+        log=SimpleNamespace(uncleanable_reason=uncleanable),
+    )
 
 
 def test_replica_health_judges_led_partitions_by_the_leaders_isr() -> None:
@@ -41,6 +47,7 @@ def test_replica_health_judges_led_partitions_by_the_leaders_isr() -> None:
         hosted("a", (1, 2, 3), {1}),  # under-replicated, under min ISR
         hosted("b", (1, 2, 3), {1, 2}),  # under-replicated; b's min ISR is 1
         hosted("a", (2, 1, 3), None),  # followed: not this broker's to report
+        hosted("c", (2, 1, 3), None, "CORRUPT_MESSAGE: ..."),  # followed; compaction stopped
     ]
     asked: list[str] = []
 
@@ -50,11 +57,12 @@ def test_replica_health_judges_led_partitions_by_the_leaders_isr() -> None:
 
     health = replica_health(partitions, min_isr)
     assert health == ReplicaHealth(
-        partition_count=5,
+        partition_count=6,
         leader_count=4,
         under_replicated_partitions=3,
         under_min_isr_partition_count=1,
         at_min_isr_partition_count=1,
+        uncleanable_partitions_count=1,
     )
     assert sorted(asked) == ["a", "b"]  # once per topic per scrape
 
