@@ -31,6 +31,7 @@ max.message.bytes.
 
 from __future__ import annotations
 
+from raftlog.codec_checks import I64_MAX, I64_MIN
 from raftlog.compression import (
     DECOMPRESSED_BATCH_MAX_BYTES,
     Compression,
@@ -62,6 +63,9 @@ MIN_HEADER_BYTES = 2
 # Kafka's varints: an int32 takes at most 5 bytes, an int64 (timestampDelta) at most 10.
 VARINT_MAX_BYTES = 5
 VARLONG_MAX_BYTES = 10
+# A base timestamp a one-byte timestampDelta (-64..63) cannot carry out of int64.
+_TIMESTAMP_MIN_MS = I64_MIN + 64
+_TIMESTAMP_MAX_MS = I64_MAX - 64
 
 
 # Records a refused batch names to its producer at most (KIP-467's record_errors): a batch of
@@ -165,6 +169,10 @@ def validate_client_batches(
 
 
 def _check_header(header: BatchHeader, pos: int) -> None:
+    if not _TIMESTAMP_MIN_MS <= header.base_timestamp_ms <= _TIMESTAMP_MAX_MS:
+        raise InvalidRecordError(
+            f"batch at byte {pos} has baseTimestamp {header.base_timestamp_ms}, out of range"
+        )
     count = header.record_count
     if count < 1 or header.last_offset_delta != count - 1:
         raise InvalidRecordError(
@@ -222,7 +230,9 @@ def _check_records(
             raise CorruptRecordError(f"batch at byte {pos}: {exc.message}") from None
         start, end = 0, len(body)
     try:
-        keyless = _walk_records(body, start, end, header.record_count, require_keys)
+        keyless = _walk_records(
+            body, start, end, header.record_count, header.base_timestamp_ms, require_keys
+        )
     except _Malformed as exc:
         raise InvalidRecordError(f"batch at byte {pos}: {exc}") from None
     except IndexError:
@@ -260,11 +270,17 @@ def _uvarint(buf: bytes | bytearray | memoryview, p: int, max_bytes: int) -> tup
 
 
 def _walk_records(
-    buf: bytes | bytearray | memoryview, p: int, end: int, count: int, require_keys: bool
+    buf: bytes | bytearray | memoryview,
+    p: int,
+    end: int,
+    count: int,
+    base_timestamp_ms: int,
+    require_keys: bool,
 ) -> list[int]:
-    """Check that buf[p:end] holds exactly `count` well-formed records, offsetDelta 0..n-1;
-    with `require_keys`, return the indexes of the records that have no key (every one is
-    named to the producer, so the walk goes on past the first).
+    """Check that buf[p:end] holds exactly `count` well-formed records, offsetDelta 0..n-1,
+    each timestamp (base + timestampDelta) an int64; with `require_keys`, return the
+    indexes of the records that have no key (every one is named to the producer, so the walk
+    goes on past the first).
 
     Raises _Malformed or IndexError. Each varint has a one- and two-byte fast path inline
     (record lengths and 1 KiB values take two bytes). A read may pass the record's end
@@ -295,12 +311,16 @@ def _walk_records(
         # it as a varint, so a set high bit would shift every later field for that reader.
         if buf[p]:
             raise _Malformed(f"record {index} has attributes {buf[p]}; no bits are defined")
-        # timestampDelta (varlong: any value)
+        # timestampDelta (varlong): the record's timestamp must be an int64, or every reader
+        # that rebuilds the batch (the cleaner) fails on it. A one-byte delta (|d| <= 64)
+        # cannot leave the range _check_header allows the base.
         b = buf[p + 1]
         if b < 0x80:
             p += 2
         else:
-            _, p = _uvarint(buf, p + 1, VARLONG_MAX_BYTES)
+            u, p = _uvarint(buf, p + 1, VARLONG_MAX_BYTES)
+            if not I64_MIN <= base_timestamp_ms + ((u >> 1) ^ -(u & 1)) <= I64_MAX:
+                raise _Malformed(f"record {index} has a timestamp outside int64")
         # offsetDelta (varint)
         b = buf[p]
         if b < 0x80:

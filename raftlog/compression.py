@@ -89,8 +89,9 @@ def decompress(
     limit_bytes: int = DECOMPRESSED_BATCH_MAX_BYTES,
 ) -> bytes | bytearray | memoryview:
     """`data` decompressed; DecompressedTooLargeError once the output would pass
-    limit_bytes (no buffer above limit_bytes + 1 is ever allocated), CorruptRecordError when
-    the bytes do not decompress."""
+    limit_bytes, CorruptRecordError when the bytes do not decompress. The codecs write into
+    one Python buffer at a time, never larger than limit_bytes + 1 (snappy: of the size its
+    blocks declare), trimmed to what was written."""
     if codec == Compression.NONE:
         if len(data) > limit_bytes:
             raise DecompressedTooLargeError(f"records of {len(data)} bytes, above {limit_bytes}")
@@ -118,7 +119,8 @@ def decompress(
             continue
         if written > limit_bytes:
             raise _too_large(codec, limit_bytes)
-        return memoryview(out)[:written]
+        del out[written:]  # the grown buffer's unused tail goes back now, not with the body
+        return out
 
 
 def _too_large(codec: Compression, limit_bytes: int) -> DecompressedTooLargeError:
@@ -127,37 +129,54 @@ def _too_large(codec: Compression, limit_bytes: int) -> DecompressedTooLargeErro
     )
 
 
-def _snappy(data: bytes | bytearray | memoryview, limit_bytes: int) -> bytes:
-    """Raw snappy (librdkafka) or xerial-framed blocks (the Java client); each raw block
-    declares its decompressed length up front, so the limit is checked before any output."""
-    raw = bytes(data)
+def _snappy(data: bytes | bytearray | memoryview, limit_bytes: int) -> bytearray:
+    """Raw snappy (librdkafka) or xerial-framed blocks (the Java client). Each raw block
+    declares its decompressed length up front: the limit is checked on their sum before any
+    output, and every block decompresses straight into one buffer of that size."""
+    raw = memoryview(bytes(data))
     try:
-        if not raw.startswith(_XERIAL_MAGIC):
-            _check_snappy_length(raw, limit_bytes)
-            return bytes(cramjam.snappy.decompress_raw(raw))
-        pos = len(_XERIAL_HEADER)
+        blocks: list[tuple[memoryview, int]] = []
         total = 0
-        blocks = []
-        while pos < len(raw):
-            if pos + _BLOCK_LENGTH.size > len(raw):
-                raise CorruptRecordError("truncated xerial snappy block length")
-            (block_len,) = _BLOCK_LENGTH.unpack_from(raw, pos)
-            pos += _BLOCK_LENGTH.size
-            if block_len < 0 or pos + block_len > len(raw):
-                raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns")
-            block = raw[pos : pos + block_len]
-            total += _check_snappy_length(block, limit_bytes - total)
-            blocks.append(bytes(cramjam.snappy.decompress_raw(block)))
-            pos += block_len
-        return b"".join(blocks)
+        if raw[: len(_XERIAL_MAGIC)] != _XERIAL_MAGIC:
+            total = _declared_length(raw)
+            blocks.append((raw, total))
+        else:
+            if len(raw) < len(_XERIAL_HEADER):
+                raise CorruptRecordError("xerial snappy header cut short")
+            pos = len(_XERIAL_HEADER)
+            while pos < len(raw):
+                if pos + _BLOCK_LENGTH.size > len(raw):
+                    raise CorruptRecordError("truncated xerial snappy block length")
+                (block_len,) = _BLOCK_LENGTH.unpack_from(raw, pos)
+                pos += _BLOCK_LENGTH.size
+                if block_len < 0 or pos + block_len > len(raw):
+                    raise CorruptRecordError(f"xerial snappy block of {block_len} bytes overruns")
+                block = raw[pos : pos + block_len]
+                declared = _declared_length(block)
+                total += declared
+                if total > limit_bytes:
+                    break
+                blocks.append((block, declared))
+                pos += block_len
+        if total > limit_bytes:
+            raise _too_large(Compression.SNAPPY, limit_bytes)
+        out = bytearray(total)
+        view = memoryview(out)
+        at = 0
+        for block, declared in blocks:
+            written = cramjam.snappy.decompress_raw_into(block, view[at : at + declared])
+            if written != declared:
+                raise CorruptRecordError(
+                    f"a snappy block declared {declared} bytes and decompressed to {written}"
+                )
+            at += declared
+        view.release()
+        return out
     except CorruptRecordError:
         raise
     except Exception as exc:
         raise CorruptRecordError(f"cannot decompress SNAPPY records: {exc}") from None
 
 
-def _check_snappy_length(block: bytes, limit_bytes: int) -> int:
-    declared = int(cramjam.snappy.decompress_raw_len(block))
-    if declared > limit_bytes:
-        raise _too_large(Compression.SNAPPY, limit_bytes)
-    return declared
+def _declared_length(block: memoryview) -> int:
+    return int(cramjam.snappy.decompress_raw_len(block))

@@ -61,6 +61,7 @@ def record(
     header_count: int | None = None,
     length_adjust: int = 0,
     extra: bytes = b"",
+    timestamp_delta: int = 0,
 ) -> bytes:
     """One record's bytes, any field of which may be made to lie."""
 
@@ -68,7 +69,7 @@ def record(
         return varint(-1) if b is None else varint(len(b)) + b
 
     headers = headers or []
-    body = b"\x00" + varint(0) + varint(offset_delta) + blob(key) + blob(value)
+    body = b"\x00" + varint(timestamp_delta) + varint(offset_delta) + blob(key) + blob(value)
     body += varint(len(headers) if header_count is None else header_count)
     for hkey, hvalue in headers:
         body += blob(hkey) + blob(hvalue)
@@ -85,6 +86,7 @@ def forge(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    base_timestamp_ms: int = 1_700_000_000_000,
 ) -> bytes:
     """A batch around `body` with whatever header the caller wants and a correct CRC."""
     size = HEADER_SIZE_BYTES + len(body)
@@ -99,8 +101,8 @@ def forge(
         0,
         attributes,
         count - 1 if last_offset_delta is None else last_offset_delta,
-        1_700_000_000_000,
-        1_700_000_000_000,
+        base_timestamp_ms,
+        base_timestamp_ms,
         producer_id,
         producer_epoch,
         base_sequence,
@@ -317,6 +319,25 @@ def test_every_keyless_record_is_named_to_the_producer_up_to_a_bound() -> None:
         validate_client_batches(many, max_message_bytes=MAX_MESSAGE_BYTES, require_keys=True)
     assert len(info.value.record_errors) == MAX_RECORD_ERRORS
     assert f"{MAX_RECORD_ERRORS + 5} of its" in info.value.message
+
+
+def test_a_timestamp_outside_int64_is_refused() -> None:
+    """baseTimestamp + timestampDelta must be an int64: a record past it would stop every
+    reader that rebuilds the batch (the cleaner) on every replica."""
+    top = 2**63 - 1
+    overflowing = [
+        forge(record(0) + record(1, timestamp_delta=2**62), 2, base_timestamp_ms=2**62),
+        forge(record(0, timestamp_delta=-(2**62) - 1), 1, base_timestamp_ms=-(2**62)),
+        forge(three_records(), 3, base_timestamp_ms=top),  # a one-byte delta could carry it
+    ]
+    for batch in overflowing:
+        with pytest.raises(KafkaError) as info:
+            validate_client_batches(batch, max_message_bytes=MAX_MESSAGE_BYTES)
+        assert info.value.code == ErrorCode.invalid_record
+    at_the_edge = forge(record(0, timestamp_delta=2**62 - 1), 1, base_timestamp_ms=2**62)
+    validate_client_batches(at_the_edge, max_message_bytes=MAX_MESSAGE_BYTES)
+    (last,) = iter_records(at_the_edge)
+    assert last.timestamp_ms == top
 
 
 def test_a_batch_above_max_message_bytes_is_refused_before_it_is_walked() -> None:

@@ -30,6 +30,9 @@ CODECS = [Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZST
 def test_round_trip_under_the_limit(codec: Compression) -> None:
     data = bytes(range(256)) * 1000
     assert bytes(decompress(codec, compress(codec, data), len(data))) == data
+    # A first guess far above what is written: the buffer comes back trimmed.
+    small = decompress(codec, compress(codec, b"x" * 10), MIB)
+    assert bytes(small) == b"x" * 10 and len(small) == 10
 
 
 @pytest.mark.parametrize("codec", [Compression.NONE, *CODECS])
@@ -50,6 +53,32 @@ def test_raw_snappy_is_refused_from_its_declared_length() -> None:
     finally:
         tracemalloc.stop()
     assert peak_bytes < MIB
+
+
+def test_xerial_snappy_is_bounded_as_a_whole_and_says_its_limit() -> None:
+    """Many blocks each under the limit, together over it: refused before any output, and
+    the message names the limit, not what was left of it."""
+    data = b"\x00" * (200 * 1024)
+    framed = compress(Compression.SNAPPY, data)  # 32 KiB blocks
+    limit = 100 * 1024
+    with pytest.raises(DecompressedTooLargeError, match=f"more than {limit} bytes"):
+        decompress(Compression.SNAPPY, framed, limit)
+    assert bytes(decompress(Compression.SNAPPY, framed, len(data))) == data
+
+
+@pytest.mark.parametrize(
+    "framed",
+    [
+        b"\x82SNAPPY\x00",  # the magic without its version fields
+        b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00",  # a length cut short
+        b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01\x00\x00\x00\x09abc",  # overruns
+        b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01\xff\xff\xff\xff",  # negative
+    ],
+)
+def test_broken_xerial_framing_is_corrupt(framed: bytes) -> None:
+    with pytest.raises(CorruptRecordError) as info:
+        decompress(Compression.SNAPPY, framed, MIB)
+    assert not isinstance(info.value, DecompressedTooLargeError)
 
 
 @pytest.mark.parametrize("codec", CODECS)

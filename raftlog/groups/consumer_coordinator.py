@@ -10,7 +10,7 @@ the group's record (consumer_format.py) is replicated; a new coordinator replays
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from raftlog.errors import ErrorCode
@@ -64,13 +64,13 @@ class ConsumerProtocol:
         partition_counts: dict[str, int],
         now_ms: int,
         topic_names: Collection[str] | None = None,
-        describable: Collection[str] | None = None,
+        may_describe: Callable[[str], bool] | None = None,
     ) -> Effects:
         """ConsumerGroupHeartbeat; `partition_counts` covers the topics the group and the
         request subscribe to (consumer_subscriptions tells the caller which), and every
         topic of `topic_names` (the cluster's non-internal topics, given when the group or
         the request subscribes by regex: consumer_uses_regex; a regex matches only the
-        `describable` ones, ConsumerGroup.resolve_regexes). Replies a
+        ones `may_describe` allows, ConsumerGroup.resolve_regexes). Replies a
         ConsumerHeartbeatResponse, once the group's record is replicated if it changed."""
         fx = Effects()
         code = self._route_member_api(req.group_id)
@@ -86,7 +86,7 @@ class ConsumerProtocol:
         total = len(self._groups) + len(self.consumer.groups)
         may_create = classic is not None or total < self.config.max_groups
         resp = self.consumer.heartbeat(
-            req, partition_counts, now_ms, may_create, topic_names, describable
+            req, partition_counts, now_ms, may_create, topic_names, may_describe
         )
         group = self.consumer.get(req.group_id)
         converted: list[Record] = []

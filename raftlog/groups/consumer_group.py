@@ -26,7 +26,7 @@ member id is UNKNOWN_MEMBER_ID. Both make the client rejoin with epoch 0, owning
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from raftlog.errors import ErrorCode
@@ -90,9 +90,10 @@ class ConsumerGroup:
     subscribed_partitions: dict[str, int] = field(default_factory=dict)
     # Each regex members subscribe with -> the topics it matched when last resolved.
     resolved_regexes: dict[str, frozenset[str]] = field(default_factory=dict)
-    # The topic names they were resolved against (not stored: a loaded group resolves anew
-    # on its first heartbeat, with the same result unless topics came or went).
-    regex_topic_names: Collection[str] | None = None
+    # Each regex -> the topic names it was resolved against (not stored: a loaded group
+    # resolves each anew on the first heartbeat of a member using it, with the same result
+    # unless topics came or went).
+    regex_topic_names: dict[str, Collection[str]] = field(default_factory=dict)
     # Changed since last stored (consumer_format.py): the coordinator writes it and clears it.
     dirty: bool = False
 
@@ -131,36 +132,38 @@ class ConsumerGroup:
         return any(m.subscribed_regex for m in self.members.values())
 
     def resolve_regexes(
-        self, topic_names: Collection[str] | None, describable: Collection[str] | None = None
+        self,
+        topic_names: Collection[str] | None,
+        may_describe: Callable[[str], bool] | None = None,
+        regex: str | None = None,
     ) -> bool:
-        """Match the members' regexes against `topic_names` (the cluster's non-internal
-        topics; None: not known, keep what was resolved and resolve no new regex); forgets
-        regexes no member uses any more. True if some regex's matches changed, which moves
-        the group epoch (Kafka re-resolves when topics are created or deleted).
+        """Resolve `regex` (the heartbeating member's) against `topic_names` (the cluster's
+        non-internal topics; None: not known, resolve nothing) when it is new or those names
+        changed since it was last resolved; forget regexes no member uses any more. True if
+        a regex's matches changed, which moves the group epoch (Kafka re-resolves when
+        topics are created or deleted).
 
-        `describable` (None: all of them) are the topics of `topic_names` the heartbeating
-        member may DESCRIBE: a resolution matches only those, as Kafka's does with the ACLs
-        of the member that triggered it (KAFKA-18813). Whether one is due follows
-        `topic_names` alone, so members of one group with different ACLs do not resolve it
-        back and forth."""
+        A regex is resolved only by a heartbeat of a member that uses it, and matches only
+        the topics `may_describe` allows (None: all), asked only then: that member's ACLs
+        (KAFKA-18813), never those of a member with another subscription. Members of one
+        regex with different ACLs share its resolution, as in Kafka."""
         wanted = {m.subscribed_regex for m in self.members.values() if m.subscribed_regex}
-        fresh = topic_names is not None and (
-            topic_names is self.regex_topic_names or topic_names == self.regex_topic_names
-        )
-        resolved: dict[str, frozenset[str]] = {}
-        for regex in sorted(wanted):
-            known = self.resolved_regexes.get(regex)
-            if known is not None and (topic_names is None or fresh):
-                resolved[regex] = known
-            elif topic_names is not None:
-                resolved[regex] = match_topics(
-                    regex, topic_names if describable is None else describable
+        resolved = {r: topics for r, topics in self.resolved_regexes.items() if r in wanted}
+        against = {r: names for r, names in self.regex_topic_names.items() if r in wanted}
+        if regex in wanted and topic_names is not None:
+            last = against.get(regex)
+            if regex not in resolved or not (last is topic_names or last == topic_names):
+                candidates = (
+                    topic_names
+                    if may_describe is None
+                    else [name for name in topic_names if may_describe(name)]
                 )
-        if topic_names is not None:
-            self.regex_topic_names = topic_names
+                resolved[regex] = match_topics(regex, candidates)
+                against[regex] = topic_names
+        self.regex_topic_names = against
         changed = any(
-            resolved.get(regex, frozenset()) != self.resolved_regexes.get(regex, frozenset())
-            for regex in wanted
+            resolved.get(r, frozenset()) != self.resolved_regexes.get(r, frozenset())
+            for r in wanted
         )
         if resolved != self.resolved_regexes:
             self.resolved_regexes = resolved
@@ -200,14 +203,14 @@ class ConsumerGroup:
         now_ms: int,
         new_member_id: str,
         topic_names: Collection[str] | None = None,
-        describable: Collection[str] | None = None,
+        may_describe: Callable[[str], bool] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """One ConsumerGroupHeartbeat. `partition_counts` has (at least) every topic the
         group and this request subscribe to that exists; `new_member_id` names a joining
         member that sent none (v0). `topic_names`, the cluster's non-internal topics, is
         given whenever the group or the request has a regex subscription (and
-        `partition_counts` then covers them all): regexes are resolved against it, or
-        against `describable` (resolve_regexes)."""
+        `partition_counts` then covers them all): the member's regex is resolved against
+        it, filtered by `may_describe` (resolve_regexes)."""
         if (
             req.server_assignor is not None
             and req.server_assignor not in self.config.group_consumer_assignors
@@ -226,7 +229,7 @@ class ConsumerGroup:
         joining = req.member_epoch == JOIN_EPOCH
         sent = (member.member_epoch, member.assigned)
         bump = self._update_member(member, req, now_ms)
-        if self.resolve_regexes(topic_names, describable) or bump:
+        if self.resolve_regexes(topic_names, may_describe, member.subscribed_regex) or bump:
             self.group_epoch += 1
         self._refresh_target(partition_counts)
         self._reconcile(member, req.owned, now_ms)

@@ -68,10 +68,10 @@ class ConsumerGroups:
         now_ms: int,
         may_create: bool,
         topic_names: Collection[str] | None = None,
-        describable: Collection[str] | None = None,
+        may_describe: Callable[[str], bool] | None = None,
     ) -> ConsumerHeartbeatResponse:
         """`may_create`: the caller checked the group id is free of classic members and
-        under max_groups; `topic_names` and `describable` as ConsumerGroup.heartbeat."""
+        under max_groups; `topic_names` and `may_describe` as ConsumerGroup.heartbeat."""
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_epoch != 0:
@@ -80,13 +80,13 @@ class ConsumerGroups:
                 return ConsumerHeartbeatResponse(ErrorCode.coordinator_not_available)
             group = self.groups[req.group_id] = ConsumerGroup(req.group_id, self.config)
             resp = group.heartbeat(
-                req, partition_counts, now_ms, self._new_uuid(), topic_names, describable
+                req, partition_counts, now_ms, self._new_uuid(), topic_names, may_describe
             )
             if not group.members:
                 del self.groups[req.group_id]  # the join was refused: no group after all
             return resp
         return group.heartbeat(
-            req, partition_counts, now_ms, self._new_uuid(), topic_names, describable
+            req, partition_counts, now_ms, self._new_uuid(), topic_names, may_describe
         )
 
     def remove(self, group_id: str) -> None:
@@ -160,4 +160,9 @@ class ConsumerGroups:
             protocol_type=CONSUMER_PROTOCOL_TYPE,
             protocol_data=group.assignor_name,
             members=members,
+            topics=frozenset(
+                topic
+                for m in group.members.values()
+                for topic in (*group.member_topics(m), *(t for t, _ in m.assigned))
+            ),
         )

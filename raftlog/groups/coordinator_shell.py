@@ -177,13 +177,13 @@ class GroupCoordinatorShell:
         req: ConsumerHeartbeatRequest,
         partition_counts: dict[str, int],
         topic_names: Collection[str] | None = None,
-        describable: Collection[str] | None = None,
+        may_describe: Callable[[str], bool] | None = None,
     ) -> ConsumerHeartbeatResponse:
         # Answered once the group's record is replicated, if the heartbeat changed it; the
         # timer is woken in _apply (session deadlines moved).
         return await self._call(
             lambda token, now: self.coordinator.consumer_group_heartbeat(
-                token, req, partition_counts, now, topic_names, describable
+                token, req, partition_counts, now, topic_names, may_describe
             )
         )
 

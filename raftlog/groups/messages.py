@@ -234,6 +234,9 @@ class DescribedGroup:
     protocol_type: str = ""
     protocol_data: str = ""  # the selected protocol, only while Stable (as Kafka)
     members: tuple[DescribedMember, ...] = ()
+    # A KIP-848 group's topics its members' metadata and assignments name (the server
+    # resolved them, so the handler checks DESCRIBE on each); empty for a classic group.
+    topics: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

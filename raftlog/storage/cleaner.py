@@ -144,19 +144,23 @@ async def clean_log(
     A batch the cleaner cannot read (a CRC that fails, records that do not decode or that
     decompress past DECOMPRESSED_BATCH_MAX_BYTES) stops compaction of this log, as Kafka marks
     a partition uncleanable: the log keeps every segment as it is, the node and the other
-    logs carry on, and an ERROR line says which log and why."""
+    logs carry on, and an ERROR line says which log and why. So does any other failure but
+    a disk error (OSError, the caller's to report): like Kafka's cleaner, a log it cannot
+    compact must not take the node down with it, on every replica at once."""
     if not partition_log.config.compact or partition_log.uncleanable_reason is not None:
         return CleanStats()
+    name = partition_log.directory.name
     try:
         return await _clean_log(partition_log, clean_below_offset, now_ms)
     except CorruptRecordError as exc:
         partition_log.uncleanable_reason = exc.message
-        log.error(
-            "%s: compaction stopped until a restart, a batch cannot be read: %s",
-            partition_log.directory.name,
-            exc.message,
-        )
-        return CleanStats()
+        log.error("%s: compaction stopped until a restart, a batch cannot be read: %s", name, exc)
+    except OSError:
+        raise
+    except Exception as exc:
+        partition_log.uncleanable_reason = repr(exc)
+        log.exception("%s: compaction stopped until a restart, it failed unexpectedly", name)
+    return CleanStats()
 
 
 async def _clean_log(

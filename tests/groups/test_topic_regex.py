@@ -5,6 +5,7 @@ invalid and hostile patterns, internal topics, and the stored record."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -36,9 +37,11 @@ class Cluster:
         self.internal = internal
         self.now_ms = 0
 
-    def beat(self, req: ConsumerHeartbeatRequest) -> ConsumerHeartbeatResponse:
+    def beat(
+        self, req: ConsumerHeartbeatRequest, may_describe: Callable[[str], bool] | None = None
+    ) -> ConsumerHeartbeatResponse:
         names = frozenset(t for t in self.topics if t not in self.internal)
-        resp = self.group.heartbeat(req, self.topics, self.now_ms, "generated", names)
+        resp = self.group.heartbeat(req, self.topics, self.now_ms, "generated", names, may_describe)
         self.group.check_invariants()
         return resp
 
@@ -133,6 +136,35 @@ def test_two_members_share_a_new_topic() -> None:
     assert owned["a"] | owned["b"] == tps("rx-a", 2) | tps("rx-b", 2)
     assert not owned["a"] & owned["b"] and len(owned["a"]) == len(owned["b"]) == 2
     assert c.group.state == "Stable"
+
+
+def test_a_regex_matches_only_what_the_resolving_member_may_describe() -> None:
+    """KAFKA-18813: the member whose heartbeat resolves its regex gets only the topics its
+    ACLs let it DESCRIBE, and the ACLs are asked only when a resolution is due."""
+    c = Cluster({"orders": 2, "secret": 1})
+    asked: list[str] = []
+
+    def alice(name: str) -> bool:
+        asked.append(name)
+        return name != "secret" and name != "secret-2"
+
+    a = c.beat(join("alice", ".*"), alice)
+    assert a.assignment == tps("orders", 2)
+    assert sorted(asked) == ["orders", "secret"]
+    asked.clear()
+    a = c.beat(beat("alice", a, tps("orders", 2)), alice)
+    assert asked == []  # nothing changed: no resolution, no ACL lookups
+
+    # bob may see everything and subscribes by name: a topic is created and bob beats first.
+    # His heartbeat resolves no regex of the group, so alice's stays hers.
+    b = c.beat(join("bob", None, ("orders",)), lambda name: True)
+    c.topics["secret-2"] = 1
+    b = c.beat(beat("bob", b, b.assignment or frozenset()), lambda name: True)
+    assert c.group.resolved_regexes == {".*": frozenset({"orders"})}
+    a = c.beat(beat("alice", a, tps("orders", 2)), alice)
+    assert "secret-2" in asked  # alice's own heartbeat resolved it again, with her ACLs
+    assert c.group.resolved_regexes == {".*": frozenset({"orders"})}
+    assert all(t == "orders" for m in c.group.members.values() for t, _ in m.assigned)
 
 
 def test_internal_topics_never_match() -> None:

@@ -148,7 +148,9 @@ API_RULES: Mapping[str, tuple[Rule, ...]] = MappingProxyType(
         "consumer_group_describe": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
         "offset_commit": (READ_GROUP, READ_TOPIC),
         "offset_fetch": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
-        "describe_groups": (DESCRIBE_GROUP,),
+        # KIP-848 groups: DESCRIBE on every topic their members name or hold, as
+        # ConsumerGroupDescribe.
+        "describe_groups": (DESCRIBE_GROUP, DESCRIBE_TOPIC),
         "list_groups": (DESCRIBE_CLUSTER, DESCRIBE_GROUP),
         "delete_groups": (DELETE_GROUP,),
         # Topics and configs.

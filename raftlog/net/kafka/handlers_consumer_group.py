@@ -23,7 +23,7 @@ see, and a group whose members name or hold such a topic is not described to the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -246,18 +246,18 @@ class ConsumerGroupHandlers:
             )
         shell = self.service.shell
         topic_names: frozenset[str] | None = None
-        describable: frozenset[str] | None = None
+        may_describe: Callable[[str], bool] | None = None
         if req.subscribed_topic_regex or shell.consumer_uses_regex(req.group_id):
             topic_names, counts = self._topic_listing(ctx)
             if ctx.authorizer is not None:
-                describable = frozenset(
-                    authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, topic_names, log_denied=False)
-                )
+                # Asked by the coordinator only when it resolves this member's regex.
+                def may_describe(name: str) -> bool:
+                    return authz.allows(ctx, authz.DESCRIBE_TOPIC, name, log_denied=False)
         else:
             wanted = shell.consumer_subscriptions(req.group_id)
             wanted |= set(req.subscribed_topic_names or ())
             counts = {t.name: len(t.partitions) for t in ctx.backend.topics(sorted(wanted))}
-        resp = await shell.consumer_group_heartbeat(req, counts, topic_names, describable)
+        resp = await shell.consumer_group_heartbeat(req, counts, topic_names, may_describe)
         if resp.error_code is not ErrorCode.none:
             out = _error(resp.error_code, resp.error_message)
             out["member_id"] = resp.member_id

@@ -487,6 +487,16 @@ class GroupHandlers:
             described = [
                 next(found) if g in allowed else m.DescribedGroup(g, refused, "") for g in group_ids
             ]
+            # A KIP-848 group's members carry the topics the server resolved for them: as
+            # ConsumerGroupDescribe (KAFKA-18813), none the caller may not DESCRIBE.
+            hidden = authz.DESCRIBE_TOPIC.error
+            described = [
+                m.DescribedGroup(g.group_id, hidden, "")
+                if g.topics
+                and len(authz.allowed_names(ctx, authz.DESCRIBE_TOPIC, g.topics)) < len(g.topics)
+                else g
+                for g in described
+            ]
         with_operations = bool(getattr(request, "include_authorized_operations", False))
         return {
             "groups": [
