@@ -31,7 +31,7 @@ max.message.bytes.
 
 from __future__ import annotations
 
-from raftlog.codec_checks import I64_MAX, I64_MIN
+from raftlog.codec import I64_MAX, I64_MIN
 from raftlog.compression import (
     DECOMPRESSED_BATCH_MAX_BYTES,
     Compression,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftlog.codec import I32_MAX, I64_MAX
 from raftlog.config import CLEANUP_POLICIES, FLUSH_POLICIES, NodeConfig
 from raftlog.constants import MIB
 from raftlog.errors import RemoteError
@@ -35,8 +36,6 @@ __all__ = [
     "validate_configs",
 ]
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
 # Kafka's default max.message.bytes (1 MiB + record batch overhead).
 DEFAULT_MAX_MESSAGE_BYTES = 1 * MIB + 12
 # message.timestamp.type values (KIP-32): LogAppendTime makes the leader stamp each batch.
@@ -171,8 +170,8 @@ def parse_throttled_replicas(text: str) -> ThrottledReplicas:
                 f"{entry!r} is not partition:broker (a list of them, or * for every replica)"
             )
         partition, broker = (int(part) for part in entry.split(":"))
-        if partition > INT32_MAX or broker > INT32_MAX:
-            raise ValueError(f"{entry!r}: partition and broker ids are at most {INT32_MAX}")
+        if partition > I32_MAX or broker > I32_MAX:
+            raise ValueError(f"{entry!r}: partition and broker ids are at most {I32_MAX}")
         pairs.add((partition, broker))
         if len(pairs) > MAX_THROTTLED_REPLICAS:
             raise ValueError(f"more than {MAX_THROTTLED_REPLICAS} throttled replicas")
@@ -203,30 +202,30 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     "cleanup.policy": ConfigKey(_CLEANUP, lambda c: c.cleanup_policy, "cleanup_policy"),
     "compression.type": ConfigKey(_choice(*_COMPRESSION), lambda c: "producer"),
     "delete.retention.ms": ConfigKey(
-        _int(0, INT64_MAX), lambda c: str(c.delete_retention_ms), "delete_retention_ms"
+        _int(0, I64_MAX), lambda c: str(c.delete_retention_ms), "delete_retention_ms"
     ),
     # Keys below with a fixed default: accepted and stored, the behaviour being Kafka's
     # default (DescribeConfigs must show every key it lists with a value).
-    "file.delete.delay.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "60000"),
+    "file.delete.delay.ms": ConfigKey(_int(0, I64_MAX), lambda c: "60000"),
     # flush.policy=always fsyncs every produce before it counts: a flush per message batch.
     "flush.messages": ConfigKey(
-        _int(1, INT64_MAX), lambda c: "1" if c.flush_policy == "always" else str(INT64_MAX)
+        _int(1, I64_MAX), lambda c: "1" if c.flush_policy == "always" else str(I64_MAX)
     ),
     # At least 1: an interval flusher wakes every flush.ms.
     "flush.ms": ConfigKey(
-        _int(1, INT64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
+        _int(1, I64_MAX), lambda c: str(c.flush_interval_ms), "flush_interval_ms"
     ),
     "flush.policy": ConfigKey(_choice(*FLUSH_POLICIES), lambda c: c.flush_policy, "flush_policy"),
     # Replicas whose replication the brokers' throttled rates limit (KIP-455 reassignments).
     "follower.replication.throttled.replicas": ConfigKey(_throttled_replicas, lambda c: ""),
     "index.interval.bytes": ConfigKey(
-        _int(0, INT32_MAX), lambda c: str(c.index_interval_bytes), "index_interval_bytes"
+        _int(0, I32_MAX), lambda c: str(c.index_interval_bytes), "index_interval_bytes"
     ),
     "leader.replication.throttled.replicas": ConfigKey(_throttled_replicas, lambda c: ""),
-    "max.compaction.lag.ms": ConfigKey(_int(1, INT64_MAX), lambda c: str(INT64_MAX)),
+    "max.compaction.lag.ms": ConfigKey(_int(1, I64_MAX), lambda c: str(I64_MAX)),
     # Nothing smaller than a batch header can be appended (nor fill a segment).
     "max.message.bytes": ConfigKey(
-        _int(HEADER_SIZE_BYTES, INT32_MAX),
+        _int(HEADER_SIZE_BYTES, I32_MAX),
         lambda c: str(DEFAULT_MAX_MESSAGE_BYTES),
         "max_message_bytes",
     ),
@@ -239,21 +238,21 @@ TOPIC_CONFIGS: Mapping[str, ConfigKey] = {
     # Deprecated in Kafka 3 and ignored there since 3.0 (every batch is RecordBatch v2, as
     # here); accepted so that tools written for Kafka 3 can still set it.
     "message.format.version": ConfigKey(_message_format_version, lambda c: "3.0-IV1"),
-    "message.timestamp.difference.max.ms": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
+    "message.timestamp.difference.max.ms": ConfigKey(_int(0, I64_MAX), lambda c: str(I64_MAX)),
     "min.cleanable.dirty.ratio": ConfigKey(_double(0.0, 1.0), lambda c: "0.5"),
-    "min.compaction.lag.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "0"),
-    "min.insync.replicas": ConfigKey(_int(1, INT32_MAX), lambda c: str(c.min_insync_replicas)),
+    "min.compaction.lag.ms": ConfigKey(_int(0, I64_MAX), lambda c: "0"),
+    "min.insync.replicas": ConfigKey(_int(1, I32_MAX), lambda c: str(c.min_insync_replicas)),
     "preallocate": ConfigKey(_bool, lambda c: "false"),
     "retention.bytes": ConfigKey(
-        _int(-1, INT64_MAX), lambda c: str(c.retention_bytes), "retention_bytes"
+        _int(-1, I64_MAX), lambda c: str(c.retention_bytes), "retention_bytes"
     ),
-    "retention.ms": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_ms), "retention_ms"),
+    "retention.ms": ConfigKey(_int(-1, I64_MAX), lambda c: str(c.retention_ms), "retention_ms"),
     "segment.bytes": ConfigKey(
-        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(c.segment_bytes), "segment_bytes"
+        _int(HEADER_SIZE_BYTES, I32_MAX), lambda c: str(c.segment_bytes), "segment_bytes"
     ),
-    "segment.index.bytes": ConfigKey(_int(4, INT32_MAX), lambda c: "10485760", log_field=""),
-    "segment.jitter.ms": ConfigKey(_int(0, INT64_MAX), lambda c: "0"),
-    "segment.ms": ConfigKey(_int(1, INT64_MAX), lambda c: str(c.segment_ms), "segment_ms"),
+    "segment.index.bytes": ConfigKey(_int(4, I32_MAX), lambda c: "10485760", log_field=""),
+    "segment.jitter.ms": ConfigKey(_int(0, I64_MAX), lambda c: "0"),
+    "segment.ms": ConfigKey(_int(1, I64_MAX), lambda c: str(c.segment_ms), "segment_ms"),
     "unclean.leader.election.enable": ConfigKey(
         _bool, lambda c: _show_bool(c.unclean_leader_election)
     ),
@@ -270,22 +269,22 @@ BROKER_CONFIGS: Mapping[str, ConfigKey] = {
         _bool, lambda c: _show_bool(c.auto_create_topics_enable)
     ),
     "compression.type": ConfigKey(_choice(*_COMPRESSION), lambda c: "producer"),
-    "follower.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
-    "leader.replication.throttled.rate": ConfigKey(_int(0, INT64_MAX), lambda c: str(INT64_MAX)),
+    "follower.replication.throttled.rate": ConfigKey(_int(0, I64_MAX), lambda c: str(I64_MAX)),
+    "leader.replication.throttled.rate": ConfigKey(_int(0, I64_MAX), lambda c: str(I64_MAX)),
     "log.cleanup.policy": ConfigKey(_CLEANUP, lambda c: c.cleanup_policy),
-    "log.retention.bytes": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_bytes)),
-    "log.retention.ms": ConfigKey(_int(-1, INT64_MAX), lambda c: str(c.retention_ms)),
+    "log.retention.bytes": ConfigKey(_int(-1, I64_MAX), lambda c: str(c.retention_bytes)),
+    "log.retention.ms": ConfigKey(_int(-1, I64_MAX), lambda c: str(c.retention_ms)),
     "log.segment.bytes": ConfigKey(
-        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(c.segment_bytes)
+        _int(HEADER_SIZE_BYTES, I32_MAX), lambda c: str(c.segment_bytes)
     ),
     "message.max.bytes": ConfigKey(
-        _int(HEADER_SIZE_BYTES, INT32_MAX), lambda c: str(DEFAULT_MAX_MESSAGE_BYTES)
+        _int(HEADER_SIZE_BYTES, I32_MAX), lambda c: str(DEFAULT_MAX_MESSAGE_BYTES)
     ),
-    "min.insync.replicas": ConfigKey(_int(1, INT32_MAX), lambda c: str(c.min_insync_replicas)),
+    "min.insync.replicas": ConfigKey(_int(1, I32_MAX), lambda c: str(c.min_insync_replicas)),
     "num.partitions": ConfigKey(_int(1, 100_000), lambda c: str(c.num_partitions)),
     # raftlog has no Kerberos (GSSAPI): stored and shown, no effect, so tools that set
     # Kafka's dynamic SASL keys on a broker get the answer Kafka gives (librdkafka's 0081).
-    "sasl.kerberos.min.time.before.relogin": ConfigKey(_int(0, INT64_MAX), lambda c: "60000"),
+    "sasl.kerberos.min.time.before.relogin": ConfigKey(_int(0, I64_MAX), lambda c: "60000"),
     "unclean.leader.election.enable": ConfigKey(
         _bool, lambda c: _show_bool(c.unclean_leader_election)
     ),

@@ -11,6 +11,7 @@ import cramjam
 import pytest
 
 from raftlog.batch_validation import validate_client_batches
+from raftlog.codec import I32_MAX
 from raftlog.compression import (
     DECOMPRESSED_BATCH_MAX_BYTES,
     Compression,
@@ -18,7 +19,6 @@ from raftlog.compression import (
     compress,
     decompress,
 )
-from raftlog.config_keys import INT32_MAX
 from raftlog.constants import MIB
 from raftlog.errors import CorruptRecordError, ErrorCode, KafkaError
 from raftlog.records import Record, build_batch, iter_records
@@ -119,5 +119,5 @@ def test_produce_refuses_a_bomb_even_when_max_message_bytes_allows_it(bomb: byte
     """max.message.bytes may be set up to 2 GiB: produce still takes nothing a reader of the
     log would refuse."""
     with pytest.raises(KafkaError) as info:
-        validate_client_batches(bomb, max_message_bytes=INT32_MAX)
+        validate_client_batches(bomb, max_message_bytes=I32_MAX)
     assert info.value.code == ErrorCode.message_too_large

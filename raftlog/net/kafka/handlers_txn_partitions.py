@@ -16,6 +16,7 @@ from typing import Any
 import trio
 from kio.schema.index import api_key_map
 
+from raftlog.codec import I64_MAX
 from raftlog.errors import ErrorCode
 from raftlog.net.kafka import authz
 from raftlog.net.kafka.backend import (
@@ -48,7 +49,6 @@ MAX_DESCRIBED_PARTITIONS = 1_000
 # would be 10 million entries. Past it, the partitions' lists are cut short (and logged).
 MAX_DESCRIBED_PRODUCERS = 100_000
 MAX_MARKERS_PER_REQUEST = 10_000
-MAX_INT64 = 2**63 - 1
 
 
 # ------------------------------------------------------------------ range checks
@@ -60,7 +60,7 @@ def valid_transactional_id(transactional_id: str) -> bool:
 
 
 def valid_producer(producer_id: int, producer_epoch: int) -> bool:
-    return 0 <= producer_id <= MAX_INT64 and 0 <= producer_epoch <= MAX_PRODUCER_EPOCH
+    return 0 <= producer_id <= I64_MAX and 0 <= producer_epoch <= MAX_PRODUCER_EPOCH
 
 
 def request_pairs(topics: Iterable[Any], field: str) -> list[TopicPartitionKey]:
