@@ -29,12 +29,13 @@ from raftlog.config import NodeConfig
 from raftlog.constants import NO_AUTHORIZED_OPERATIONS
 from raftlog.errors import ErrorCode
 from raftlog.groups import messages as m
-from raftlog.groups.service import CoordinatorLocation
+from raftlog.groups.service import CoordinatorLocation, InProcessGroupService
 from raftlog.metadata.controller.messages import NewTopic
 from raftlog.metadata.image import MetadataImage
 from raftlog.net.kafka import authz, codec, handlers_security
 from raftlog.net.kafka.apis import ApiKey, default_registry
 from raftlog.net.kafka.backend import AclCreateResult, AclDeleteResult, ScramAlterResult
+from raftlog.net.kafka.handlers_consumer_group import register_consumer_group_apis
 from raftlog.net.kafka.handlers_groups import register_group_apis
 from raftlog.net.kafka.handlers_quorum import register_quorum_apis
 from raftlog.net.kafka.server import ListenerSecurity, serve
@@ -239,11 +240,19 @@ class AuthzBroker:
         return client
 
 
-async def start_authz_broker(nursery: trio.Nursery, data_dir: Path) -> AuthzBroker:
+async def start_authz_broker(
+    nursery: trio.Nursery, data_dir: Path, group_service: InProcessGroupService | None = None
+) -> AuthzBroker:
+    """The server; the group APIs answer from ScriptedGroups, or from `group_service` (a
+    real coordinator, KIP-848's APIs too) when given."""
     backend = AclBackend(data_dir)
     groups = ScriptedGroups()
     registry = default_registry()
-    register_group_apis(registry, groups)  # type: ignore[arg-type]  # duck-typed service
+    if group_service is None:
+        register_group_apis(registry, groups)  # type: ignore[arg-type]  # duck-typed service
+    else:
+        register_group_apis(registry, group_service)
+        register_consumer_group_apis(registry, group_service)
     handlers_security.register(registry)
     quorum = ScriptedQuorum()
     register_quorum_apis(registry, quorum, quorum.describe, CLUSTER_ID)
@@ -266,6 +275,8 @@ async def start_authz_broker(nursery: trio.Nursery, data_dir: Path) -> AuthzBrok
     )
     port = listeners[0].socket.getsockname()[1]
     backend.port = groups.port = port
+    if group_service is not None:
+        group_service.node_id, group_service.port = backend.node_id, port
     return AuthzBroker(backend, groups, port)
 
 

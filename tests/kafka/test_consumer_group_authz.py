@@ -6,8 +6,6 @@ with different ACLs share its resolution."""
 
 from __future__ import annotations
 
-import datetime
-import functools
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,21 +16,15 @@ import pytest
 import trio
 
 from raftlog.client.consumer_protocol import decode_subscription
-from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.groups.service import InProcessGroupService
 from raftlog.groups.settings import GroupConfig
 from raftlog.metadata.controller.messages import NewTopic
-from raftlog.net.kafka.apis import ApiKey, default_registry
-from raftlog.net.kafka.handlers_consumer_group import (
-    CONSUMER_GROUP_DESCRIBE,
-    CONSUMER_GROUP_HEARTBEAT,
-    register_consumer_group_apis,
-)
-from raftlog.net.kafka.handlers_groups import register_group_apis
-from raftlog.net.kafka.server import ListenerSecurity, serve
+from raftlog.net.kafka.apis import ApiKey
+from raftlog.net.kafka.handlers_consumer_group import CONSUMER_GROUP_DESCRIBE
 from raftlog.security.acl import AclOperation, ResourceType
-from tests.kafka.test_authz import AclBackend, AuthzBroker, ScriptedGroups, acl, lookup
+from tests.kafka.test_authz import AuthzBroker, acl, start_authz_broker
+from tests.kafka.test_consumer_group_wire import send_heartbeat
 from tests.kafka.test_groups_wire import call
 from tests.kafka.wire import WireClient
 
@@ -52,26 +44,10 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cluster]:
-    backend = AclBackend(tmp_path)
     service = InProcessGroupService(GroupConfig(offsets_topic_num_partitions=1))
     await nursery.start(service.run)
-    registry = default_registry()
-    register_group_apis(registry, service)
-    register_consumer_group_apis(registry, service)
-    security = ListenerSecurity(
-        name="SASL_PLAINTEXT",
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanisms=("PLAIN",),
-        credential_lookup=lookup,
-    )
-    listeners = await nursery.start(
-        functools.partial(
-            serve, backend, "127.0.0.1", 0, NodeConfig(), registry=registry, security=security
-        )
-    )
-    port = listeners[0].socket.getsockname()[1]
-    backend.port = port
-    service.node_id, service.port = backend.node_id, port
+    broker = await start_authz_broker(nursery, tmp_path, service)
+    backend = broker.backend
     await backend.create_topics([NewTopic(n, p, 1) for n, p in PARTITIONS.items()], 5000, False)
     # alice may use groups cg and cg2 and see the orders topics; bob sees every topic.
     backend.set_acls(
@@ -83,30 +59,15 @@ async def cluster(nursery: trio.Nursery, tmp_path: Path) -> AsyncIterator[Cluste
         acl(ResourceType.GROUP, "cg", AclOperation.READ, principal="User:bob"),
         acl(ResourceType.TOPIC, "*", AclOperation.DESCRIBE, principal="User:bob"),
     )
-    yield Cluster(AuthzBroker(backend, ScriptedGroups(port=port), port), service)
+    yield Cluster(broker, service)
     backend.close()
 
 
 async def heartbeat(
     client: WireClient, group: str, member_id: str, epoch: int, **values: Any
 ) -> Any:
-    fields: dict[str, Any] = {
-        "group_id": group,
-        "member_id": member_id,
-        "member_epoch": epoch,
-        "instance_id": None,
-        "rack_id": None,
-        "rebalance_timeout": datetime.timedelta(milliseconds=-1),
-        "subscribed_topic_names": None,
-        "subscribed_topic_regex": None,
-        "server_assignor": None,
-        "topic_partitions": None,
-    }
-    if epoch == 0:
-        fields["rebalance_timeout"] = datetime.timedelta(milliseconds=60_000)
-        fields["topic_partitions"] = ()
-    fields.update(values)
-    return await call(client, CONSUMER_GROUP_HEARTBEAT, 1, **fields)
+    """A ConsumerGroupHeartbeat to `group`; a join names its subscription in `values`."""
+    return await send_heartbeat(client, member_id, epoch, group=group, **values)
 
 
 def assigned_ids(response: Any) -> set[uuid.UUID]:

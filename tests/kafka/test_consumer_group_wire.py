@@ -90,6 +90,26 @@ async def heartbeat(
     group: str = "cg",
     **values: Any,
 ) -> Any:
+    """A ConsumerGroupHeartbeat; a join (epoch 0) subscribes to TOPIC unless `values` say
+    otherwise."""
+    if epoch == 0:
+        values.setdefault("subscribed_topic_names", (TOPIC,))
+    if owned is not None:
+        values.setdefault("topic_partitions", owned_tps(gb, version, owned))
+    return await send_heartbeat(client, member_id, epoch, version=version, group=group, **values)
+
+
+async def send_heartbeat(
+    client: WireClient,
+    member_id: str,
+    epoch: int,
+    *,
+    version: int = 1,
+    group: str = "cg",
+    **values: Any,
+) -> Any:
+    """A ConsumerGroupHeartbeat of `values` over the defaults: no change to anything, or for
+    a join (epoch 0) a rebalance timeout and no owned partitions."""
     fields: dict[str, Any] = {
         "group_id": group,
         "member_id": member_id,
@@ -100,11 +120,10 @@ async def heartbeat(
         "subscribed_topic_names": None,
         "subscribed_topic_regex": None,
         "server_assignor": None,
-        "topic_partitions": None if owned is None else owned_tps(gb, version, owned),
+        "topic_partitions": None,
     }
     if epoch == 0:
         fields["rebalance_timeout"] = datetime.timedelta(milliseconds=60_000)
-        fields["subscribed_topic_names"] = (TOPIC,)
         fields["topic_partitions"] = ()
     fields.update(values)
     return await call(client, HB, version, **fields)
