@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from raftlog.client.admin import ListedOffset, list_offset
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.protocol import IsolationLevel, throttle_time_ms
+from raftlog.constants import MIB
 from raftlog.errors import ErrorCode
 from raftlog.records import (
     LOG_OVERHEAD_BYTES,
@@ -37,6 +38,15 @@ DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 500
 # A batch without a producer (not idempotent, not transactional) carries this id.
 NO_PRODUCER_ID = -1
+# What decoding one read (a fetch here, a chunk of fetches in the Spark source) may build
+# before it stops at a batch boundary; the rest is fetched again from there. Each batch is
+# bounded when it is produced (max.message.bytes, compression.DECOMPRESSED_BATCH_MAX_BYTES),
+# but a response of many small, highly compressed batches would otherwise expand to thousands
+# of times its size in memory.
+DECODED_READ_MAX_BYTES = 256 * MIB
+# What one decoded record costs beyond its key, value and headers (its Python objects), so a
+# batch of many empty records weighs what it takes in memory.
+DECODED_RECORD_OVERHEAD_BYTES = 128
 
 
 @dataclass(frozen=True, order=True)
@@ -140,30 +150,50 @@ def iter_visible_batches(
         yield pos, header, rule.visible(data, pos, header)
 
 
+def decoded_size_bytes(records: Iterable[Record]) -> int:
+    """What `records` take in memory once decoded, as DECODED_READ_MAX_BYTES counts it."""
+    return sum(
+        DECODED_RECORD_OVERHEAD_BYTES
+        + len(r.key or b"")
+        + len(r.value or b"")
+        + sum(len(k) + len(v or b"") for k, v in r.headers)
+        for r in records
+    )
+
+
+@dataclass(frozen=True)
+class DecodedFetch:
+    records: list[Record]
+    # The offset after the last batch decoded (control and aborted batches included, so a
+    # read moves past them); -1 when data held no whole batch.
+    next_offset: int
+
+
 def decode_records(
     data: bytes | None,
     isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
     aborted: Iterable[AbortedTxn] = (),
-) -> list[Record]:
-    """Records of every complete visible batch (control batches are skipped, and under
-    read_committed aborted transactions' batches too)."""
-    if not data:
-        return []
-    data = whole_batches(bytes(data))
+    budget_bytes: int = DECODED_READ_MAX_BYTES,
+) -> DecodedFetch:
+    """Records of the complete visible batches of data, in order (control batches are skipped,
+    and under read_committed aborted transactions' batches too). Decoding stops after the
+    batch that brings the decoded size to `budget_bytes` (at least one batch is decoded, so a
+    read always moves on); next_offset says where the next read starts."""
     out: list[Record] = []
-    for pos, _header, visible in iter_visible_batches(data, isolation_level, aborted):
-        if visible:
-            out.extend(iter_records(data, pos))
-    return out
-
-
-def next_offset_of(data: bytes | None) -> int:
-    """The offset after the last whole batch of data, -1 when it holds none."""
     next_offset = -1
-    whole = whole_batches(bytes(data or b""))
-    for _pos, header in iter_batches(whole):
+    if not data:
+        return DecodedFetch(out, next_offset)
+    data = bytes(data)
+    spent_bytes = 0
+    for pos, header, visible in iter_visible_batches(data, isolation_level, aborted):
         next_offset = header.next_offset
-    return next_offset
+        if visible:
+            records = list(iter_records(data, pos))
+            out.extend(records)
+            spent_bytes += decoded_size_bytes(records)
+            if spent_bytes >= budget_bytes:
+                break
+    return DecodedFetch(out, next_offset)
 
 
 def _aborted_of(answer: object) -> tuple[AbortedTxn, ...]:
@@ -274,13 +304,13 @@ class Consumer:
         raw = await self.fetch_raw(topic, partition, offset, isolation_level=level)
         raise_for(raw.error, f"fetch {topic}-{partition} at {offset}")
         decoded = decode_records(raw.data, level, raw.aborted_transactions)
-        records = [r for r in decoded if r.offset >= offset]
+        records = [r for r in decoded.records if r.offset >= offset]
         return FetchResult(
             records,
             raw.high_watermark,
             raw.throttle_time_ms,
             raw.last_stable_offset,
-            next_offset_of(raw.data),
+            decoded.next_offset,
         )
 
     def _readable_end(self, result: FetchResult, level: IsolationLevel) -> int:

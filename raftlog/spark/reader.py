@@ -2,7 +2,9 @@
 
 Executors run plain Python, so a split is read as a sequence of short `trio.run` calls, each
 opening a client, doing up to `fetches_per_chunk` fetches from the partition leader, and
-returning one RecordBatch of columns. Memory per split is bounded by one chunk, and every
+returning one RecordBatch of columns. Memory per split is bounded by one chunk: its fetched
+bytes, and what they decode to (a chunk takes no batch once its records hold
+DECODED_READ_MAX_BYTES, so compressed batches cannot expand it without bound). Every
 chunk starts from fresh metadata, so a leader change between chunks simply re-routes; one
 during a chunk is retried by the client (Cluster.retrying refreshes metadata).
 
@@ -25,7 +27,14 @@ import pyarrow as pa
 
 from raftlog.client import open_cluster
 from raftlog.client.cluster import raise_for
-from raftlog.client.consumer import AbortedTxn, Consumer, iter_visible_batches, whole_batches
+from raftlog.client.consumer import (
+    DECODED_READ_MAX_BYTES,
+    AbortedTxn,
+    Consumer,
+    decoded_size_bytes,
+    iter_visible_batches,
+    whole_batches,
+)
 from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import ErrorCode
 from raftlog.records import iter_records
@@ -56,6 +65,13 @@ class Columns:
     timestamps_ms: list[int] = field(default_factory=list)
     timestamp_types: list[int] = field(default_factory=list)
     headers: list[list[dict[str, Any]]] | None = None
+    # What the records decoded so far take in memory (client.consumer.decoded_size_bytes).
+    decoded_bytes: int = 0
+
+    @property
+    def full(self) -> bool:
+        """Whether the chunk holds DECODED_READ_MAX_BYTES: it takes no more batches."""
+        return self.decoded_bytes >= DECODED_READ_MAX_BYTES
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -74,20 +90,24 @@ def add_records(
     fetch's aborted list).
 
     Returns the offset after the last batch seen (control and aborted batches included, so a
-    read moves past them), or start when data holds no complete batch.
+    read moves past them), or start when data holds no complete batch. Once the columns are
+    `full` no further batch is decoded (the next read starts at the returned offset); the
+    first batch always is, so a read moves on.
     """
     data = whole_batches(data)
     next_offset = start
     for pos, header, visible in iter_visible_batches(data, isolation_level, aborted):
+        if columns.full and header.base_offset > start:
+            return header.base_offset
         next_offset = max(next_offset, header.next_offset)
         if not visible or header.last_offset < start:
             if header.next_offset >= end:
                 break
             continue
         timestamp_type = int(header.timestamp_type)
-        for record in iter_records(data, pos):
-            if record.offset < start or record.offset >= end:
-                continue
+        records = [r for r in iter_records(data, pos) if start <= r.offset < end]
+        columns.decoded_bytes += decoded_size_bytes(records)
+        for record in records:
             columns.keys.append(record.key)
             columns.values.append(record.value)
             columns.offsets.append(record.offset)
@@ -143,7 +163,7 @@ async def read_chunk(options: ReadOptions, rng: OffsetRange, offset: int) -> Chu
             isolation_level=options.isolation_level,
         )
         for _ in range(options.fetches_per_chunk):
-            if offset >= rng.end:
+            if offset >= rng.end or columns.full:
                 break
             raw = await consumer.fetch_raw(rng.topic, rng.partition, offset, max_bytes=max_bytes)
             if raw.error == ErrorCode.offset_out_of_range:

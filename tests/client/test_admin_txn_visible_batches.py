@@ -10,7 +10,6 @@ from raftlog.client.consumer import (
     VisibleBatches,
     decode_records,
     iter_visible_batches,
-    next_offset_of,
 )
 from raftlog.client.protocol import IsolationLevel
 from raftlog.errors import CorruptRecordError
@@ -56,7 +55,7 @@ class Log:
 
 
 def values(data: bytes, level: IsolationLevel, aborted: tuple[AbortedTxn, ...] = ()) -> list[str]:
-    return [(r.value or b"").decode() for r in decode_records(data, level, aborted)]
+    return [(r.value or b"").decode() for r in decode_records(data, level, aborted).records]
 
 
 def interleaved() -> tuple[Log, tuple[AbortedTxn, ...]]:
@@ -122,8 +121,8 @@ def test_visibility_and_positions_of_every_batch() -> None:
     # A cut batch at the end is neither decoded nor counted.
     cut = bytes(log.data) + build_batch([Record(value=b"late")], log.next_offset, now_ms=1)[:-3]
     assert values(cut, COMMITTED, aborted) == ["c1", "p1", "c2", "b1"]
-    assert next_offset_of(cut) == log.next_offset == 9
-    assert next_offset_of(b"") == -1
+    assert decode_records(cut, COMMITTED, aborted).next_offset == log.next_offset == 9
+    assert decode_records(b"").next_offset == -1
 
 
 def test_a_malformed_control_key_is_refused() -> None:

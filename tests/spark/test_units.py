@@ -187,3 +187,24 @@ def test_run_blocking_raises_the_error_itself_not_a_group():
 
     with pytest.raises(DataLossError, match="gone"):
         run_blocking(fails_in_nursery)
+
+
+def test_a_chunk_takes_no_batch_once_its_records_fill_it(monkeypatch: pytest.MonkeyPatch):
+    """Highly compressed batches cannot expand a chunk without bound: once its records hold
+    the decode budget the chunk stops at a batch boundary and the next chunk starts there
+    (the first batch of a chunk is always taken, so a read moves on)."""
+    monkeypatch.setattr("raftlog.spark.reader.DECODED_READ_MAX_BYTES", 3 * 1024 * 1024)
+    one = build_batch([Record(value=bytes(1024 * 1024))], compression=Compression.ZSTD, now_ms=1)
+    data = b""
+    for offset in range(20):
+        batch = bytearray(one)
+        batch[0:8] = offset.to_bytes(8, "big")
+        data += bytes(batch)
+    assert len(data) < 1024 * 1024 // 10  # twenty MiB of values in a few KiB
+    columns = Columns()
+    assert add_records(columns, data, 0, 20) == 3
+    assert columns.offsets == [0, 1, 2] and columns.full
+    # The next chunk starts there and always takes at least its first batch.
+    fresh = Columns()
+    monkeypatch.setattr("raftlog.spark.reader.DECODED_READ_MAX_BYTES", 1)
+    assert add_records(fresh, data, 3, 20) == 4 and fresh.offsets == [3]
