@@ -75,6 +75,7 @@ __all__ = [
     "EPOCH_MAX",
     "ERROR_CODE_EXT",
     "I32_MAX",
+    "I32_MIN",
     "I64_MAX",
     "I64_MIN",
     "UUID_EXT",
@@ -101,6 +102,7 @@ __all__ = [
 
 T = TypeVar("T")
 
+I32_MIN = -(2**31)
 I32_MAX = 2**31 - 1
 # Limits of an unannotated value. The frame size (RpcLimits.max_frame_bytes) already bounds a
 # message; these bound what one field may make a decoder build or hold.
@@ -138,7 +140,7 @@ Offset = Annotated[int, Range(-1, I64_MAX)]
 Size = Annotated[int, Range(0, I64_MAX)]  # bytes, counts, positions, sequence numbers
 Millis = Annotated[int, Range(-1, I64_MAX)]  # timestamps and durations
 Int16 = Annotated[int, Range(-(2**15), 2**15 - 1)]  # a Kafka error code on the wire
-Int32 = Annotated[int, Range(-(2**31), I32_MAX)]  # what a Kafka client may send as INT32
+Int32 = Annotated[int, Range(I32_MIN, I32_MAX)]  # what a Kafka client may send as INT32
 Port = Annotated[int, Range(0, 65535)]
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raftlog.codec import I32_MAX
 from raftlog.config_listeners import (
     DEFAULT_LISTENER_NAME,
     INTERNAL_SECURITY_PROTOCOLS,
@@ -74,7 +75,7 @@ def parse_voters(value: str) -> dict[int, tuple[str, int]]:
 class NodeConfig:
     # -- identity and layout
     node_id: int = _key(
-        1, "This node's id, unique in the cluster; fixed at format time.", lo=0, hi=2**31 - 1
+        1, "This node's id, unique in the cluster; fixed at format time.", lo=0, hi=I32_MAX
     )
     roles: list[str] = _key(
         ["controller", "broker"],
@@ -275,7 +276,7 @@ class NodeConfig:
         7 * DAY_MS, "Roll a segment this old even if it is small.", lo=1, hi=2**62
     )
     index_interval_bytes: int = _key(
-        4096, "Bytes of log between two offset-index entries.", lo=0, hi=2**31 - 1
+        4096, "Bytes of log between two offset-index entries.", lo=0, hi=I32_MAX
     )
     retention_ms: int = _key(
         7 * DAY_MS, "Delete segments older than this (-1: forever).", lo=-1, hi=2**62
@@ -288,7 +289,7 @@ class NodeConfig:
         "How often retention and compaction run over hosted logs "
         "(Kafka's log.retention.check.interval.ms).",
         lo=10,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     cleanup_policy: str = _key(
         "delete", "Default cleanup policy of new topics.", choices=CLEANUP_POLICIES
@@ -301,7 +302,7 @@ class NodeConfig:
         choices=FLUSH_POLICIES,
     )
     flush_interval_ms: int = _key(
-        1000, "fsync interval under flush_policy='interval'.", lo=1, hi=2**31 - 1
+        1000, "fsync interval under flush_policy='interval'.", lo=1, hi=I32_MAX
     )
     log_scrub_bytes_per_s: int = _key(
         4 * MIB,
@@ -324,7 +325,7 @@ class NodeConfig:
         "How often the controller moves leadership back to preferred replicas and elects "
         "leaders for offline partitions.",
         lo=100,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     auto_create_topics_enable: bool = _key(
         True, "Create a topic when a client asks for its metadata."
@@ -333,20 +334,20 @@ class NodeConfig:
         30_000,
         "Drop a follower from the ISR when it has not caught up for this long.",
         lo=10,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     replica_fetch_max_bytes: int = _key(
-        1 * MIB, "Max bytes per partition in a replica fetch.", lo=1024, hi=2**31 - 1
+        1 * MIB, "Max bytes per partition in a replica fetch.", lo=1024, hi=I32_MAX
     )
     replica_fetch_wait_max_ms: int = _key(
         500, "How long a leader parks a replica fetch that has nothing new.", lo=0, hi=60_000
     )
     # -- requests and limits
     socket_request_max_bytes: int = _key(
-        100 * MIB, "Largest Kafka request frame accepted.", lo=1024, hi=2**31 - 1
+        100 * MIB, "Largest Kafka request frame accepted.", lo=1024, hi=I32_MAX
     )
     internal_frame_max_bytes: int = _key(
-        64 * MIB, "Largest internal RPC frame accepted.", lo=1024, hi=2**31 - 1
+        64 * MIB, "Largest internal RPC frame accepted.", lo=1024, hi=I32_MAX
     )
     max_inflight_requests_per_connection: int = _key(
         16, "Requests read from one connection before its responses are sent.", lo=1, hi=1024
@@ -364,20 +365,20 @@ class NodeConfig:
         "Close a connection that has sent no complete request for this long (time this "
         "node paused reading for queued_max_request_bytes does not count).",
         lo=1,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     max_connections: int = _key(
         10_000,
         "Connections each listener accepts; a new one above it is closed at once.",
         lo=1,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     max_connections_per_ip: int = _key(
         10_000,
         "Connections each listener accepts from one IP address; a new one above it is "
         "closed at once.",
         lo=1,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     request_read_timeout_ms: int = _key(
         30_000,
@@ -385,13 +386,13 @@ class NodeConfig:
         "queued_max_request_bytes included); a slower frame is dropped and its connection "
         "closed.",
         lo=1,
-        hi=2**31 - 1,
+        hi=I32_MAX,
     )
     request_timeout_ms: int = _key(
-        30_000, "Upper bound for a parked produce (acks=all).", lo=1, hi=2**31 - 1
+        30_000, "Upper bound for a parked produce (acks=all).", lo=1, hi=I32_MAX
     )
     fetch_max_bytes: int = _key(
-        50 * MIB, "Max bytes in one consumer fetch response.", lo=1024, hi=2**31 - 1
+        50 * MIB, "Max bytes in one consumer fetch response.", lo=1024, hi=I32_MAX
     )
     # -- groups
     offsets_topic_num_partitions: int = _key(6, "Partitions of __consumer_offsets.", lo=1, hi=1000)
@@ -431,7 +432,7 @@ class NodeConfig:
         2, "min.insync.replicas of __transaction_state (capped by its factor).", lo=1, hi=32
     )
     transaction_max_timeout_ms: int = _key(
-        900_000, "Longest transaction.timeout.ms a producer may ask for.", lo=1, hi=2**31 - 1
+        900_000, "Longest transaction.timeout.ms a producer may ask for.", lo=1, hi=I32_MAX
     )
     # -- quotas
     quota_window_num: int = _key(11, "Samples kept per quota rate.", lo=2, hi=1000)

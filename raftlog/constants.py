@@ -5,6 +5,8 @@ Nothing here imports anything, so any module (the sans-IO cores included) may us
 
 from __future__ import annotations
 
+from raftlog.codec import I32_MIN
+
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
@@ -26,7 +28,7 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3
 # authorized_operations in Metadata and DescribeGroups when the client did not ask for them.
-NO_AUTHORIZED_OPERATIONS = -(2**31)
+NO_AUTHORIZED_OPERATIONS = I32_MIN
 # The metadata log's topic (KIP-500): a partition of it is never a client's or a
 # transaction's.
 METADATA_TOPIC = "__cluster_metadata"

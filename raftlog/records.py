@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import crc32c
 
+from raftlog.codec import I32_MAX, I64_MAX
 from raftlog.compression import Compression, compress, decompress
 from raftlog.errors import CorruptRecordError
 
@@ -44,7 +45,7 @@ NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
 # Hard upper bound on one batch; a size field above it is corruption, not a real batch
 # (a flipped high bit in batchLength must not make us try to read 2 GiB).
-MAX_BATCH_SIZE_BYTES = 2**31 - 1
+MAX_BATCH_SIZE_BYTES = I32_MAX
 
 _OFFSET_AND_EPOCH = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
@@ -484,7 +485,7 @@ CONTROL_RECORD_KEY_VERSION = 0
 END_TXN_MARKER_VALUE_VERSION = 0
 _CONTROL_KEY = struct.Struct(">hh")
 _END_TXN_VALUE = struct.Struct(">hi")
-MAX_COORDINATOR_EPOCH = 2**31 - 1
+MAX_COORDINATOR_EPOCH = I32_MAX
 MAX_PRODUCER_EPOCH = 2**15 - 1
 
 
@@ -520,7 +521,7 @@ def build_txn_marker(
     timestamp_ms: int | None = None,
 ) -> bytes:
     """One COMMIT/ABORT control batch of `producer_id` (no sequence: markers carry none)."""
-    if not 0 <= producer_id <= 2**63 - 1:
+    if not 0 <= producer_id <= I64_MAX:
         raise ValueError(f"producer id {producer_id} out of range")
     if not 0 <= producer_epoch <= MAX_PRODUCER_EPOCH:
         raise ValueError(f"producer epoch {producer_epoch} out of range")

@@ -19,6 +19,7 @@ from typing import Any
 from raftlog.client.cluster import Cluster, raise_for
 from raftlog.client.connection import call_negotiated
 from raftlog.client.protocol import error_of
+from raftlog.codec import I32_MAX
 from raftlog.errors import ErrorCode, KafkaError, LocalError
 
 __all__ = [
@@ -47,8 +48,8 @@ Plan = dict[TopicPartition, tuple[int, ...] | None]
 MAX_PLAN_PARTITIONS = 100_000
 MAX_PLAN_REPLICAS = 32
 MAX_TOPIC_NAME_CHARS = 249
-MAX_PARTITION_INDEX = 2**31 - 1
-MAX_BROKER_ID = 2**31 - 1
+MAX_PARTITION_INDEX = I32_MAX
+MAX_BROKER_ID = I32_MAX
 PLAN_VERSION = 1
 
 

@@ -44,7 +44,9 @@ from raftlog.client.coordinator import (
 )
 from raftlog.client.groups import COORDINATOR_BACKOFF_MS, GROUP_RETRIES, MAX_COORDINATOR_RETRIES
 from raftlog.client.protocol import error_of
+from raftlog.codec import I32_MAX, I64_MAX
 from raftlog.errors import ErrorCode, KafkaError
+from raftlog.records import MAX_COORDINATOR_EPOCH, MAX_PRODUCER_EPOCH
 
 # api name -> (min, max) version this module speaks. ListTransactions v2 filters by a
 # regular expression (KIP-1152) and WriteTxnMarkers v2 carries KIP-890's transaction version;
@@ -66,10 +68,8 @@ TRANSACTION_STATES = (
     "Dead",
     "PrepareEpochFence",
 )
-MAX_PRODUCER_ID = 2**63 - 1
-MAX_PRODUCER_EPOCH = 2**15 - 1
-MAX_COORDINATOR_EPOCH = 2**31 - 1
-MAX_PARTITION = 2**31 - 1
+MAX_PRODUCER_ID = I64_MAX
+MAX_PARTITION = I32_MAX
 # Operator requests name few items; a bound keeps one call from fanning out unboundedly.
 MAX_IDS_PER_CALL = 10_000
 MAX_PARTITIONS_PER_CALL = 1_000

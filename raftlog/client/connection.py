@@ -41,6 +41,7 @@ from raftlog.client.protocol import (
     error_of,
     peek_correlation_id,
 )
+from raftlog.codec import I32_MAX
 from raftlog.constants import MIB
 from raftlog.errors import ErrorCode, RemoteError
 from raftlog.net.framing import FrameReader, FrameTooLarge, frame
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 CLIENT_SOFTWARE_NAME = "raftlog-client"
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 # Correlation ids are int32 and wrap; the in-flight limit keeps wrapped ids from colliding.
-_MAX_CORRELATION_ID = 2**31 - 1
+_MAX_CORRELATION_ID = I32_MAX
 
 
 @dataclass(frozen=True)

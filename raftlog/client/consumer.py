@@ -25,6 +25,7 @@ from raftlog.constants import MIB
 from raftlog.errors import ErrorCode
 from raftlog.records import (
     LOG_OVERHEAD_BYTES,
+    NO_PRODUCER_ID,
     BatchHeader,
     ControlType,
     Record,
@@ -36,8 +37,6 @@ from raftlog.records import (
 
 DEFAULT_FETCH_MAX_BYTES = 1024 * 1024
 DEFAULT_FETCH_MAX_WAIT_MS = 500
-# A batch without a producer (not idempotent, not transactional) carries this id.
-NO_PRODUCER_ID = -1
 # What decoding one read (a fetch here, a chunk of fetches in the Spark source) may build
 # before it stops at a batch boundary; the rest is fetched again from there. Each batch is
 # bounded when it is produced (max.message.bytes, compression.DECOMPRESSED_BATCH_MAX_BYTES),

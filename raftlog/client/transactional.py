@@ -47,6 +47,7 @@ from raftlog.client.coordinator import (
     with_coordinator,
 )
 from raftlog.client.protocol import error_of
+from raftlog.codec import I32_MAX
 from raftlog.errors import ErrorCode, KafkaError
 from raftlog.records import Compression, Record, build_batch
 
@@ -77,7 +78,7 @@ DEFAULT_MAX_BLOCK_MS = 60_000
 MAX_TXN_RETRIES = 40
 TXN_BACKOFF_MS = 50
 TXN_BACKOFF_MAX_MS = 1_000
-MAX_SEQUENCE = 2**31 - 1
+MAX_SEQUENCE = I32_MAX
 
 # Coordinator calls retry, besides a coordinator that moved or loads, a transaction still
 # completing, a timed out request (or connection), a partition leader that cannot yet verify
@@ -214,7 +215,7 @@ class TransactionalProducer:
     ) -> None:
         if not transactional_id:
             raise ValueError("a transactional id must not be empty")
-        if not 1 <= transaction_timeout_ms <= 2**31 - 1:
+        if not 1 <= transaction_timeout_ms <= I32_MAX:
             raise ValueError(
                 f"transaction timeout must be a positive int32 ms, got {transaction_timeout_ms}"
             )

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
-from raftlog.codec import Array, Map, MaxLen, Range
+from raftlog.codec import I32_MAX, Array, Map, MaxLen, Range
 from raftlog.groups.consumer_group import ConsumerGroup, ConsumerMember, MemberState
 from raftlog.groups.messages import TopicPartition
 from raftlog.groups.settings import GroupConfig
@@ -27,9 +27,9 @@ from raftlog.groups.topic_regex import MAX_REGEX_CHARS, MAX_REGEX_MATCHED_TOPICS
 CONSUMER_GROUP_KEY_KIND = 3
 CONSUMER_GROUP_VALUE_VERSION = 1
 
-Epoch = Annotated[int, Range(-2, 2**31 - 1)]
-Partition = Annotated[int, Range(0, 2**31 - 1)]
-PositiveMs = Annotated[int, Range(1, 2**31 - 1)]
+Epoch = Annotated[int, Range(-2, I32_MAX)]
+Partition = Annotated[int, Range(0, I32_MAX)]
+PositiveMs = Annotated[int, Range(1, I32_MAX)]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class TopicPartitionsValue:
 class TopicCountValue:
     __wire__: ClassVar[Map] = Map()
     topic: Annotated[str, MaxLen(249)]
-    partitions: Annotated[int, Range(0, 2**31 - 1)]
+    partitions: Annotated[int, Range(0, I32_MAX)]
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ class ResolvedRegexValue:
 class ConsumerGroupValue:
     __wire__: ClassVar[Map] = Map(header=(("v", "VERSION"),))
     VERSION: ClassVar[int] = CONSUMER_GROUP_VALUE_VERSION
-    group_epoch: Annotated[int, Range(0, 2**31 - 1)]
-    assignment_epoch: Annotated[int, Range(0, 2**31 - 1)]
+    group_epoch: Annotated[int, Range(0, I32_MAX)]
+    assignment_epoch: Annotated[int, Range(0, I32_MAX)]
     subscribed_partitions: tuple[TopicCountValue, ...]
     members: Annotated[tuple[ConsumerMemberValue, ...], MaxLen(100_000)]
     resolved_regexes: Annotated[tuple[ResolvedRegexValue, ...], MaxLen(100_000)] = ()

@@ -8,7 +8,9 @@ offsets topics and mixed tooling agree.
 
 from __future__ import annotations
 
-_INT32_MIN = -(2**31)
+from raftlog.codec import I32_MIN
+
+_INT32_MIN = I32_MIN
 _UINT32_MASK = 0xFFFFFFFF
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 from raftlog.codec import (
+    I32_MAX,
     Added,
     Array,
     Codec,
@@ -86,7 +87,7 @@ class RecordDecodeError(CorruptRecordError, DecodeError):
 TopicName = Annotated[str, MaxLen(249)]  # Kafka's limit, which the controller enforces
 BrokerEpoch = Offset  # a broker epoch is the metadata offset of its registration
 Rack = Annotated[str, MaxLen(MAX_RACK_CHARS)]
-PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]
+PartitionIndex = Annotated[int, Range(0, I32_MAX)]
 Replicas = tuple[NodeId, ...]
 # A broker's Kafka listener as registered: (name, advertised host, port, security protocol),
 # e.g. ("SASL_SSL", "kafka1", 9094, "SASL_SSL"). Bounds: Kafka's listener names are short

@@ -27,9 +27,11 @@ from typing import Any
 
 import trio
 
+from raftlog.codec import I32_MAX
+
 NODE_COMMON_NAME_PREFIX = "node-"
 _NODE_COMMON_NAME = re.compile(r"node-(0|[1-9][0-9]{0,9})")
-MAX_NODE_ID = 2**31 - 1
+MAX_NODE_ID = I32_MAX
 
 
 def node_common_name(node_id: int) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from raftlog.codec import Codec, Epoch, Map, MaxLen, NodeId, Offset, Range, Size, UnknownAs
+from raftlog.codec import I32_MAX, Codec, Epoch, Map, MaxLen, NodeId, Offset, Range, Size, UnknownAs
 from raftlog.epochs import DivergingEpoch
 from raftlog.errors import ErrorCode
 
@@ -21,7 +21,7 @@ REPLICA_FETCH_METHOD = "replica.fetch"
 MAX_PARTITIONS_PER_REPLICA_FETCH = 100_000
 
 TopicName = Annotated[str, MaxLen(249)]
-PartitionIndex = Annotated[int, Range(0, 2**31 - 1)]
+PartitionIndex = Annotated[int, Range(0, I32_MAX)]
 CODEC = Codec()
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from raftlog.client.properties import PLAINTEXT, ClientSecurity
+from raftlog.codec import I32_MAX
 from raftlog.records import Compression
 from raftlog.spark.options import OptionError, _get, parse_security
 
@@ -140,22 +141,22 @@ def parse_write_options(options: Mapping[str, str], *, streaming: bool = False) 
         batch_size_bytes=_int_option(
             options, "kafka.batch.size", 1, MAX_BATCH_SIZE_BYTES, DEFAULT_BATCH_SIZE_BYTES
         ),
-        linger_ms=_int_option(options, "kafka.linger.ms", 0, 2**31 - 1, 0),
+        linger_ms=_int_option(options, "kafka.linger.ms", 0, I32_MAX, 0),
         transaction_timeout_ms=_int_option(
             options,
             "kafka.transaction.timeout.ms",
             1_000,
-            2**31 - 1,
+            I32_MAX,
             DEFAULT_TRANSACTION_TIMEOUT_MS,
         ),
         request_timeout_ms=_int_option(
-            options, "kafka.request.timeout.ms", 100, 2**31 - 1, DEFAULT_REQUEST_TIMEOUT_MS
+            options, "kafka.request.timeout.ms", 100, I32_MAX, DEFAULT_REQUEST_TIMEOUT_MS
         ),
         delivery_timeout_ms=_int_option(
-            options, "kafka.delivery.timeout.ms", 1_000, 2**31 - 1, DEFAULT_DELIVERY_TIMEOUT_MS
+            options, "kafka.delivery.timeout.ms", 1_000, I32_MAX, DEFAULT_DELIVERY_TIMEOUT_MS
         ),
         max_block_ms=_int_option(
-            options, "kafka.max.block.ms", 1_000, 2**31 - 1, DEFAULT_MAX_BLOCK_MS
+            options, "kafka.max.block.ms", 1_000, I32_MAX, DEFAULT_MAX_BLOCK_MS
         ),
         transactional_id_prefix=prefix,
         commit_topic=commit_topic.strip() if commit_topic else None,

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from raftlog.codec import I32_MAX
 from raftlog.errors import CorruptRecordError
 from raftlog.records import (
     HEADER_SIZE_BYTES,
@@ -32,7 +33,7 @@ CLEANED_SUFFIX = ".cleaned"
 # that recovering many partitions at once stays within memory.
 RECOVERY_CHUNK_BYTES = 8 * 1024 * 1024
 # Relative offsets are u32 in the index; roll well before that.
-MAX_RELATIVE_OFFSET = 2**31 - 1
+MAX_RELATIVE_OFFSET = I32_MAX
 
 log = logging.getLogger("raftlog.storage")
 

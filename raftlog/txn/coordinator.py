@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from enum import Enum, auto
 from typing import Any
 
+from raftlog.codec import I32_MAX, I64_MAX
 from raftlog.errors import ErrorCode
 from raftlog.groups.hashing import partition_for_group
 from raftlog.groups.settings import OFFSETS_TOPIC
@@ -166,7 +167,7 @@ class TxnCoordinator:
     ) -> None:
         if not 0 <= partition < config.transaction_state_log_num_partitions:
             raise ValueError(f"partition {partition} out of range")
-        if not 0 <= coordinator_epoch < 2**31:
+        if not 0 <= coordinator_epoch <= I32_MAX:
             raise ValueError(f"coordinator epoch {coordinator_epoch} out of range")
         self.partition = partition
         self.coordinator_epoch = coordinator_epoch
@@ -375,7 +376,8 @@ class TxnCoordinator:
         expected: tuple[int, int] | None = None
         if req.producer_id != NO_PRODUCER_ID or req.producer_epoch != NO_PRODUCER_EPOCH:
             # KIP-360: both or neither, and in range.
-            if not (0 <= req.producer_id < 2**63 and 0 <= req.producer_epoch <= MAX_PRODUCER_EPOCH):
+            producer_id_ok = 0 <= req.producer_id <= I64_MAX
+            if not (producer_id_ok and 0 <= req.producer_epoch <= MAX_PRODUCER_EPOCH):
                 return ErrorCode.invalid_request
             expected = (req.producer_id, req.producer_epoch)
         timeout_ms = req.transaction_timeout_ms
@@ -1008,7 +1010,7 @@ def _valid_partitions(partitions: Sequence[TopicPartition], limit: int) -> bool:
     if len(partitions) > limit:
         return False
     return all(
-        topic and topic not in NO_MARKER_TOPICS and 0 <= partition < 2**31
+        topic and topic not in NO_MARKER_TOPICS and 0 <= partition <= I32_MAX
         for topic, partition in partitions
     )
 

@@ -29,8 +29,14 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64
 
+from raftlog.codec import I32_MAX, I64_MAX
 from raftlog.constants import METADATA_TOPIC
 from raftlog.errors import CorruptRecordError
+
+# Re-exported: the transaction modules name them from here.
+from raftlog.records import MAX_PRODUCER_EPOCH as MAX_PRODUCER_EPOCH
+from raftlog.records import NO_PRODUCER_EPOCH as NO_PRODUCER_EPOCH
+from raftlog.records import NO_PRODUCER_ID as NO_PRODUCER_ID
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 # Partitions that never take part in a transaction nor hold a marker: the coordinator's own
@@ -39,10 +45,7 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 NO_MARKER_TOPICS = frozenset({TRANSACTION_STATE_TOPIC, METADATA_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSIONS = (0, 1)
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
 NO_TIMESTAMP = -1
-MAX_PRODUCER_EPOCH = 2**15 - 1
 # Kafka's transaction.version feature levels as ClientTransactionVersion stores them: 0 is
 # the protocol of KIP-98 (with KIP-890 part 1); 2 is KIP-890 part 2, an epoch bump at every
 # end of a transaction (EndTxn v5+, Produce v12+). Level 1 only gates broker-side features.
@@ -180,21 +183,21 @@ class TransactionLogValue:
 
     def check(self) -> str | None:
         """Why the fields are out of range or inconsistent (None: they are not)."""
-        if not 0 <= self.producer_id < 2**63:
+        if not 0 <= self.producer_id <= I64_MAX:
             return f"producer id {self.producer_id} out of range"
         for name in ("previous_producer_id", "next_producer_id"):
             value = getattr(self, name)
-            if not NO_PRODUCER_ID <= value < 2**63:
+            if not NO_PRODUCER_ID <= value <= I64_MAX:
                 return f"{name} {value} out of range"
         if not 0 <= self.producer_epoch <= MAX_PRODUCER_EPOCH:
             return f"producer epoch {self.producer_epoch} out of range"
-        if not 0 < self.transaction_timeout_ms < 2**31:
+        if not 0 < self.transaction_timeout_ms <= I32_MAX:
             return f"transaction timeout {self.transaction_timeout_ms} ms out of range"
         if not 0 <= self.client_transaction_version < 2**15:
             return f"client transaction version {self.client_transaction_version} out of range"
         for name in ("last_update_timestamp_ms", "start_timestamp_ms"):
             value = getattr(self, name)
-            if not NO_TIMESTAMP <= value < 2**63:
+            if not NO_TIMESTAMP <= value <= I64_MAX:
                 return f"{name} {value} out of range"
         if len(self.partitions) > MAX_PARTITIONS_PER_RECORD:
             return f"{len(self.partitions)} partitions"
@@ -203,7 +206,7 @@ class TransactionLogValue:
         for topic, partition in self.partitions:
             if not topic or len(topic.encode()) >= 2**15:
                 return f"topic name of {len(topic.encode())} bytes"
-            if not 0 <= partition < 2**31:
+            if not 0 <= partition <= I32_MAX:
                 return f"partition {partition} of {topic!r} out of range"
         if self.state is TransactionState.EMPTY and self.partitions:
             return "an Empty transaction holds partitions"

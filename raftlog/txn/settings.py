@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftlog.codec import I32_MAX
 from raftlog.groups.hashing import java_string_hashcode, kafka_abs
 
 
@@ -49,7 +50,7 @@ class TxnConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.transaction_max_timeout_ms >= 2**31:
+        if self.transaction_max_timeout_ms > I32_MAX:
             raise ValueError("transaction_max_timeout_ms must fit an int32")
         if self.transaction_marker_retry_backoff_ms < 0:
             raise ValueError("transaction_marker_retry_backoff_ms must be >= 0")

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from raftlog.codec import I64_MAX
 from raftlog.config import NodeConfig
 from raftlog.errors import ErrorCode
 from raftlog.metadata import records as r
@@ -93,7 +94,7 @@ log = logging.getLogger("raftlog.metadata")
 
 PREFERRED_LEADER_CHECK_INTERVAL_MS = 300_000
 PRODUCER_ID_BLOCK_SIZE = 1000
-MAX_PRODUCER_ID = 2**63 - 1
+MAX_PRODUCER_ID = I64_MAX
 # Refusals go back to the peer that sent the request: they never echo the current broker
 # epoch (knowing it is all a forged heartbeat would need); the service logs the detail.
 NOT_REGISTERED_TEXT = "the broker is not registered"

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from raftlog.codec import (
     I32_MAX,
+    I32_MIN,
     Added,
     Codec,
     Int32,
@@ -379,8 +380,8 @@ class AlterUserScramCredentialsReply:
 # One request moves or elects at most this many partitions (a cluster-wide plan of 100,000
 # partitions still fits in one; beyond that an operator splits it).
 MAX_PARTITIONS_PER_REQUEST = 100_000
-PartitionIndex32 = Annotated[int, Range(-(2**31), I32_MAX)]  # refused by the controller if < 0
-BrokerId32 = Annotated[int, Range(-(2**31), I32_MAX)]  # refused by the controller if unknown
+PartitionIndex32 = Annotated[int, Range(I32_MIN, I32_MAX)]  # refused by the controller if < 0
+BrokerId32 = Annotated[int, Range(I32_MIN, I32_MAX)]  # refused by the controller if unknown
 
 
 @dataclass(frozen=True, slots=True)

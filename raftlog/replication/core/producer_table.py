@@ -47,6 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from raftlog.codec import I32_MAX
 from raftlog.errors import CorruptRecordError, ErrorCode
 from raftlog.records import NO_SEQUENCE, BatchHeader, TxnMarker, iter_batches, parse_txn_marker
 
@@ -56,7 +57,7 @@ log = logging.getLogger("raftlog.replication.producer_state")
 # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN, matching the clients' cap of 5 in-flight
 # requests per connection with idempotence enabled.
 RETAINED_BATCHES_PER_PRODUCER = 5
-MAX_SEQUENCE = 2**31 - 1  # Int.MaxValue: sequences wrap to 0 after it
+MAX_SEQUENCE = I32_MAX  # Int.MaxValue: sequences wrap to 0 after it
 # Kafka's producer.id.expiration.ms default (KIP-854): one day without a write.
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 24 * 3_600_000
 # Per partition; each entry is ~1 KiB in memory, so the default caps this at ~10 MiB.

@@ -27,6 +27,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from raftlog.codec import I64_MAX
 from raftlog.config_keys import (
     MAX_THROTTLED_REPLICAS,
     ThrottledReplicas,
@@ -53,7 +54,7 @@ FOLLOWER_THROTTLED_RATE = "follower.replication.throttled.rate"
 LEADER_THROTTLED_REPLICAS = "leader.replication.throttled.replicas"
 FOLLOWER_THROTTLED_REPLICAS = "follower.replication.throttled.replicas"
 # Kafka's default rate (Long.MAX_VALUE): no throttle.
-UNTHROTTLED_RATE = 2**63 - 1
+UNTHROTTLED_RATE = I64_MAX
 # The bucket holds one second of the rate: a move starts at once, then keeps to the rate.
 THROTTLE_BURST_S = 1.0
 # With a rate of 0 nothing throttled moves; the wait before looking again (a config change
