@@ -43,9 +43,12 @@ DEFAULT_FETCH_MAX_WAIT_MS = 500
 # but a response of many small, highly compressed batches would otherwise expand to thousands
 # of times its size in memory.
 DECODED_READ_MAX_BYTES = 256 * MIB
-# What one decoded record costs beyond its key, value and headers (its Python objects), so a
-# batch of many empty records weighs what it takes in memory.
+# What one decoded record, and one of its headers, cost beyond the bytes they hold (their
+# Python objects), so a batch of many empty records or headers (4 bytes a header on the wire)
+# weighs what it takes in memory: about 110 bytes a record and 100 a header here, and 190 more
+# a header as the Spark source's {"key", "value"} row.
 DECODED_RECORD_OVERHEAD_BYTES = 128
+DECODED_HEADER_OVERHEAD_BYTES = 320
 
 
 @dataclass(frozen=True, order=True)
@@ -75,8 +78,9 @@ class FetchResult:
     high_watermark: int
     throttle_time_ms: int
     last_stable_offset: int = -1
-    # The offset after the last whole batch of the response (control batches and aborted
-    # transactions' batches included, so a read moves past them); -1 when it held none.
+    # The offset after the last batch decoded (control batches and aborted transactions'
+    # batches included, so a read moves past them): the end of the response's whole batches,
+    # or where the decode budget stopped; -1 when it held none.
     next_offset: int = -1
 
 
@@ -155,7 +159,7 @@ def decoded_size_bytes(records: Iterable[Record]) -> int:
         DECODED_RECORD_OVERHEAD_BYTES
         + len(r.key or b"")
         + len(r.value or b"")
-        + sum(len(k) + len(v or b"") for k, v in r.headers)
+        + sum(DECODED_HEADER_OVERHEAD_BYTES + len(k) + len(v or b"") for k, v in r.headers)
         for r in records
     )
 
@@ -185,7 +189,7 @@ def decode_records(
     data = bytes(data)
     spent_bytes = 0
     for pos, header, visible in iter_visible_batches(data, isolation_level, aborted):
-        next_offset = header.next_offset
+        next_offset = max(next_offset, header.next_offset)
         if visible:
             records = list(iter_records(data, pos))
             out.extend(records)
@@ -218,11 +222,15 @@ class Consumer:
         max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
         max_wait_ms: int = DEFAULT_FETCH_MAX_WAIT_MS,
         isolation_level: IsolationLevel = IsolationLevel.READ_UNCOMMITTED,
+        decode_budget_bytes: int = DECODED_READ_MAX_BYTES,
     ) -> None:
         self.cluster = cluster
         self.max_bytes = max_bytes
         self.max_wait_ms = max_wait_ms
         self.isolation_level = IsolationLevel(isolation_level)
+        # What one fetch may decode (decode_records); the bound is per fetch: fetch_range
+        # collects every record of its range, so it is for ranges a caller means to hold.
+        self.decode_budget_bytes = decode_budget_bytes
 
     def _level(self, isolation_level: IsolationLevel | None) -> IsolationLevel:
         return self.isolation_level if isolation_level is None else IsolationLevel(isolation_level)
@@ -302,7 +310,9 @@ class Consumer:
         level = self._level(isolation_level)
         raw = await self.fetch_raw(topic, partition, offset, isolation_level=level)
         raise_for(raw.error, f"fetch {topic}-{partition} at {offset}")
-        decoded = decode_records(raw.data, level, raw.aborted_transactions)
+        decoded = decode_records(
+            raw.data, level, raw.aborted_transactions, self.decode_budget_bytes
+        )
         records = [r for r in decoded.records if r.offset >= offset]
         return FetchResult(
             records,

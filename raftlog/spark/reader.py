@@ -90,15 +90,12 @@ def add_records(
     fetch's aborted list).
 
     Returns the offset after the last batch seen (control and aborted batches included, so a
-    read moves past them), or start when data holds no complete batch. Once the columns are
-    `full` no further batch is decoded (the next read starts at the returned offset); the
-    first batch always is, so a read moves on.
+    read moves past them), or start when data holds no complete batch. Decoding stops after
+    the batch that makes the columns `full` (the next read starts at the returned offset).
     """
     data = whole_batches(data)
     next_offset = start
     for pos, header, visible in iter_visible_batches(data, isolation_level, aborted):
-        if columns.full and header.base_offset > start:
-            return header.base_offset
         next_offset = max(next_offset, header.next_offset)
         if not visible or header.last_offset < start:
             if header.next_offset >= end:
@@ -115,7 +112,7 @@ def add_records(
             columns.timestamp_types.append(timestamp_type)
             if columns.headers is not None:
                 columns.headers.append([{"key": k, "value": v} for k, v in record.headers])
-        if header.next_offset >= end:
+        if header.next_offset >= end or columns.full:
             break
     return next_offset
 
@@ -202,10 +199,19 @@ def read_range(
     last_progress_s = time.monotonic()
     while offset < rng.end:
         chunk = run_blocking(read_chunk, options, rng, offset)
-        if len(chunk.columns):
-            yield to_record_batch(chunk.columns, rng.topic, rng.partition, schema)
-        if chunk.next_offset > offset:
-            offset = chunk.next_offset
+        next_offset = chunk.next_offset
+        batch = (
+            to_record_batch(chunk.columns, rng.topic, rng.partition, schema)
+            if len(chunk.columns)
+            else None
+        )
+        # The chunk's Python objects go before the next chunk is read: one at a time.
+        del chunk
+        if batch is not None:
+            yield batch
+            del batch
+        if next_offset > offset:
+            offset = next_offset
             last_progress_s = time.monotonic()
         elif (time.monotonic() - last_progress_s) * 1000 > options.read_stall_timeout_ms:
             raise TimeoutError(

@@ -34,7 +34,7 @@ from raftlog.quotas import (
     QuotaEntity,
     QuotaValidationError,
 )
-from raftlog.records import Record
+from raftlog.records import Compression, Record
 from tests.kafka.memory_backend import MemoryBackend
 from tests.kafka.test_quorum_handlers import CLUSTER_ID, ScriptedQuorum
 
@@ -153,6 +153,24 @@ async def test_produce_and_fetch_range(cluster: Cluster, acks: int) -> None:
     # Keyed records go where Kafka's default partitioner sends them.
     keyed = await producer.produce("t", [Record(key=b"foobar", value=b"x")], key=b"foobar")
     assert keyed.partition == (-790332482 & 0x7FFFFFFF) % 2
+
+
+async def test_a_decode_budget_stops_a_fetch_at_a_batch_and_the_range_reads_on(
+    cluster: Cluster,
+) -> None:
+    """A fetch decodes at most its budget (whole batches, at least one); fetch_range then asks
+    again from where it stopped, so a small budget costs fetches, never records."""
+    await Admin(cluster).create_topics([NewTopic("z", 1, 1)])
+    producer = Producer(cluster, acks=ACKS_LEADER, compression=Compression.ZSTD)
+    for _ in range(4):  # four batches of three 64 KiB records
+        values = [bytes(64 * 1024) for _ in range(3)]
+        await producer.produce("z", [Record(value=v) for v in values], partition=0)
+    tight = Consumer(cluster, decode_budget_bytes=1)
+    first = await tight.fetch("z", 0, 0)
+    assert [r.offset for r in first.records] == [0, 1, 2] and first.next_offset == 3
+    whole = await Consumer(cluster).fetch("z", 0, 0)
+    assert len(whole.records) == 12 and whole.next_offset == 12
+    assert [r.offset for r in await tight.fetch_range("z", 0, 0)] == list(range(12))
 
 
 async def test_acks_zero_gets_no_answer_but_lands(cluster: Cluster) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from raftlog.client.consumer import (
+    DECODED_HEADER_OVERHEAD_BYTES,
     DECODED_RECORD_OVERHEAD_BYTES,
     decode_records,
     decoded_size_bytes,
@@ -56,11 +57,27 @@ def test_the_default_budget_reads_ordinary_responses_whole() -> None:
     assert len(decoded.records) == 1000 and decoded.next_offset == 1000
 
 
+def test_many_empty_headers_spend_the_budget_as_their_objects_would() -> None:
+    """Headers are 4 bytes each on the wire but over 100 bytes each once decoded: a batch of
+    nothing but empty headers must not pass for a few bytes."""
+    headers = tuple(("", b"") for _ in range(10_000))
+    one = build_batch([Record(headers=headers)], compression=Compression.ZSTD, now_ms=1)
+    data = bytearray()
+    for offset in range(50):
+        batch = bytearray(one)
+        batch[0:8] = offset.to_bytes(8, "big")
+        data += batch
+    decoded = decode_records(bytes(data), budget_bytes=3 * 10_000 * DECODED_HEADER_OVERHEAD_BYTES)
+    assert decoded.next_offset == 3 and len(decoded.records) == 3
+
+
 def test_empty_records_are_counted_by_what_they_hold_in_memory() -> None:
     empty = [Record(offset=i) for i in range(10)]
     assert decoded_size_bytes(empty) == 10 * DECODED_RECORD_OVERHEAD_BYTES
     with_headers = Record(key=b"ab", value=b"cde", headers=(("h", b"xy"), ("i", None)))
-    assert decoded_size_bytes([with_headers]) == DECODED_RECORD_OVERHEAD_BYTES + 2 + 3 + 3 + 1
+    assert decoded_size_bytes([with_headers]) == (
+        DECODED_RECORD_OVERHEAD_BYTES + 2 + 3 + 2 * DECODED_HEADER_OVERHEAD_BYTES + 3 + 1
+    )
 
 
 @pytest.mark.parametrize("count", [0, 1])
