@@ -15,7 +15,7 @@ never returned as records under either level, but a read moves past them.
 from __future__ import annotations
 
 import heapq
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from raftlog.client.admin import ListedOffset, list_offset
@@ -153,15 +153,17 @@ def iter_visible_batches(
         yield pos, header, rule.visible(data, pos, header)
 
 
-def decoded_size_bytes(records: Iterable[Record]) -> int:
-    """What `records` take in memory once decoded, as DECODED_READ_MAX_BYTES counts it."""
-    return sum(
-        DECODED_RECORD_OVERHEAD_BYTES
-        + len(r.key or b"")
-        + len(r.value or b"")
-        + sum(DECODED_HEADER_OVERHEAD_BYTES + len(k) + len(v or b"") for k, v in r.headers)
-        for r in records
-    )
+def decoded_size_bytes(records: Sequence[Record]) -> int:
+    """What `records` take in memory once decoded, as DECODED_READ_MAX_BYTES counts it (a
+    plain loop: a few percent of what decoding the records cost)."""
+    total = DECODED_RECORD_OVERHEAD_BYTES * len(records)
+    for r in records:
+        total += len(r.key or b"") + len(r.value or b"")
+        if r.headers:
+            total += sum(
+                DECODED_HEADER_OVERHEAD_BYTES + len(k) + len(v or b"") for k, v in r.headers
+            )
+    return total
 
 
 @dataclass(frozen=True)
