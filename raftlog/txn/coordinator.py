@@ -21,6 +21,17 @@ A transaction is completed only when every one of its partitions has its marker;
 written only after the decision is durable, so a coordinator that fails over finds the Prepare
 record when it loads and writes the same markers again (`load` emits them).
 
+One-phase commit: a transaction of one partition (part 1 client, epoch below the top) commits
+with no PrepareCommit record. Its COMMIT marker is the durable decision, and EndTxn is
+answered once the marker is replicated:
+  COMMIT marker replicated -> EndTxn answered -> CompleteCommit record.
+A coordinator that loads such a transaction as Ongoing cannot tell whether an earlier
+coordinator committed it this way. It holds the transaction in doubt (`_in_doubt`): a commit
+is answered as usual, because only COMMIT markers can have been written for it. An abort bumps
+the producer epoch (markers of the old epoch are refused from then on) and answers
+PRODUCER_FENCED rather than NONE: the records may already be committed. Adding a partition is
+refused, so the transaction stays one of a single partition.
+
 KIP-890 part 2 (transaction version 2, docs/transactions.md): EndTxn v5 bumps the epoch in
 the Prepare record (`_end_txn_tv2`; a retry naming the epoch it ended with gets the outcome),
 moves the producer to a fresh id when the epoch would pass the top, and the partition leaders'
@@ -114,6 +125,9 @@ class _Why(Enum):
     # the Complete record and the next Ongoing one, appended together.
     COMPLETE_AND_ADD = auto()
     EXPIRE = auto()  # transactional.id.expiration.ms
+    # EndTxn abort of a transaction in doubt: the Prepare record bumps the epoch, the reply
+    # is PRODUCER_FENCED (its records may have been committed in one phase before).
+    END_IN_DOUBT = auto()
 
 
 @dataclass
@@ -190,6 +204,12 @@ class TxnCoordinator:
         self._retry_at_ms: dict[str, int] = {}
         # Transactions whose markers a newer coordinator or producer epoch refused.
         self.stalled: set[str] = set()
+        # transactional id -> the EndTxn of a one-phase commit, answered when its marker is
+        # replicated (the marker is the decision: nothing was recorded before it).
+        self._committing: dict[str, _Pending] = {}
+        # Ongoing transactions loaded that an earlier coordinator may have committed in one
+        # phase (see the module docstring).
+        self._in_doubt: set[str] = set()
         self._next_id = 0
         self._next_abort_scan_ms = 0
         self._next_expire_scan_ms = 0
@@ -248,16 +268,22 @@ class TxnCoordinator:
             )
             self._load_repairs.clear()
         fx = Effects()
+        self._in_doubt = {
+            t.transactional_id
+            for t in transactions.values()
+            if t.state is S.ONGOING and self._commits_in_one_phase(t)
+        }
         owed = [t for t in transactions.values() if t.state in PREPARE_STATES]
         for txn in owed:
             self._advance(fx, txn, now_ms)
         log.info(
             "transaction state partition %d loaded at coordinator epoch %d: %d transactional "
-            "ids, %d transactions to complete",
+            "ids, %d transactions to complete, %d in doubt",
             self.partition,
             self.coordinator_epoch,
             len(transactions),
             len(owed),
+            len(self._in_doubt),
         )
         return fx
 
@@ -307,6 +333,8 @@ class TxnCoordinator:
                 )
         self._pending.clear()
         self._waiting_adds.clear()
+        self._committing.clear()
+        self._in_doubt.clear()
         self._markers.clear()
         self._markers_inflight.clear()
         self._retry_at_ms.clear()
@@ -346,6 +374,21 @@ class TxnCoordinator:
         yield from self._pending.values()
         for waiting in self._waiting_adds.values():
             yield waiting.pending
+        yield from self._committing.values()
+
+    def _commits_in_one_phase(self, txn: TransactionMetadata) -> bool:
+        """Whether a commit of `txn` (Ongoing) skips the PrepareCommit record: one partition,
+        so its one marker is the whole decision. Not for TV2, whose Prepare record carries
+        the epoch bump; not at the top epoch, where an abort of the transaction in doubt
+        could not bump it."""
+        return (
+            len(txn.partitions) == 1 and not txn.is_tv2 and txn.producer_epoch < MAX_PRODUCER_EPOCH
+        )
+
+    def _complete(self, txn: TransactionMetadata, transit: TxnTransit) -> None:
+        txn.complete(transit)
+        if txn.state is not S.ONGOING:
+            self._in_doubt.discard(txn.transactional_id)
 
     def _error_reply(self, pending: _Pending, code: ErrorCode) -> object:
         if pending.api is TxnApi.INIT_PRODUCER_ID:
@@ -544,6 +587,10 @@ class TxnCoordinator:
         wanted = frozenset(req.partitions)
         if txn.state is S.ONGOING and wanted <= txn.partitions:
             return answer(ErrorCode.none)  # nothing new: no record
+        if req.transactional_id in self._in_doubt:
+            # One more partition would make its abort look like any other, but an earlier
+            # coordinator may have committed the one it has.
+            return answer(ErrorCode.invalid_txn_state)
         if len(txn.partitions | wanted) > self.config.max_partitions_per_transaction:
             return answer(ErrorCode.invalid_request)
         if txn.state not in IDLE_STATES and txn.state is not S.ONGOING:
@@ -640,14 +687,23 @@ class TxnCoordinator:
         commit = req.committed
         state = txn.state
         if state is S.ONGOING:
+            in_doubt_abort = not commit and req.transactional_id in self._in_doubt
             pending = _Pending(
                 req.transactional_id,
-                txn.prepare_end(commit, now_ms, client_transaction_version=version),
-                _Why.END,
+                txn.prepare_end(
+                    commit, now_ms, fence_epoch=in_doubt_abort, client_transaction_version=version
+                ),
+                _Why.END_IN_DOUBT if in_doubt_abort else _Why.END,
                 token=token,
                 api=TxnApi.END_TXN,
                 api_version=req.api_version,
             )
+            if commit and self._commits_in_one_phase(txn):
+                # The COMMIT marker is the decision; PrepareCommit is only held in memory.
+                self._complete(txn, pending.transit)
+                self._committing[req.transactional_id] = pending
+                self._advance(fx, txn, now_ms)
+                return None
             self._append(fx, pending)
             return None
         # A retry of an EndTxn whose answer was lost finds its own outcome: the same outcome
@@ -741,7 +797,7 @@ class TxnCoordinator:
             )
             self._append_failed(fx, pending, code, now_ms)
             return fx
-        txn.complete(pending.transit)
+        self._complete(txn, pending.transit)
         why = pending.why
         if why is _Why.INIT:
             fx.replies.append(
@@ -765,6 +821,10 @@ class TxnCoordinator:
                 reply = EndTxnResult(ErrorCode.none)
             fx.replies.append((pending.token, reply))
             self._advance(fx, txn, now_ms)
+        elif why is _Why.END_IN_DOUBT:
+            fenced = self._error_reply(pending, ErrorCode.producer_fenced)
+            fx.replies.append((pending.token, fenced))
+            self._advance(fx, txn, now_ms)
         elif why is _Why.TIMEOUT:
             self._advance(fx, txn, now_ms)
         elif why is _Why.COMPLETE:
@@ -780,7 +840,7 @@ class TxnCoordinator:
         why = pending.why
         if why is _Why.ADD:
             self._finish_add(fx, pending, code)
-        elif why in (_Why.INIT, _Why.FENCE_FOR_INIT, _Why.END):
+        elif why in (_Why.INIT, _Why.FENCE_FOR_INIT, _Why.END, _Why.END_IN_DOUBT):
             fx.replies.append((pending.token, self._error_reply(pending, code)))
         elif why in (_Why.COMPLETE, _Why.COMPLETE_AND_ADD):
             # Tried again until it lands or this coordinator resigns (a lost leadership
@@ -893,13 +953,21 @@ class TxnCoordinator:
                 retry = True
         if txn_id in self.stalled:
             self._answer_waiting(fx, txn_id, ErrorCode.concurrent_transactions)
+            # A one-phase commit whose outcome a newer coordinator decides.
+            self._answer_committing(fx, txn_id, ErrorCode.not_coordinator)
             return fx
         if retry or txn.partitions:
             # Partitions missing from the answer count as failed: retried, never assumed.
             self._retry_at_ms[txn_id] = now_ms + self.config.transaction_marker_retry_backoff_ms
             return fx
+        self._answer_committing(fx, txn_id, ErrorCode.none)
         self._advance(fx, txn, now_ms)
         return fx
+
+    def _answer_committing(self, fx: Effects, txn_id: str, code: ErrorCode) -> None:
+        pending = self._committing.pop(txn_id, None)
+        if pending is not None:
+            fx.replies.append((pending.token, self._error_reply(pending, code)))
 
     # ------------------------------------------------------------------ timers
     def next_deadline_ms(self) -> int | None:

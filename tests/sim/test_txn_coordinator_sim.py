@@ -58,6 +58,9 @@ def test_transactions_stay_atomic_under_faults() -> None:
         assert stats["verify_refused_producer_fenced"] > 0
         assert stats["zombie_sends"] > 0
         assert stats["stalls"] > 0
+        # One-phase commits, and coordinators that loaded one's transaction in doubt.
+        assert stats["one_phase_commit_markers"] > 0
+        assert stats["loaded_in_doubt"] > 0
         if tv2 > 0:
             assert stats["tv2_ends"] > 0 and stats["tv0_clients"] + stats["tv2_clients"] > 0
 

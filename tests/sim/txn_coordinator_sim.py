@@ -776,6 +776,8 @@ class TxnWorld:
         owed = sorted(coordinator.transactions.items())
         self.stats["coordinator_loads"] += 1
         self.stats["loaded_prepare"] += sum(m.state.name.startswith("PREPARE") for _, m in owed)
+        # Ongoing transactions an earlier coordinator may have committed in one phase.
+        self.stats["loaded_in_doubt"] += len(coordinator._in_doubt)
         self.trace(
             f"coordinator c{coordinator.coordinator_epoch} on {node_id} loaded "
             f"{len(records)} records: "
@@ -836,6 +838,8 @@ class TxnWorld:
     def send_markers(self, node_id: int, coordinator: TxnCoordinator, marker: WriteMarkers) -> None:
         send = MarkerSend(coordinator, node_id, marker, marker.coordinator_epoch)
         self._marker_sends[(id(coordinator), marker.marker_id)] = send
+        if marker.transactional_id in coordinator._committing:
+            self.stats["one_phase_commit_markers"] += 1
         self.trace(f"coordinator writes {send.label} to {list(marker.partitions)}")
         for key in marker.partitions:
             part = self.data[key]

@@ -583,3 +583,79 @@ def test_fencing_abort_whose_record_fails_answers_the_error():
     assert h.reply(token).error_code is E.coordinator_not_available
     assert h.state_of("tx") is S.ONGOING and h.coord.transactions["tx"].producer_epoch == 0
     assert h.markers == []
+
+
+# ------------------------------------------------------------------ one-phase commit
+def test_a_commit_of_one_partition_is_answered_by_its_marker():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    token = h.call("end_txn", EndTxnRequest("tx", pid, epoch, True, 3))
+    assert h.appends == [] and [m.partitions for m in h.markers] == [(T0,)]
+    assert h.markers[0].commit and h.reply(token) is None
+    assert h.stored()["tx"].state is S.ONGOING  # no PrepareCommit record
+    h.write_markers()
+    assert h.reply(token).error_code is E.none
+    h.flush_appends()
+    assert stored_states(h, "tx")[-2:] == [S.ONGOING, S.COMPLETE_COMMIT]
+
+
+def test_a_one_phase_commit_refused_by_a_newer_coordinator_says_not_coordinator():
+    """The newer coordinator decides: it may have aborted the transaction."""
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    token = h.call("end_txn", EndTxnRequest("tx", pid, epoch, True, 3))
+    h.write_markers(E.transaction_coordinator_fenced)
+    assert h.reply(token).error_code is E.not_coordinator
+    assert "tx" in h.coord.stalled and h.appends == []
+
+
+def test_an_abort_of_one_partition_keeps_two_phases():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    assert h.end("tx", pid, epoch, False) is E.none
+    assert S.PREPARE_ABORT in stored_states(h, "tx")
+
+
+def _load_ongoing(h: Harness, epoch: int, *partitions: fmt.TopicPartition) -> None:
+    value = TransactionLogValue(
+        producer_id=1001,
+        producer_epoch=epoch,
+        transaction_timeout_ms=60_000,
+        state=S.ONGOING,
+        partitions=tuple(sorted(partitions)),
+        last_update_timestamp_ms=h.now_ms,
+        start_timestamp_ms=h.now_ms,
+    )
+    h.log.append(fmt.record("tx", value))
+    h.failover()
+
+
+def test_an_ongoing_transaction_of_one_partition_is_loaded_in_doubt():
+    h = Harness()
+    _load_ongoing(h, 4, T0)
+    assert h.add("tx", 1001, 4, T1) is E.invalid_txn_state
+    assert h.end("tx", 1001, 4, False) is E.producer_fenced
+    assert h.stored()["tx"].state is S.COMPLETE_ABORT
+    assert h.stored()["tx"].producer_epoch == 5  # the old epoch's markers are refused
+
+
+def test_transactions_that_cannot_have_committed_in_one_phase_are_not_in_doubt():
+    for partitions, epoch in (((T0, T1), 4), ((T0,), MAX_PRODUCER_EPOCH)):
+        h = Harness()
+        _load_ongoing(h, epoch, *partitions)
+        assert h.end("tx", 1001, epoch, False) is E.none
+        assert h.stored()["tx"].state is S.COMPLETE_ABORT
+        assert h.stored()["tx"].producer_epoch == epoch
+
+
+def test_at_the_top_epoch_a_commit_of_one_partition_writes_prepare_commit():
+    """Its abort after a failover could not bump the epoch, so it never goes in doubt."""
+    h = Harness()
+    _load_ongoing(h, MAX_PRODUCER_EPOCH, T0)
+    h.auto = False
+    h.end("tx", 1001, MAX_PRODUCER_EPOCH, True)
+    assert h.markers == [] and len(h.appends) == 1
+    h.flush_appends()
+    assert h.stored()["tx"].state is S.PREPARE_COMMIT

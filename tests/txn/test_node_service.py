@@ -41,6 +41,7 @@ from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
     AddPartitionsTxn,
     EndTxnRequest,
+    EndTxnResult,
     InitProducerIdRequest,
 )
 from raftlog.txn.node_service import NodeTxnService, start_node_txn_service
@@ -433,9 +434,16 @@ async def test_refused_markers_are_retried_after_their_backoff_not_the_next_scan
             [AddPartitionsTxn(txn_id, pid, epoch, ((DATA, 0),))]
         )
         cluster.markers_refused = True
-        result = await services[1].end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
-        assert result.error_code is ErrorCode.none
+        answers: list[EndTxnResult] = []
+
+        async def commit() -> None:
+            request = EndTxnRequest(txn_id, pid, epoch, committed=True)
+            answers.append(await services[1].end_txn(request))
+
+        nursery.start_soon(commit)
         await wait_until("a refused marker", lambda: cluster.refusals > 0, 60)
+        # A commit of one partition is answered once its marker is written, not before.
+        assert answers == []
         cluster.markers_refused = False
         refused_s = trio.current_time()
         await wait_until(
@@ -443,6 +451,7 @@ async def test_refused_markers_are_retried_after_their_backoff_not_the_next_scan
         )
         # transaction_marker_retry_backoff_ms is 100: far sooner than the scan.
         assert trio.current_time() - refused_s < 1.0
+        assert [a.error_code for a in answers] == [ErrorCode.none]
         nursery.cancel_scope.cancel()
 
 

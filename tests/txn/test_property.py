@@ -1,8 +1,9 @@
 """Random request sequences against one coordinator, with failing appends and markers,
 timeouts and failovers: no illegal transition is ever attempted, a transaction is completed
 only after every one of its partitions acknowledged its marker, a marker is sent only for a
-decision already in the log, memory agrees with the log, and once everything is allowed to
-succeed every transaction ends."""
+decision already in the log (or, for a one-phase commit, as the decision on the one partition
+of an Ongoing record), memory agrees with the log, and once everything is allowed to succeed
+every transaction ends."""
 
 from __future__ import annotations
 
@@ -54,6 +55,16 @@ OPS = (
 )
 
 
+def one_phase(value: fmt.TransactionLogValue) -> bool:
+    """Whether the coordinator may commit `value` (Ongoing) with its marker alone."""
+    return (
+        value.state is S.ONGOING
+        and len(value.partitions) == 1
+        and value.client_transaction_version < fmt.TV_2
+        and value.producer_epoch < fmt.MAX_PRODUCER_EPOCH
+    )
+
+
 class World:
     def __init__(self) -> None:
         self.h = Harness(config=CONFIG, auto=False)
@@ -73,7 +84,10 @@ class World:
                 continue
             prepare = fmt.replay(self.h.log)[txn_id]
             commit = value.state is S.COMPLETE_COMMIT
-            assert prepare.state is (S.PREPARE_COMMIT if commit else S.PREPARE_ABORT)
+            if commit and prepare.state is S.ONGOING:
+                assert one_phase(prepare), f"{txn_id}: {prepare} committed without PrepareCommit"
+            else:
+                assert prepare.state is (S.PREPARE_COMMIT if commit else S.PREPARE_ABORT)
             assert (prepare.producer_id, prepare.producer_epoch) == (
                 value.producer_id,
                 value.producer_epoch,
@@ -85,7 +99,11 @@ class World:
     def check_marker(self, marker: WriteMarkers) -> None:
         """A marker goes out only for the decision the log holds."""
         stored = fmt.replay(self.h.log)[marker.transactional_id]
-        assert stored.state is (S.PREPARE_COMMIT if marker.commit else S.PREPARE_ABORT)
+        if stored.state is S.ONGOING:
+            assert marker.commit and one_phase(stored), f"{marker} for {stored}"
+            assert set(marker.partitions) == set(stored.partitions)
+        else:
+            assert stored.state is (S.PREPARE_COMMIT if marker.commit else S.PREPARE_ABORT)
         assert (stored.producer_id, stored.producer_epoch) == (
             marker.producer_id,
             marker.producer_epoch,
@@ -101,6 +119,11 @@ class World:
             value = stored.get(txn_id)
             if value is None:  # created in memory, its first record not (yet) written
                 assert txn.state is S.EMPTY and txn.producer_epoch == -1
+                continue
+            if txn.state is S.PREPARE_COMMIT and value.state is S.ONGOING:
+                # A one-phase commit: the decision is its marker, not a record.
+                assert one_phase(value) and txn.producer_epoch == value.producer_epoch
+                assert txn.partitions <= set(value.partitions)
                 continue
             assert (txn.state, txn.producer_id, txn.producer_epoch) == (
                 value.state,

@@ -16,6 +16,7 @@ from raftlog.txn.log_format import TransactionState as S
 from raftlog.txn.messages import (
     AddPartitionsTxn,
     EndTxnRequest,
+    EndTxnResult,
     InitProducerIdRequest,
 )
 from raftlog.txn.settings import TxnConfig
@@ -197,7 +198,8 @@ async def test_a_new_coordinator_finishes_a_commit_its_predecessor_began(autojum
     async with trio.open_nursery() as nursery:
         first = await start_shell(nursery, node, epoch=1)
         pid, epoch = await init(first, txn_id)
-        await add(first, txn_id, pid, epoch, T0)
+        # Two partitions: the commit writes PrepareCommit (one would commit in one phase).
+        await add(first, txn_id, pid, epoch, T0, T1)
         result = await first.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
         assert result.error_code is ErrorCode.none
         await wait_until("markers sent", lambda: node.marker_attempts == 1)
@@ -218,6 +220,75 @@ async def test_a_new_coordinator_finishes_a_commit_its_predecessor_began(autojum
         assert len([w for w in node.written if w[4]]) == len(node.written)
         again = await second.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
         assert again.error_code is ErrorCode.none  # a retry finds its own outcome
+        nursery.cancel_scope.cancel()
+
+
+async def _one_phase_commit_cut_short(
+    nursery: trio.Nursery, node: FakeNode, txn_id: str
+) -> tuple[TxnCoordinatorShell, int, int]:
+    """A commit of one partition whose marker is in flight when leadership moves: its
+    caller is told NOT_COORDINATOR, the marker lands late, and a new coordinator takes over
+    (returned, with the producer id and epoch)."""
+    node.markers_hang = trio.Event()  # markers stay unanswered until markers_go
+    first = await start_shell(nursery, node, epoch=1)
+    pid, epoch = await init(first, txn_id)
+    await add(first, txn_id, pid, epoch, T0)
+    answers: list[EndTxnResult] = []
+
+    async def commit() -> None:
+        answers.append(await first.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True)))
+
+    nursery.start_soon(commit)
+    await wait_until("marker sent", lambda: node.marker_attempts == 1)
+    # No PrepareCommit record: the COMMIT marker is the decision, and the caller waits for it.
+    assert state(node, txn_id) is S.ONGOING
+    assert answers == []
+    first.resign(1)
+    await wait_until("the caller answered", lambda: answers != [])
+    assert answers[0].error_code is ErrorCode.not_coordinator
+    node.markers_hang.set()
+    node.markers_go.set()
+    second = await start_shell(nursery, node, epoch=2, partitions=(1,))
+    return second, pid, epoch
+
+
+async def test_a_one_phase_commit_cut_short_is_committed_by_the_next_coordinator(
+    autojump_clock,
+) -> None:
+    node = FakeNode()
+    txn_id = txn_id_on(1, CONFIG)
+    async with trio.open_nursery() as nursery:
+        second, pid, epoch = await _one_phase_commit_cut_short(nursery, node, txn_id)
+        # In doubt: no partition may join a transaction that may be committed already.
+        assert await add(second, txn_id, pid, epoch, T1) is ErrorCode.invalid_txn_state
+        assert await add(second, txn_id, pid, epoch, T0) is ErrorCode.none  # nothing new
+        again = await second.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
+        assert again.error_code is ErrorCode.none
+        await wait_until("CompleteCommit", lambda: state(node, txn_id) is S.COMPLETE_COMMIT)
+        assert (T0, pid, epoch, 2, True) in node.written
+        assert all(commit for *_, commit in node.written)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_abort_in_doubt_fences_the_producer_and_never_says_aborted(
+    autojump_clock,
+) -> None:
+    """The old coordinator's COMMIT may have landed: "aborted" could be a lie. The abort
+    bumps the epoch (the partition refuses the old epoch's markers from then on) and every
+    answer for the old epoch is PRODUCER_FENCED."""
+    node = FakeNode()
+    txn_id = txn_id_on(1, CONFIG)
+    async with trio.open_nursery() as nursery:
+        second, pid, epoch = await _one_phase_commit_cut_short(nursery, node, txn_id)
+        aborted = await second.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=False))
+        assert aborted.error_code is ErrorCode.producer_fenced
+        await wait_until("CompleteAbort", lambda: state(node, txn_id) is S.COMPLETE_ABORT)
+        assert (T0, pid, epoch + 1, 2, False) in node.written
+        retried = await second.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=False))
+        assert retried.error_code is ErrorCode.producer_fenced
+        # The producer starts over with InitProducerId, past the bumped epoch.
+        new_pid, new_epoch = await init(second, txn_id)
+        assert (new_pid, new_epoch) == (pid, epoch + 2)
         nursery.cancel_scope.cancel()
 
 

@@ -24,7 +24,9 @@ async def test_the_next_transaction_waits_for_the_last_ones_markers(autojump_clo
     async with trio.open_nursery() as nursery:
         shell = await start_shell(nursery, node)
         pid, epoch = await init(shell, txn_id)
-        assert await add(shell, txn_id, pid, epoch, T0) is ErrorCode.none
+        # Two partitions, so EndTxn is answered at its PrepareCommit record (one partition
+        # would commit in one phase, answered once its marker is written).
+        assert await add(shell, txn_id, pid, epoch, T0, T1) is ErrorCode.none
         ended = await shell.end_txn(EndTxnRequest(txn_id, pid, epoch, committed=True))
         assert ended.error_code is ErrorCode.none
         assert state(node, txn_id) is S.PREPARE_COMMIT
