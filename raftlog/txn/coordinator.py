@@ -21,16 +21,17 @@ A transaction is completed only when every one of its partitions has its marker;
 written only after the decision is durable, so a coordinator that fails over finds the Prepare
 record when it loads and writes the same markers again (`load` emits them).
 
-One-phase commit: a transaction of one partition (part 1 client, epoch below the top) commits
-with no PrepareCommit record. Its COMMIT marker is the durable decision, and EndTxn is
-answered once the marker is replicated:
+One-phase commit: a transaction of one partition (part 1 client, epoch below the top, and the
+log known to hold what memory holds) commits with no PrepareCommit record. Its COMMIT marker
+is the durable decision, and EndTxn is answered once the marker is replicated:
   COMMIT marker replicated -> EndTxn answered -> CompleteCommit record.
-A coordinator that loads such a transaction as Ongoing cannot tell whether an earlier
-coordinator committed it this way. It holds the transaction in doubt (`_in_doubt`): a commit
-is answered as usual, because only COMMIT markers can have been written for it. An abort bumps
-the producer epoch (markers of the old epoch are refused from then on) and answers
-PRODUCER_FENCED rather than NONE: the records may already be committed. Adding a partition is
-refused, so the transaction stays one of a single partition.
+A coordinator that loads an Ongoing transaction cannot tell whether an earlier coordinator
+committed (part of) it this way: an append reported failed may still have landed, so the
+loaded record may name more partitions than the one committed. Every loaded Ongoing part 1
+transaction below the top epoch is held in doubt (`_in_doubt`) until it ends. A commit is
+answered as usual, because only COMMIT markers can have been written for what it holds. An
+abort bumps the producer epoch (markers of the old epoch are refused from then on) and answers
+PRODUCER_FENCED rather than NONE: some of its records may already be committed.
 
 KIP-890 part 2 (transaction version 2, docs/transactions.md): EndTxn v5 bumps the epoch in
 the Prepare record (`_end_txn_tv2`; a retry naming the epoch it ended with gets the outcome),
@@ -210,6 +211,9 @@ class TxnCoordinator:
         # Ongoing transactions loaded that an earlier coordinator may have committed in one
         # phase (see the module docstring).
         self._in_doubt: set[str] = set()
+        # Transactional ids whose last append failed: it may have landed all the same, so
+        # the log may hold a record memory does not (until the next append succeeds).
+        self._log_unsure: set[str] = set()
         self._next_id = 0
         self._next_abort_scan_ms = 0
         self._next_expire_scan_ms = 0
@@ -271,7 +275,7 @@ class TxnCoordinator:
         self._in_doubt = {
             t.transactional_id
             for t in transactions.values()
-            if t.state is S.ONGOING and self._commits_in_one_phase(t)
+            if t.state is S.ONGOING and not t.is_tv2 and t.producer_epoch < MAX_PRODUCER_EPOCH
         }
         owed = [t for t in transactions.values() if t.state in PREPARE_STATES]
         for txn in owed:
@@ -335,6 +339,7 @@ class TxnCoordinator:
         self._waiting_adds.clear()
         self._committing.clear()
         self._in_doubt.clear()
+        self._log_unsure.clear()
         self._markers.clear()
         self._markers_inflight.clear()
         self._retry_at_ms.clear()
@@ -380,9 +385,12 @@ class TxnCoordinator:
         """Whether a commit of `txn` (Ongoing) skips the PrepareCommit record: one partition,
         so its one marker is the whole decision. Not for TV2, whose Prepare record carries
         the epoch bump; not at the top epoch, where an abort of the transaction in doubt
-        could not bump it."""
+        could not bump it; not while the log may hold another record for it than memory."""
         return (
-            len(txn.partitions) == 1 and not txn.is_tv2 and txn.producer_epoch < MAX_PRODUCER_EPOCH
+            len(txn.partitions) == 1
+            and not txn.is_tv2
+            and txn.producer_epoch < MAX_PRODUCER_EPOCH
+            and txn.transactional_id not in self._log_unsure
         )
 
     def _complete(self, txn: TransactionMetadata, transit: TxnTransit) -> None:
@@ -587,10 +595,6 @@ class TxnCoordinator:
         wanted = frozenset(req.partitions)
         if txn.state is S.ONGOING and wanted <= txn.partitions:
             return answer(ErrorCode.none)  # nothing new: no record
-        if req.transactional_id in self._in_doubt:
-            # One more partition would make its abort look like any other, but an earlier
-            # coordinator may have committed the one it has.
-            return answer(ErrorCode.invalid_txn_state)
         if len(txn.partitions | wanted) > self.config.max_partitions_per_transaction:
             return answer(ErrorCode.invalid_request)
         if txn.state not in IDLE_STATES and txn.state is not S.ONGOING:
@@ -755,6 +759,9 @@ class TxnCoordinator:
             if allocated is None:
                 return ErrorCode.coordinator_load_in_progress
             next_producer_id = allocated
+        # A part 1 transaction loaded in doubt, ended with EndTxn v5: its abort bumps the
+        # epoch as any v5 end does, and is answered PRODUCER_FENCED as in _end_txn.
+        in_doubt_abort = not commit and req.transactional_id in self._in_doubt
         if state is S.ONGOING:
             transit = txn.prepare_end(
                 commit, now_ms, client_transaction_version=TV_2, next_producer_id=next_producer_id
@@ -768,7 +775,7 @@ class TxnCoordinator:
             _Pending(
                 req.transactional_id,
                 transit,
-                _Why.END,
+                _Why.END_IN_DOUBT if in_doubt_abort else _Why.END,
                 token=token,
                 api=TxnApi.END_TXN,
                 api_version=req.api_version,
@@ -786,6 +793,7 @@ class TxnCoordinator:
         txn = self.transactions[pending.transactional_id]
         code = map_append_error(error_code)
         if code is not ErrorCode.none:
+            self._log_unsure.add(pending.transactional_id)
             txn.abort_pending()
             log.warning(
                 "appending %s of %r to %s-%d failed: %s",
@@ -797,6 +805,7 @@ class TxnCoordinator:
             )
             self._append_failed(fx, pending, code, now_ms)
             return fx
+        self._log_unsure.discard(pending.transactional_id)
         self._complete(txn, pending.transit)
         why = pending.why
         if why is _Why.INIT:

@@ -632,22 +632,48 @@ def _load_ongoing(h: Harness, epoch: int, *partitions: fmt.TopicPartition) -> No
     h.failover()
 
 
-def test_an_ongoing_transaction_of_one_partition_is_loaded_in_doubt():
+def test_an_ongoing_transaction_loaded_is_in_doubt():
+    """Its abort bumps the epoch and never answers NONE: an earlier coordinator may have
+    committed (part of) it in one phase. It may still grow, and commit as usual."""
     h = Harness()
     _load_ongoing(h, 4, T0)
-    assert h.add("tx", 1001, 4, T1) is E.invalid_txn_state
+    assert h.add("tx", 1001, 4, T1) is E.none
     assert h.end("tx", 1001, 4, False) is E.producer_fenced
     assert h.stored()["tx"].state is S.COMPLETE_ABORT
     assert h.stored()["tx"].producer_epoch == 5  # the old epoch's markers are refused
+    h = Harness()
+    _load_ongoing(h, 4, T0, T1)
+    assert h.end("tx", 1001, 4, True) is E.none
+    assert h.stored()["tx"].state is S.COMPLETE_COMMIT
 
 
-def test_transactions_that_cannot_have_committed_in_one_phase_are_not_in_doubt():
-    for partitions, epoch in (((T0, T1), 4), ((T0,), MAX_PRODUCER_EPOCH)):
-        h = Harness()
-        _load_ongoing(h, epoch, *partitions)
-        assert h.end("tx", 1001, epoch, False) is E.none
-        assert h.stored()["tx"].state is S.COMPLETE_ABORT
-        assert h.stored()["tx"].producer_epoch == epoch
+def test_an_ongoing_transaction_at_the_top_epoch_is_not_in_doubt():
+    """A commit at the top epoch writes PrepareCommit, so it cannot have been committed in
+    one phase."""
+    h = Harness()
+    _load_ongoing(h, MAX_PRODUCER_EPOCH, T0)
+    assert h.end("tx", 1001, MAX_PRODUCER_EPOCH, False) is E.none
+    assert h.stored()["tx"].state is S.COMPLETE_ABORT
+    assert h.stored()["tx"].producer_epoch == MAX_PRODUCER_EPOCH
+
+
+def test_a_failed_append_that_may_have_landed_means_two_phases():
+    """The add of T1 is reported failed but lands: memory holds T0 only, the log T0 and T1.
+    A one-phase commit of T0 would leave the next coordinator an Ongoing record of two
+    partitions; PrepareCommit makes the log say what was decided."""
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    h.add("tx", pid, epoch, T1)
+    (append,) = h.appends
+    h.log.extend(append.records)
+    h.flush_appends(E.not_enough_replicas)
+    assert h.coord.transactions["tx"].partitions == {T0}
+    h.end("tx", pid, epoch, True)
+    assert h.markers == [] and len(h.appends) == 1
+    h.flush_appends()
+    assert h.stored()["tx"].state is S.PREPARE_COMMIT
+    assert h.stored()["tx"].partitions == (T0,)
 
 
 def test_at_the_top_epoch_a_commit_of_one_partition_writes_prepare_commit():
