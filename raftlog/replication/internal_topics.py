@@ -77,6 +77,32 @@ def coordinator_location(
     return CoordinatorLocation(ErrorCode.none, state.leader, host, port)
 
 
+async def wait_committed(hosted: HostedPartition | None) -> None:
+    """Return once this leader's high watermark covers its log end as of the call.
+
+    A record past the HW may still be cut away: if this leader fails before its followers
+    have it, a replica without it leads next. A coordinator that replayed such a record and
+    acted on it (writing the markers of a PrepareAbort, say) would have decided what the next
+    coordinator never learns. Raises NOT_LEADER_OR_FOLLOWER once the replica stops leading."""
+    if hosted is None:
+        return
+    end_offset = hosted.log.log_end_offset
+    while True:
+        leader = hosted.replica.leader
+        if leader is None:
+            raise KafkaError(ErrorCode.not_leader_or_follower, f"{hosted.key} lost its leadership")
+        if leader.high_watermark >= end_offset:
+            return
+        # Woken when the HW advances and when the role changes (Replicas.handle_effects,
+        # role_changed, unhost).
+        wakeup = trio.Event()
+        hosted.waiters.add(wakeup)
+        try:
+            await wakeup.wait()
+        finally:
+            hosted.waiters.discard(wakeup)
+
+
 async def read_partition(
     hosted: HostedPartition | None, entries: Callable[[bytes, int, BatchHeader], Iterable[T]]
 ) -> list[T]:

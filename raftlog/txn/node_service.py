@@ -52,6 +52,7 @@ from raftlog.replication.internal_topics import (
     coordinator_location,
     create_internal_topic,
     read_partition,
+    wait_committed,
 )
 from raftlog.replication.manager import ReplicaManager
 from raftlog.replication.txn_markers import TxnMarkerRequest
@@ -552,8 +553,10 @@ class NodeTxnService:
             raise KafkaError(result.error, result.error_message or "transaction state append")
 
     async def _read_all(self, partition: int) -> list[Record]:
-        """Every (key, value) of the partition, in log order (markers carry none)."""
+        """Every (key, value) of the partition, in log order (markers carry none), once the
+        HW covers all of it (wait_committed: the coordinator acts on what it loads)."""
         hosted = self.replicas.replicas.partitions.get((TRANSACTION_STATE_TOPIC, partition))
+        await wait_committed(hosted)
         return await read_partition(hosted, _state_records)
 
 

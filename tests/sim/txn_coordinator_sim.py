@@ -124,6 +124,8 @@ METADATA_LAG_PROBABILITY = 0.2
 METADATA_LAG_MS = (20, 300)
 CLIENT_RESTART_WEIGHT = 1  # among the 7 broker fault kinds
 CHECK_EVERY_EVENTS = 50
+# A coordinator whose log end is not yet covered by the HW looks again this much later.
+LOAD_RETRY_MS = 5
 PARTITION_CHECK_EVERY_EVENTS = 5
 TRACE_LINES = 40
 
@@ -770,7 +772,14 @@ class TxnWorld:
     def _load(self, node_id: int, coordinator: TxnCoordinator) -> None:
         if not self._current(node_id, coordinator):
             return
-        entries = self.txn_state.brokers[node_id].log.entries
+        broker = self.txn_state.brokers[node_id]
+        entries = broker.log.entries
+        if entries and broker.partition.high_watermark <= entries[-1].offset:
+            # As the node's loader (internal_topics.wait_committed): a record past the HW
+            # may be cut away with this leader, so nothing is loaded before the HW covers it.
+            self.stats["load_waits_for_hw"] += 1
+            self.at(LOAD_RETRY_MS, self._load, node_id, coordinator)
+            return
         records = [self.records[int(e.payload[2:])] for e in entries]
         fx = coordinator.load(records, self.now_ms)
         owed = sorted(coordinator.transactions.items())

@@ -185,7 +185,12 @@ class FakeReplicas:
         async def no_cut() -> None:
             await trio.lowlevel.checkpoint()
 
-        return SimpleNamespace(log=FakeLog(batches), wait_for_log_cut=no_cut)
+        log = FakeLog(batches)
+        # Appends here are replicated before they return: the HW is the log end.
+        leader = SimpleNamespace(high_watermark=log.log_end_offset)
+        return SimpleNamespace(
+            key=key, log=log, wait_for_log_cut=no_cut, replica=SimpleNamespace(leader=leader)
+        )
 
     async def produce(
         self, topic: str, partition: int, batch: bytes, acks: int, timeout_ms: int
