@@ -113,6 +113,11 @@ S = TransactionState
 # How long an add may wait for the markers of its producer's last transaction before it is
 # answered CONCURRENT_TRANSACTIONS (which clients retry after a backoff; librdkafka: 20 ms).
 ADD_WAIT_MAX_MS = 1_000
+# After a one-phase commit's marker lands, its Complete record waits this long for the
+# producer's next add, answered with the EndTxn a moment before: the two records then go in
+# one append. Without the wait the add would find that append under way and be answered
+# CONCURRENT_TRANSACTIONS.
+COMPLETE_LINGER_MS = 20
 
 
 class _Why(Enum):
@@ -589,6 +594,11 @@ class TxnCoordinator:
             batch.remaining += 1
             placeholder = pending_add(txn.snapshot())  # its transit is chosen at the Complete
             self._waiting_adds[req.transactional_id] = _WaitingAdd(placeholder, req, now_ms)
+            if not txn.partitions and req.transactional_id not in self._markers_inflight:
+                # Every marker is written: the Complete record was only waiting (for this
+                # add, COMPLETE_LINGER_MS, or a retry of its append).
+                self._retry_at_ms.pop(req.transactional_id, None)
+                self._advance(fx, txn, now_ms)
             return None
         if txn.pending_in_progress or txn.state in PREPARE_STATES:
             return answer(ErrorCode.concurrent_transactions)
@@ -969,14 +979,19 @@ class TxnCoordinator:
             # Partitions missing from the answer count as failed: retried, never assumed.
             self._retry_at_ms[txn_id] = now_ms + self.config.transaction_marker_retry_backoff_ms
             return fx
-        self._answer_committing(fx, txn_id, ErrorCode.none)
+        if self._answer_committing(fx, txn_id, ErrorCode.none) and txn_id not in self._waiting_adds:
+            self._retry_at_ms[txn_id] = now_ms + COMPLETE_LINGER_MS
+            return fx
         self._advance(fx, txn, now_ms)
         return fx
 
-    def _answer_committing(self, fx: Effects, txn_id: str, code: ErrorCode) -> None:
+    def _answer_committing(self, fx: Effects, txn_id: str, code: ErrorCode) -> bool:
+        """Answer the EndTxn of a one-phase commit of `txn_id`, if one waits."""
         pending = self._committing.pop(txn_id, None)
-        if pending is not None:
-            fx.replies.append((pending.token, self._error_reply(pending, code)))
+        if pending is None:
+            return False
+        fx.replies.append((pending.token, self._error_reply(pending, code)))
+        return True
 
     # ------------------------------------------------------------------ timers
     def next_deadline_ms(self) -> int | None:

@@ -7,7 +7,7 @@ import pytest
 from raftlog.errors import ErrorCode
 from raftlog.groups.hashing import partition_for_group
 from raftlog.txn import log_format as fmt
-from raftlog.txn.coordinator import TxnCoordinator
+from raftlog.txn.coordinator import COMPLETE_LINGER_MS, TxnCoordinator
 from raftlog.txn.log_format import MAX_PRODUCER_EPOCH, TransactionLogValue, TransactionState
 from raftlog.txn.messages import (
     AddOffsetsToTxnRequest,
@@ -596,8 +596,25 @@ def test_a_commit_of_one_partition_is_answered_by_its_marker():
     assert h.stored()["tx"].state is S.ONGOING  # no PrepareCommit record
     h.write_markers()
     assert h.reply(token).error_code is E.none
+    # The Complete record waits a moment for the producer's next add, to go with it.
+    assert h.appends == []
+    h.tick(COMPLETE_LINGER_MS)
     h.flush_appends()
     assert stored_states(h, "tx")[-2:] == [S.ONGOING, S.COMPLETE_COMMIT]
+
+
+def test_the_next_add_goes_with_the_complete_record_of_a_one_phase_commit():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    h.end("tx", pid, epoch, True)
+    h.write_markers()
+    token = h.call("add_partitions_to_txn", [AddPartitionsTxn("tx", pid, epoch, (T1,))])
+    (append,) = h.appends  # at once, not after COMPLETE_LINGER_MS
+    assert len(append.records) == 2
+    h.flush_appends()
+    assert stored_states(h, "tx")[-2:] == [S.COMPLETE_COMMIT, S.ONGOING]
+    assert h.reply(token)[0].errors == {T1: E.none}
 
 
 def test_a_one_phase_commit_refused_by_a_newer_coordinator_says_not_coordinator():
