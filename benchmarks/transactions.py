@@ -12,9 +12,10 @@ settings on both sides of each pair, each producer in its own process on its own
   `--records-per-txn` records one after the other (begin, produce, commit_transaction) /
   plain idempotent producers streaming the same records (txn_produce_ratio, target >= 0.5).
   Each transaction is on one partition, so it commits in one phase (docs/transactions.md):
-  three replicated writes one after the other (its Ongoing record, appended with the last
-  transaction's Complete record; its records; its COMMIT marker). A transaction of two or
-  more partitions adds a PrepareCommit record, and a marker per partition.
+  two replicated writes one after the other (its records, its COMMIT marker), as the next
+  transaction on the same partition needs no record of its own. A transaction of two or more
+  partitions adds a PrepareCommit record, a Complete and an Ongoing record, and a marker per
+  partition.
   The same pair with one producer a side is measured too (txn_produce_ratio_one_producer):
   one transactional producer waits for every step of every transaction, so that ratio is
   bound by round trips, not by what a byte costs;

@@ -25,6 +25,8 @@ One-phase commit: a transaction of one partition (part 1 client, epoch below the
 log known to hold what memory holds) commits with no PrepareCommit record. Its COMMIT marker
 is the durable decision, and EndTxn is answered once the marker is replicated:
   COMMIT marker replicated -> EndTxn answered -> CompleteCommit record.
+After the marker, the Complete record waits COMPLETE_LINGER_MS for the producer's next add to
+go with it; an add of the same partition needs no record at all (`_start_standing`).
 A coordinator that loads an Ongoing transaction cannot tell whether an earlier coordinator
 committed (part of) it this way: an append reported failed may still have landed, so the
 loaded record may name more partitions than the one committed. Every loaded Ongoing part 1
@@ -219,6 +221,9 @@ class TxnCoordinator:
         # Transactional ids whose last append failed: it may have landed all the same, so
         # the log may hold a record memory does not (until the next append succeeds).
         self._log_unsure: set[str] = set()
+        # transactional id -> (partitions, start) of the Ongoing record that is the id's
+        # newest in the log, while it is: what a failover would load (_start_standing).
+        self._standing: dict[str, tuple[frozenset[TopicPartition], int]] = {}
         self._next_id = 0
         self._next_abort_scan_ms = 0
         self._next_expire_scan_ms = 0
@@ -345,6 +350,7 @@ class TxnCoordinator:
         self._committing.clear()
         self._in_doubt.clear()
         self._log_unsure.clear()
+        self._standing.clear()
         self._markers.clear()
         self._markers_inflight.clear()
         self._retry_at_ms.clear()
@@ -804,6 +810,7 @@ class TxnCoordinator:
         code = map_append_error(error_code)
         if code is not ErrorCode.none:
             self._log_unsure.add(pending.transactional_id)
+            self._standing.pop(pending.transactional_id, None)
             txn.abort_pending()
             log.warning(
                 "appending %s of %r to %s-%d failed: %s",
@@ -816,7 +823,15 @@ class TxnCoordinator:
             self._append_failed(fx, pending, code, now_ms)
             return fx
         self._log_unsure.discard(pending.transactional_id)
-        self._complete(txn, pending.transit)
+        transit = pending.transit
+        if transit.state is S.ONGOING:
+            self._standing[pending.transactional_id] = (
+                frozenset(transit.partitions),
+                transit.start_timestamp_ms,
+            )
+        else:
+            self._standing.pop(pending.transactional_id, None)
+        self._complete(txn, transit)
         why = pending.why
         if why is _Why.INIT:
             fx.replies.append(
@@ -932,10 +947,31 @@ class TxnCoordinator:
                     frozenset(req.partitions), now_ms, req.client_transaction_version
                 )
                 pending = replace(waiting.pending, transit=add, why=_Why.COMPLETE_AND_ADD, via=done)
+                if self._start_standing(txn, add, now_ms):
+                    self._complete(txn, add)
+                    self._finish_add(fx, pending, ErrorCode.none)
+                    return
                 self._append(fx, pending)
                 return
             self._finish_add(fx, waiting.pending, code)
         self._append(fx, _Pending(txn_id, txn.prepare_complete(now_ms), _Why.COMPLETE))
+
+    def _start_standing(self, txn: TransactionMetadata, add: TxnTransit, now_ms: int) -> bool:
+        """Whether the next transaction of a producer whose last one committed in one phase
+        may start with no record at all: the log's newest record for the id is still that
+        transaction's Ongoing one, naming exactly the partitions the next one adds. A
+        coordinator that loads it then finds an Ongoing transaction of those partitions, in
+        doubt, which is what it would find after a Complete and a new Ongoing record, but
+        for the start time: so only while the stored start is less than half the timeout
+        old (a failover may time the transaction out that much sooner)."""
+        if txn.state is not S.PREPARE_COMMIT or txn.transactional_id in self._committing:
+            return False
+        standing = self._standing.get(txn.transactional_id)
+        return (
+            standing is not None
+            and standing[0] == add.partitions
+            and now_ms - standing[1] < add.transaction_timeout_ms // 2
+        )
 
     def on_markers_done(
         self, marker_id: int, results: Mapping[TopicPartition, ErrorCode], now_ms: int

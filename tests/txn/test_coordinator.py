@@ -702,3 +702,47 @@ def test_at_the_top_epoch_a_commit_of_one_partition_writes_prepare_commit():
     assert h.markers == [] and len(h.appends) == 1
     h.flush_appends()
     assert h.stored()["tx"].state is S.PREPARE_COMMIT
+
+
+def _commit_in_one_phase_with_next_add(h: Harness, pid: int, epoch: int, *partitions) -> int:
+    """Commit "tx" (one partition) and ask for the next transaction's partitions as the
+    marker is written: the add's token."""
+    h.end("tx", pid, epoch, True)
+    token = h.call("add_partitions_to_txn", [AddPartitionsTxn("tx", pid, epoch, partitions)])
+    h.write_markers()
+    return token
+
+
+def test_the_next_transaction_on_the_same_partition_starts_with_no_record():
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    log_size = len(h.log)
+    for _ in range(3):
+        token = _commit_in_one_phase_with_next_add(h, pid, epoch, T0)
+        assert h.reply(token)[0].errors == {T0: E.none}
+        assert h.appends == [] and len(h.log) == log_size
+        assert h.state_of("tx") is S.ONGOING
+    # What a failover would load: an Ongoing transaction of T0, in doubt.
+    h.failover()
+    assert h.state_of("tx") is S.ONGOING and "tx" in h.coord._in_doubt
+
+
+def test_the_next_transaction_writes_its_record_when_the_log_would_not_say_it():
+    # Other partitions than the stored Ongoing record's.
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    _commit_in_one_phase_with_next_add(h, pid, epoch, T1)
+    (append,) = h.appends
+    assert len(append.records) == 2  # CompleteCommit and the new Ongoing
+    # The stored record older than half the timeout: a failover would time the transaction
+    # out too soon after its real start.
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    h.auto = False
+    h.now_ms += TIMEOUT_MS // 2
+    _commit_in_one_phase_with_next_add(h, pid, epoch, T0)
+    (append,) = h.appends
+    h.flush_appends()
+    assert h.stored()["tx"].start_timestamp_ms == h.now_ms
