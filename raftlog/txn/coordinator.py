@@ -516,9 +516,13 @@ class TxnCoordinator:
         verify_only, KIP-890). Replies list[AddPartitionsTxnResult], in request order, once
         every transaction's record (if one is needed) is replicated."""
         fx = Effects()
-        batch = _AddBatch(token, [None] * len(transactions), 0, offsets=False)
+        # remaining starts at 1, held until every transaction is looked at: one may be
+        # answered at once by _finish_add (a record-less start), which must not reply for
+        # the batch before the others are in it.
+        batch = _AddBatch(token, [None] * len(transactions), 1, offsets=False)
         for index, txn_req in enumerate(transactions):
             self._add_partitions(fx, batch, index, txn_req, now_ms)
+        batch.remaining -= 1
         if batch.remaining == 0:
             fx.replies.append((token, list(batch.results)))
         return fx
@@ -538,8 +542,9 @@ class TxnCoordinator:
             ((OFFSETS_TOPIC, partition),),
             api_version=req.api_version,
         )
-        batch = _AddBatch(token, [None], 0, offsets=True)
+        batch = _AddBatch(token, [None], 1, offsets=True)  # held: see add_partitions_to_txn
         self._add_partitions(fx, batch, 0, txn_req, now_ms, api=TxnApi.ADD_OFFSETS_TO_TXN)
+        batch.remaining -= 1
         if batch.remaining == 0:
             fx.replies.append((token, _offsets_reply(batch)))
         return fx

@@ -746,3 +746,27 @@ def test_the_next_transaction_writes_its_record_when_the_log_would_not_say_it():
     (append,) = h.appends
     h.flush_appends()
     assert h.stored()["tx"].start_timestamp_ms == h.now_ms
+
+
+def test_an_add_answered_with_no_record_is_answered_once_and_with_its_whole_batch():
+    """The add comes during the Complete record's linger (the markers written): answered at
+    once with no record, and only once; in a v4 batch, with the other transactions'."""
+    h = Harness()
+    pid, epoch = begin(h, "tx", T0)
+    other_pid, other_epoch = begin(h, "other", T1)
+    h.auto = False
+    h.end("tx", pid, epoch, True)
+    h.write_markers()
+    # (Harness.apply fails on a token answered twice.)
+    token = h.call("add_partitions_to_txn", [AddPartitionsTxn("tx", pid, epoch, (T0,))])
+    assert h.reply(token)[0].errors == {T0: E.none}
+    h.end("tx", pid, epoch, True)
+    h.write_markers()
+    batch = [
+        AddPartitionsTxn("tx", pid, epoch, (T0,), api_version=4),
+        AddPartitionsTxn("other", other_pid, other_epoch, (U0,), api_version=4),
+    ]
+    token = h.call("add_partitions_to_txn", batch)
+    assert h.reply(token) is None  # "other" needs its record first
+    h.flush_appends()
+    assert [r.errors for r in h.reply(token)] == [{T0: E.none}, {U0: E.none}]
