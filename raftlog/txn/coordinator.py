@@ -27,13 +27,15 @@ is the durable decision, and EndTxn is answered once the marker is replicated:
   COMMIT marker replicated -> EndTxn answered -> CompleteCommit record.
 After the marker, the Complete record waits COMPLETE_LINGER_MS for the producer's next add to
 go with it; an add of the same partition needs no record at all (`_start_standing`).
-A coordinator that loads an Ongoing transaction cannot tell whether an earlier coordinator
-committed (part of) it this way: an append reported failed may still have landed, so the
-loaded record may name more partitions than the one committed. Every loaded Ongoing part 1
-transaction below the top epoch is held in doubt (`_in_doubt`) until it ends. A commit is
-answered as usual, because only COMMIT markers can have been written for what it holds. An
+A coordinator that loads an Ongoing transaction that could have been committed this way (one
+partition, part 1, epoch below the top) cannot tell whether an earlier coordinator did. It
+holds the transaction in doubt (`_in_doubt`) until it ends, whatever is added to it meanwhile.
+A commit is answered as usual, because only COMMIT markers can have been written for it. An
 abort bumps the producer epoch (markers of the old epoch are refused from then on) and answers
-PRODUCER_FENCED rather than NONE: some of its records may already be committed.
+PRODUCER_FENCED rather than NONE: its records may already be committed. A one-phase commit is
+never made while the coordinator's last append for the id failed (it may have landed, and
+the log then hold more partitions than memory), so the record a coordinator loads names
+exactly the partition a one-phase commit may have committed.
 
 KIP-890 part 2 (transaction version 2, docs/transactions.md): EndTxn v5 bumps the epoch in
 the Prepare record (`_end_txn_tv2`; a retry naming the epoch it ended with gets the outcome),
@@ -285,7 +287,7 @@ class TxnCoordinator:
         self._in_doubt = {
             t.transactional_id
             for t in transactions.values()
-            if t.state is S.ONGOING and not t.is_tv2 and t.producer_epoch < MAX_PRODUCER_EPOCH
+            if t.state is S.ONGOING and self._commits_in_one_phase(t)
         }
         owed = [t for t in transactions.values() if t.state in PREPARE_STATES]
         for txn in owed:

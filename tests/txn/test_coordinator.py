@@ -649,9 +649,9 @@ def _load_ongoing(h: Harness, epoch: int, *partitions: fmt.TopicPartition) -> No
     h.failover()
 
 
-def test_an_ongoing_transaction_loaded_is_in_doubt():
+def test_an_ongoing_transaction_of_one_partition_loaded_is_in_doubt():
     """Its abort bumps the epoch and never answers NONE: an earlier coordinator may have
-    committed (part of) it in one phase. It may still grow, and commit as usual."""
+    committed it in one phase. It may grow, and stays in doubt; it commits as usual."""
     h = Harness()
     _load_ongoing(h, 4, T0)
     assert h.add("tx", 1001, 4, T1) is E.none
@@ -659,9 +659,18 @@ def test_an_ongoing_transaction_loaded_is_in_doubt():
     assert h.stored()["tx"].state is S.COMPLETE_ABORT
     assert h.stored()["tx"].producer_epoch == 5  # the old epoch's markers are refused
     h = Harness()
-    _load_ongoing(h, 4, T0, T1)
+    _load_ongoing(h, 4, T0)
     assert h.end("tx", 1001, 4, True) is E.none
+    h.tick(COMPLETE_LINGER_MS)
     assert h.stored()["tx"].state is S.COMPLETE_COMMIT
+
+
+def test_an_ongoing_transaction_of_two_partitions_loaded_is_not_in_doubt():
+    """No coordinator commits it in one phase: its record would have named one partition."""
+    h = Harness()
+    _load_ongoing(h, 4, T0, T1)
+    assert h.end("tx", 1001, 4, False) is E.none
+    assert h.stored()["tx"].producer_epoch == 4
 
 
 def test_an_ongoing_transaction_at_the_top_epoch_is_not_in_doubt():
