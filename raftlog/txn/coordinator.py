@@ -971,7 +971,7 @@ class TxnCoordinator:
         doubt, which is what it would find after a Complete and a new Ongoing record, but
         for the start time: so only while the stored start is less than half the timeout
         old (a failover may time the transaction out that much sooner)."""
-        if txn.state is not S.PREPARE_COMMIT or txn.transactional_id in self._committing:
+        if txn.state is not S.PREPARE_COMMIT:
             return False
         standing = self._standing.get(txn.transactional_id)
         return (
